@@ -1,0 +1,139 @@
+"""The exceptions of the engine.
+
+::
+
+    StreamsError
+    ├── ConfigError                  a config key has a wrong type or value (names the key)
+    ├── TopologyError                the topology cannot be built (names the node or topic)
+    ├── IllegalStateError            a call made in a client state that does not allow it
+    ├── MissingSourceTopicError      source topics do not exist (names them)
+    ├── MissingSinkTopicError        sink topics do not exist (names them)
+    ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
+    ├── TaskError                    something went wrong in one task (carries task_id)
+    │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
+    │   └── ProcessingError          a user processor raised (topic, partition, offset, processor)
+    └── TransportError               a broker-side failure
+        ├── CommitFailedError        the group moved on: the member no longer owns the partitions
+        └── ProduceError             a record could not be delivered (topic, partition)
+
+A ``TaskError`` always has the original exception as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.tasks.task_id import TaskId
+
+
+class StreamsError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class ConfigError(StreamsError, ValueError):
+    """A config key has a wrong type or value."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"Invalid value for config '{key}': {message}")
+        self.key = key
+
+
+class TopologyError(StreamsError):
+    """The topology is malformed (an unknown parent, a duplicate name, no source)."""
+
+
+class IllegalStateError(StreamsError, RuntimeError):
+    """The call is not allowed in the client's current state."""
+
+
+class MissingSourceTopicError(StreamsError):
+    def __init__(self, topics: Iterable[str]) -> None:
+        self.topics = sorted(topics)
+        super().__init__(
+            f"Source topics {self.topics} do not exist. Create them before starting the application."
+        )
+
+
+class MissingSinkTopicError(StreamsError):
+    def __init__(self, topics: Iterable[str]) -> None:
+        self.topics = sorted(topics)
+        super().__init__(
+            f"Sink topics {self.topics} do not exist. Create them before starting the application."
+        )
+
+
+class StreamsTimeoutError(StreamsError, TimeoutError):
+    """A blocking client call (close, remove_stream_thread, …) did not finish in time."""
+
+
+class TaskError(StreamsError):
+    """An error inside one task; ``task_id`` names it."""
+
+    def __init__(self, message: str, task_id: TaskId | None) -> None:
+        super().__init__(message if task_id is None else f"Task {task_id}: {message}")
+        self.task_id = task_id
+
+
+class DeserializationError(TaskError):
+    """The key or value bytes of a fetched record could not be deserialized."""
+
+    def __init__(
+        self,
+        task_id: TaskId | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        what: str,
+        cause: BaseException,
+    ) -> None:
+        super().__init__(
+            f"Failed to deserialize the {what} of the record at {topic}-{partition} offset {offset}: "
+            f"{type(cause).__name__}: {cause}",
+            task_id,
+        )
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.what = what
+
+
+class ProcessingError(TaskError):
+    """A user processor raised while processing a record."""
+
+    def __init__(
+        self,
+        task_id: TaskId | None,
+        processor: str,
+        topic: str | None,
+        partition: int | None,
+        offset: int | None,
+        cause: BaseException,
+    ) -> None:
+        where = f" at {topic}-{partition} offset {offset}" if topic is not None else ""
+        super().__init__(
+            f"Processor '{processor}' failed on the record{where}: {type(cause).__name__}: {cause}",
+            task_id,
+        )
+        self.processor = processor
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class TransportError(StreamsError):
+    """A failure reported by the broker or the client library."""
+
+    retriable: bool = False
+
+
+class CommitFailedError(TransportError):
+    """The commit was refused: a rebalance gave the partitions to another member."""
+
+
+class ProduceError(TransportError):
+    def __init__(self, topic: str, partition: int, cause: BaseException | str) -> None:
+        super().__init__(f"Failed to produce to {topic}-{partition}: {cause}")
+        self.topic = topic
+        self.partition = partition

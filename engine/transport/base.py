@@ -1,0 +1,224 @@
+"""The protocols the engine needs from a transport.
+
+Two transports implement them: ``kafka`` (aiokafka against a real broker) and
+``memory`` (an in-process broker). The engine never imports either directly; it
+asks :func:`engine.transport.open_transport` for one by ``bootstrap.servers``.
+
+Every object here belongs to one asyncio event loop (the stream thread's) and is
+used only from it. The memory broker behind the memory transport is shared by
+many loops and does its own locking.
+
+Records are fetched as raw bytes; deserialization is the engine's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.records import ConsumerRecord, Headers, TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndMetadata:
+    """A committed position: the offset of the next record to read, plus metadata."""
+
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSubscription:
+    """What one group member sends when it joins: its topics and assignor user data."""
+
+    member_id: str
+    topics: tuple[str, ...]
+    user_data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAssignment:
+    """What the group leader's assignor gives one member."""
+
+    partitions: tuple[TopicPartition, ...]
+    user_data: bytes = b""
+
+
+class GroupAssignor(Protocol):
+    """The engine's partition assignor, independent of the transport.
+
+    The transport calls ``subscription_user_data`` when the member (re)joins,
+    ``assign`` on the member the group elected leader, and ``on_assignment`` on
+    every member when its assignment arrives, before the rebalance listener's
+    ``on_partitions_assigned``.
+    """
+
+    name: str
+
+    def subscription_user_data(self, topics: Sequence[str]) -> bytes: ...
+
+    def assign(
+        self,
+        subscriptions: Mapping[str, MemberSubscription],
+        partitions_per_topic: Mapping[str, int],
+    ) -> dict[str, MemberAssignment]: ...
+
+    def on_assignment(self, assignment: MemberAssignment) -> None: ...
+
+
+class RebalanceListener(Protocol):
+    """Called on the consumer's loop during a rebalance (eager protocol).
+
+    ``on_partitions_revoked`` runs before the member rejoins; offsets committed in
+    it are accepted (the member still belongs to the old generation).
+    """
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Settings of a group consumer, already validated by ``StreamsConfig``."""
+
+    group_id: str
+    client_id: str
+    assignor: GroupAssignor
+    group_instance_id: str | None = None
+    auto_offset_reset: str = "earliest"  # "earliest" | "latest" | "none"
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    request_timeout_ms: int = 40_000
+    retry_backoff_ms: int = 100
+    fetch_max_bytes: int = 52_428_800
+    max_partition_fetch_bytes: int = 1_048_576
+    # Raw pass-through of ``consumer.*`` keys for the Kafka transport.
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSettings:
+    client_id: str
+    acks: str = "all"
+    linger_ms: int = 5
+    batch_size: int = 16_384
+    request_timeout_ms: int = 40_000
+    delivery_timeout_ms: int = 120_000
+    retry_backoff_ms: int = 100
+    compression_type: str | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+class Consumer(Protocol):
+    """A group consumer with manual commits."""
+
+    async def start(self) -> None:
+        """Connect. ``subscribe`` may be called before or after."""
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Groupless manual assignment (readers only; no rebalances, no commits)."""
+
+    async def poll(
+        self, timeout_ms: int, max_records: int | None = None
+    ) -> Mapping[TopicPartition, Sequence[ConsumerRecord]]:
+        """Records from assigned, unpaused partitions, in offset order per partition.
+
+        Waits up to ``timeout_ms`` when nothing is there. Rebalance callbacks run
+        on this loop while (or before) it waits, never in another thread.
+        """
+
+    def assignment(self) -> set[TopicPartition]: ...
+
+    def pause(self, *partitions: TopicPartition) -> None: ...
+
+    def resume(self, *partitions: TopicPartition) -> None: ...
+
+    def paused(self) -> set[TopicPartition]: ...
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """The next ``poll`` returns records of ``partition`` from ``offset`` on."""
+
+    async def position(self, partition: TopicPartition) -> int: ...
+
+    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None: ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        """Commit for the group; raises ``CommitFailedError`` if the member lost the partitions."""
+
+    async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    def request_rejoin(self) -> None:
+        """Make this member rejoin (a rebalance of the whole group)."""
+
+    @property
+    def member_id(self) -> str | None: ...
+
+    async def close(self, leave_group: bool = True) -> None:
+        """Stop. ``leave_group`` sends a leave request so the group rebalances at once."""
+
+
+class Producer(Protocol):
+    """Buffers records per partition and sends them in batches."""
+
+    async def start(self) -> None: ...
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp_ms: int | None,
+        headers: Headers,
+    ) -> None:
+        """Buffer one record. Never blocks; ``send_buffered`` hands the buffer on."""
+
+    def buffered(self) -> int:
+        """How many appended records have not been handed to ``send_buffered`` yet."""
+
+    async def send_buffered(self) -> None:
+        """Hand every buffered record to the network without waiting for acks."""
+
+    async def flush(self) -> None:
+        """Wait until every record appended so far is acknowledged.
+
+        Raises ``ProduceError`` (naming topic and partition) for the first failure.
+        """
+
+    async def close(self) -> None: ...
+
+
+class Admin(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def create_topics(
+        self, partitions: Mapping[str, int], replication_factor: int = 1
+    ) -> None:
+        """Create missing topics; existing ones are left as they are."""
+
+    async def delete_topics(self, topics: Sequence[str]) -> None: ...
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """Partition count of each existing topic; missing topics are left out."""
+
+
+class Transport(Protocol):
+    """Makes the clients of one cluster (a Kafka cluster or a memory broker)."""
+
+    name: str
+
+    def consumer(self, settings: ConsumerSettings) -> Consumer: ...
+
+    def producer(self, settings: ProducerSettings) -> Producer: ...
+
+    def admin(self, client_id: str) -> Admin: ...
+
+    def reader(self, client_id: str) -> Consumer:
+        """A consumer with no group, for tests and tools: ``assign`` then ``seek``/``poll``."""
