@@ -1,0 +1,26 @@
+"""``open_transport``: the Kafka or the memory transport, chosen by ``bootstrap.servers``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.transport.base import Transport
+
+MEMORY_SCHEME = "memory://"
+
+
+def open_transport(config: Mapping[str, Any]) -> Transport:
+    """``memory://[name]`` gives the in-process broker of that name; anything else is Kafka."""
+    servers: str = config["bootstrap.servers"]
+    if servers.startswith(MEMORY_SCHEME):
+        from engine.transport.memory import MemoryBroker, MemoryTransport
+
+        return MemoryTransport(MemoryBroker.for_url(servers))
+    from engine.transport.kafka import KafkaTransport
+
+    extra = {k[len("admin."):]: v for k, v in config.items() if k.startswith("admin.")}
+    return KafkaTransport(servers, extra=extra)
+
+
+__all__ = ["MEMORY_SCHEME", "Transport", "open_transport"]

@@ -1,0 +1,421 @@
+"""``KafkaStreams``: the client. It owns the stream threads and the client state.
+
+Client states, as in Kafka Streams::
+
+            +--------------+
+    +<----- | CREATED      |
+    |       +------+-------+
+    |              v
+    |       +--------------+ <-----+
+    +<----- | REBALANCING  |       |
+    |       +------+-------+ ------+
+    |              v ^
+    |       +--------------+
+    +<----- | RUNNING      | ---> PENDING_ERROR ---> ERROR
+    |       +--------------+
+    v
+    PENDING_SHUTDOWN ---> NOT_RUNNING
+
+Every call into a stream thread goes through the thread's command channel or a
+thread-safe flag, never by touching its loop; every call works from a user's
+thread, from a service's event loop (the ``*_async`` forms), and from inside a
+stream thread (a processor or a handler) without deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.from_thread import start_blocking_portal
+
+from engine import config as cfg
+from engine.clock import SYSTEM_CLOCK, Clock
+from engine.config import StreamsConfig
+from engine.errors import IllegalStateError, MissingSinkTopicError, MissingSourceTopicError, StreamsTimeoutError
+from engine.lifecycle import StateMachine
+from engine.logcontext import LogContext
+from engine.threads.registry import ThreadRegistry
+from engine.threads.stream_thread import StreamThread, StreamThreadState, ThreadMetadata
+from engine.threads.supervisor import ReplacementBackoff, Supervisor
+from engine.topology.topology import Topology
+from engine.transport import open_transport
+from handlers.responses import StreamThreadExceptionResponse
+
+
+class ClientState(Enum):
+    CREATED = "CREATED"
+    REBALANCING = "REBALANCING"
+    RUNNING = "RUNNING"
+    PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
+    NOT_RUNNING = "NOT_RUNNING"
+    PENDING_ERROR = "PENDING_ERROR"
+    ERROR = "ERROR"
+
+    def is_running_or_rebalancing(self) -> bool:
+        return self in (ClientState.RUNNING, ClientState.REBALANCING)
+
+
+_C = ClientState
+CLIENT_TRANSITIONS: dict[ClientState, frozenset[ClientState]] = {
+    _C.CREATED: frozenset({_C.REBALANCING, _C.PENDING_SHUTDOWN}),
+    _C.REBALANCING: frozenset({_C.RUNNING, _C.PENDING_SHUTDOWN, _C.PENDING_ERROR}),
+    _C.RUNNING: frozenset({_C.REBALANCING, _C.PENDING_SHUTDOWN, _C.PENDING_ERROR}),
+    _C.PENDING_SHUTDOWN: frozenset({_C.NOT_RUNNING}),
+    _C.NOT_RUNNING: frozenset(),
+    _C.PENDING_ERROR: frozenset({_C.ERROR}),
+    _C.ERROR: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric in Kafka's shape."""
+
+    group: str
+    name: str
+    tags: Mapping[str, str]
+    value: float
+
+
+StateListener = Callable[[ClientState, ClientState], None]
+
+_BACKOFF_CAP_S = 30.0
+
+
+class KafkaStreams:
+    """A Kafka Streams client: runs ``topology`` with ``num.stream.threads`` stream threads.
+
+    Use it blocking (``start()`` / ``close()``) from a plain thread, or from an
+    event loop as ``async with KafkaStreams(...) as streams:`` (or
+    ``await start_async()`` / ``await close_async()``), which never blocks the loop.
+    """
+
+    def __init__(self, topology: Topology, config: Mapping[str, Any], *, clock: Clock = SYSTEM_CLOCK) -> None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"KafkaStreams needs a Topology (StreamsBuilder().build()), got {type(topology).__name__}")
+        self.config = StreamsConfig(config)
+        topology.validate()
+        self.topology = topology
+        self._clock = clock
+        self.client_id: str = self.config[cfg.CLIENT_ID]
+        self.process_id = str(uuid.uuid4())
+        self.log = LogContext(logging.getLogger(__name__), f"stream-client [{self.client_id}] ")
+        self._transport = open_transport(self.config)
+        self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
+                                   CLIENT_TRANSITIONS, self.log)
+        self._threads = ThreadRegistry()
+        self._user_listener: StateListener | None = None
+        self._closing = threading.Event()
+        self._shutdown_thread: threading.Thread | None = None
+        self._supervisor = Supervisor(
+            handler=None,
+            replace=self._replace_thread,
+            shutdown_thread=self._on_thread_shut_down_by_handler,
+            shutdown_client=self._close_to_error,
+            shutdown_application=self._request_application_shutdown,
+            closing=self._closing,
+            backoff=ReplacementBackoff(self.config.seconds(cfg.RETRY_BACKOFF_MS) or 0.1, _BACKOFF_CAP_S),
+        )
+        self._state.add_listener(self._notify_user)
+
+    # -- state -------------------------------------------------------------------
+    @property
+    def state(self) -> ClientState:
+        return self._state.state
+
+    def set_state_listener(self, listener: StateListener | None) -> None:
+        """``listener(new_state, old_state)`` on every client state change (Kafka's argument order)."""
+        self._user_listener = listener
+
+    def _notify_user(self, old: ClientState, new: ClientState) -> None:
+        listener = self._user_listener
+        if listener is not None:
+            try:
+                listener(new, old)
+            except Exception:  # noqa: BLE001 - a user listener must not break a transition
+                self.log.exception("The state listener raised")
+
+    def wait_for_state(self, *states: ClientState, timeout: float | None = None) -> bool:
+        """Block until the client is in one of ``states``; False when ``timeout`` passes first."""
+        return self._state.wait_for(states, timeout)
+
+    async def wait_for_state_async(self, *states: ClientState, timeout: float | None = None) -> bool:
+        return await self._state.wait_for_async(states, timeout)
+
+    def set_uncaught_exception_handler(
+        self, handler: Callable[[BaseException], StreamThreadExceptionResponse]
+    ) -> None:
+        """Decide what a stream thread's death does (KIP-671); only allowed in CREATED."""
+        if handler is None:
+            raise TypeError("The uncaught exception handler must not be None")
+        if self.state is not ClientState.CREATED:
+            raise IllegalStateError(
+                f"The uncaught exception handler can only be set in state CREATED, not {self.state.name}")
+        self._supervisor.handler = handler
+
+    # -- start ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Check the topics, start the stream threads; returns once they run (not once RUNNING).
+
+        Raises ``IllegalStateError`` unless CREATED, ``MissingSourceTopicError`` /
+        ``MissingSinkTopicError`` when topics are missing.
+        """
+        if self.state is not ClientState.CREATED:
+            raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        self._check_topics()
+        if not self._state.maybe_transition_to(ClientState.REBALANCING):
+            raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
+        # Create every thread before starting any, so the client cannot look RUNNING with only the first.
+        threads = [self._create_thread() for _ in range(self.config[cfg.NUM_STREAM_THREADS])]
+        for thread in threads:
+            thread.start()
+        self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+        self._maybe_set_running()
+
+    async def start_async(self) -> None:
+        """``start()`` without blocking the caller's event loop."""
+        await anyio.to_thread.run_sync(self.start)
+
+    def _check_topics(self) -> None:
+        source, sink = self.topology.source_topics, self.topology.sink_topics
+
+        async def counts() -> dict[str, int]:
+            admin = self._transport.admin(f"{self.client_id}-admin")
+            await admin.start()
+            try:
+                return await admin.partition_counts(source + sink)
+            finally:
+                await admin.close()
+
+        with start_blocking_portal() as portal:
+            existing = portal.call(counts)
+        missing = [t for t in source if t not in existing]
+        if missing:
+            raise MissingSourceTopicError(missing)
+        missing = [t for t in sink if t not in existing]
+        if missing:
+            raise MissingSinkTopicError(missing)
+
+    def _create_thread(self) -> StreamThread:
+        with self._threads.lock:
+            thread = StreamThread(
+                index=self._threads.next_index(),
+                client_id=self.client_id,
+                process_id=self.process_id,
+                config=self.config,
+                topology=self.topology,
+                transport=self._transport,
+                cache_size=0,
+                on_state_change=self._on_thread_state,
+                on_failure=self._on_thread_failure,
+                clock=self._clock,
+            )
+            self._threads.add(thread)
+        return thread
+
+    # -- threads at runtime (KIP-663) -------------------------------------------------
+    def add_stream_thread(self) -> str | None:
+        """Start one more stream thread and return its name.
+
+        Threads can only be added in RUNNING or REBALANCING; returns None otherwise.
+        """
+        with self._threads.lock:
+            if not self.state.is_running_or_rebalancing():
+                self.log.warning("Cannot add a stream thread in state %s", self.state.name)
+                return None
+            thread = self._create_thread()
+            share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+            self.log.info("Adding %s; %d live threads, cache size per thread %d",
+                          thread.name, len(self._threads.alive()), share)
+        if not self.state.is_running_or_rebalancing():
+            # The client stopped meanwhile: take the thread back out.
+            self._threads.remove(thread)
+            self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+            return None
+        thread.start()
+        return thread.name
+
+    async def add_stream_thread_async(self) -> str | None:
+        return await anyio.to_thread.run_sync(self.add_stream_thread)
+
+    def remove_stream_thread(self, timeout: float | None = None) -> str | None:
+        """Shut down one alive stream thread gracefully and return its name.
+
+        Returns None when no thread is alive. A thread may remove itself (from a
+        processor or handler); then the call returns without waiting. Raises
+        ``StreamsTimeoutError`` if the thread is not dead within ``timeout`` seconds.
+        """
+        if not self.state.is_running_or_rebalancing():
+            self.log.warning("Cannot remove a stream thread in state %s", self.state.name)
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current = self._threads.current()
+        with self._threads.lock:
+            alive = self._threads.alive()
+            others = [t for t in alive if t is not current]
+            victim = others[0] if others else (current if current in alive else None)
+            if victim is None:
+                return None
+            victim.shutdown(leave_group=True)
+            share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+            self.log.info("Removing %s; cache size per thread %d", victim.name, share)
+        if victim is current:
+            return victim.name  # waiting for ourselves would deadlock
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not victim.join(remaining):
+            raise StreamsTimeoutError(f"Thread {victim.name} did not stop within {timeout} s")
+        self._threads.remove(victim)
+        return victim.name
+
+    async def remove_stream_thread_async(self, timeout: float | None = None) -> str | None:
+        return await anyio.to_thread.run_sync(self.remove_stream_thread, timeout)
+
+    # -- thread callbacks (run on stream threads) ---------------------------------------
+    def _on_thread_state(self, thread: StreamThread, old: StreamThreadState, new: StreamThreadState) -> None:
+        if new in (StreamThreadState.PARTITIONS_REVOKED, StreamThreadState.PARTITIONS_ASSIGNED):
+            if self.state is ClientState.RUNNING:
+                self._state.maybe_transition_to(ClientState.REBALANCING)
+        elif new in (StreamThreadState.RUNNING, StreamThreadState.DEAD, StreamThreadState.PENDING_SHUTDOWN):
+            self._maybe_set_running()
+
+    def _maybe_set_running(self) -> None:
+        """RUNNING once every thread runs or is dead (a thread shutting down is fine if another runs)."""
+        with self._state.lock:
+            if self.state is not ClientState.REBALANCING:
+                return
+            states = [t.state.state for t in self._threads.snapshot()]
+            running = StreamThreadState.RUNNING
+            some_running = running in states
+            for state in states:
+                if state is StreamThreadState.DEAD or state is running:
+                    continue
+                if state is StreamThreadState.PENDING_SHUTDOWN and some_running:
+                    continue
+                if state is StreamThreadState.PENDING_SHUTDOWN and not any(
+                        s.is_alive() for s in states):
+                    continue
+                return
+            self._state.transition_to(ClientState.RUNNING)
+
+    def _on_thread_failure(self, thread: StreamThread, exc: BaseException) -> None:
+        with self._threads.lock:
+            self._threads.failed_threads += 1
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._closing.is_set():
+            return
+        self._supervisor.on_failure(thread, exc)
+
+    def _replace_thread(self, failed: StreamThread) -> str | None:
+        return self.add_stream_thread()
+
+    def _on_thread_shut_down_by_handler(self, thread: StreamThread) -> None:
+        if not any(t.is_alive for t in self._threads.snapshot() if t is not thread):
+            self.log.error("All stream threads have died. The instance will be in error state")
+            self._close_to_error()
+
+    def _request_application_shutdown(self, thread: StreamThread) -> None:
+        # Wired to the group protocol by the assignor's error code; until a live
+        # thread can carry it, the client at least shuts itself down.
+        self._close_to_error()
+
+    # -- close -----------------------------------------------------------------------
+    def _begin_shutdown(self, target: ClientState) -> bool:
+        """Start shutting every thread down on a helper thread; False if already closing."""
+        pending = ClientState.PENDING_ERROR if target is ClientState.ERROR else ClientState.PENDING_SHUTDOWN
+        with self._state.lock:
+            if not self._state.maybe_transition_to(pending):
+                return False
+            self._closing.set()
+
+        def shut_down() -> None:
+            for thread in self._threads.snapshot():
+                thread.shutdown(leave_group=True)
+            for thread in self._threads.snapshot():
+                thread.join()
+            self._threads.trim_dead()
+            self._state.transition_to(target)
+
+        self._shutdown_thread = threading.Thread(target=shut_down, name=f"{self.client_id}-CloseThread",
+                                                 daemon=True)
+        self._shutdown_thread.start()
+        return True
+
+    def _close_to_error(self) -> None:
+        self._begin_shutdown(ClientState.ERROR)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Shut down every thread (finish, commit, leave the group); True if done within ``timeout`` s.
+
+        From inside a stream thread it only starts the shutdown and returns False.
+        """
+        if self.state is ClientState.CREATED:
+            self._state.transition_to(ClientState.PENDING_SHUTDOWN)
+            self._state.transition_to(ClientState.NOT_RUNNING)
+            return True
+        self._begin_shutdown(ClientState.NOT_RUNNING)
+        if self._threads.current() is not None:
+            return False
+        done = self._state.wait_for((ClientState.NOT_RUNNING, ClientState.ERROR), timeout)
+        if not done:
+            self.log.warning("Streams did not shut down within %s s", timeout)
+        return done
+
+    async def close_async(self, timeout: float | None = None) -> bool:
+        return await anyio.to_thread.run_sync(self.close, timeout)
+
+    async def __aenter__(self) -> KafkaStreams:
+        await self.start_async()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close_async()
+
+    def __enter__(self) -> KafkaStreams:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- inspection ------------------------------------------------------------------
+    def metadata_for_local_threads(self) -> list[ThreadMetadata]:
+        """Name, state, active tasks and cache size of each thread that is not DEAD."""
+        return [t.metadata() for t in self._threads.snapshot() if t.state.state is not StreamThreadState.DEAD]
+
+    def metrics(self) -> list[Metric]:
+        tags = {"client-id": self.client_id}
+        threads = self._threads.snapshot()
+        result = [
+            Metric("stream-metrics", "alive-stream-threads", tags, float(sum(t.is_alive for t in threads))),
+            Metric("stream-metrics", "failed-stream-threads", tags, float(self._threads.failed_threads)),
+        ]
+        for thread in threads:
+            if thread.state.state is StreamThreadState.DEAD:
+                continue
+            thread_tags = {"thread-id": thread.name}
+            result.append(Metric("stream-thread-metrics", "records-polled-total", thread_tags,
+                                 float(thread.processed)))
+            result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
+                                 float(thread.cache_size)))
+        return result
+
+    def metric(self, name: str) -> float:
+        """The client-level metric ``name`` (e.g. ``failed-stream-threads``)."""
+        for metric in self.metrics():
+            if metric.name == name and metric.group == "stream-metrics":
+                return metric.value
+        raise KeyError(name)

@@ -1,0 +1,104 @@
+"""``RecordCollector``: serialises a task's output, picks its partition, hands it to the producer.
+
+Sends are synchronous appends to the thread's producer buffer; the task hands
+the buffer to the network after each chunk of records, and a commit waits for
+every ack before offsets are committed (see ``engine.commit``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable
+
+
+from aiokafka.partitioner import murmur2
+
+from engine.errors import MissingSinkTopicError, ProduceError
+from engine.records import Record
+from engine.serdes import Serde
+from engine.topology.nodes import Partitioner
+from engine.transport.base import Producer
+
+_HASH_CACHE_LIMIT = 65_536
+
+
+class RecordCollector:
+    """One per stream thread, shared by its tasks (they all run on its loop).
+
+    ``partition_counts`` is filled at start-up for the static sink topics;
+    a topic chosen per record is looked up once with ``lookup``.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        partition_counts: dict[str, int],
+        lookup: Callable[[str], Awaitable[int | None]],
+    ) -> None:
+        self.producer = producer
+        self._partitions = partition_counts
+        self._lookup = lookup
+        # murmur2 in pure Python costs microseconds; keys repeat, so remember them.
+        self._hash_cache: dict[bytes, int] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self.sent = 0
+
+    def send(
+        self,
+        topic: str,
+        record: Record,
+        key_serde: Serde,
+        value_serde: Serde,
+        partitioner: Partitioner | None,
+        node_name: str,
+    ) -> Awaitable[None] | None:
+        count = self._partitions.get(topic)
+        if count is None:
+            return self._send_after_lookup(topic, record, key_serde, value_serde, partitioner, node_name)
+        key_bytes = key_serde.serialize(record.key)
+        value_bytes = value_serde.serialize(record.value)
+        partition = None
+        if partitioner is not None:
+            partition = partitioner(topic, record.key, record.value, count)
+            if partition is not None and not 0 <= partition < count:
+                raise ProduceError(topic, partition, f"partitioner of '{node_name}' chose a partition outside 0..{count - 1}")
+        if partition is None:
+            partition = self.default_partition(topic, key_bytes, count)
+        self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)
+        self.sent += 1
+        return None
+
+    async def _send_after_lookup(
+        self, topic: str, record: Record, key_serde: Serde, value_serde: Serde,
+        partitioner: Partitioner | None, node_name: str,
+    ) -> None:
+        count = await self._lookup(topic)
+        if count is None:
+            raise MissingSinkTopicError([topic])
+        self._partitions[topic] = count
+        self.send(topic, record, key_serde, value_serde, partitioner, node_name)
+
+    def default_partition(self, topic: str, key: bytes | None, count: int) -> int:
+        """Kafka's default: murmur2 of the key bytes; records without key go round-robin."""
+        if key is None:
+            counter = self._round_robin.get(topic)
+            if counter is None:
+                counter = self._round_robin[topic] = itertools.count()
+            return next(counter) % count
+        hashed = self._hash_cache.get(key)
+        if hashed is None:
+            if len(self._hash_cache) >= _HASH_CACHE_LIMIT:
+                self._hash_cache.clear()
+            hashed = self._hash_cache[key] = murmur2(key) & 0x7FFFFFFF
+        return hashed % count
+
+    def buffered(self) -> int:
+        return self.producer.buffered()
+
+    async def send_buffered(self) -> None:
+        await self.producer.send_buffered()
+
+    async def flush(self) -> None:
+        await self.producer.flush()
+
+

@@ -1,0 +1,78 @@
+"""``Committer``: when a stream thread commits, and the at-least-once order of a commit.
+
+A commit takes the positions of fully processed records first, then waits for
+the producer to have every output acknowledged, and only then commits those
+positions. Output appended after the snapshot may be acknowledged too; it is
+just not covered by this commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from engine.collector import RecordCollector
+from engine.errors import CommitFailedError
+from engine.logcontext import LogContext
+from engine.records import TopicPartition
+from engine.tasks.task import StreamTask
+from engine.transport.base import Consumer, OffsetAndMetadata
+
+
+class Committer:
+    def __init__(
+        self,
+        consumer: Consumer,
+        collector: RecordCollector,
+        interval_ms: int,
+        clock_ms: Callable[[], int],
+        logger: LogContext,
+    ) -> None:
+        self._consumer = consumer
+        self._collector = collector
+        self._interval_ms = interval_ms
+        self._clock_ms = clock_ms
+        self._log = logger
+        self._last_commit = clock_ms()
+        self.commits = 0
+
+    def due(self, tasks: Iterable[StreamTask]) -> bool:
+        if self._clock_ms() - self._last_commit >= self._interval_ms:
+            return True
+        return any(t.commit_needed() for t in tasks)
+
+    async def maybe_commit(self, tasks: Iterable[StreamTask]) -> int:
+        """Commit if the interval passed or a processor asked; returns partitions committed."""
+        tasks = list(tasks)
+        if not self.due(tasks):
+            return 0
+        return await self.commit(tasks)
+
+    async def commit(self, tasks: Iterable[StreamTask]) -> int:
+        """Flush output, then commit the processed positions of ``tasks``.
+
+        Raises ``CommitFailedError`` when the group has moved the partitions on.
+        """
+        tasks = list(tasks)
+        self._last_commit = self._clock_ms()
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        by_task: list[tuple[StreamTask, dict[TopicPartition, OffsetAndMetadata]]] = []
+        for task in tasks:
+            task_offsets = task.committable_offsets()
+            task.context.commit_requested = False
+            if task_offsets:
+                offsets.update(task_offsets)
+                by_task.append((task, task_offsets))
+        await self._collector.flush()
+        if not offsets:
+            return 0
+        try:
+            await self._consumer.commit(offsets)
+        except CommitFailedError:
+            self._log.warning("Commit of %s failed: the group rebalanced; the tasks will be revoked",
+                              sorted(str(tp) for tp in offsets))
+            raise
+        for task, task_offsets in by_task:
+            task.mark_committed(task_offsets)
+        self.commits += 1
+        self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
+        return len(offsets)

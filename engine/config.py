@@ -1,0 +1,202 @@
+"""``StreamsConfig``: every dotted key the engine reads, with type, default and check.
+
+Keys keep Kafka Streams' dotted names. The table below is the single source of
+truth: validation, defaults and the documentation all come from it. Values are
+checked once, at construction; a wrong type or value raises ``ConfigError``
+naming the key, and an unknown key only warns (Kafka Streams does the same), so
+settings meant for the clients can be passed through with the ``consumer.``,
+``producer.``, ``admin.`` and ``spark.`` prefixes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PASS_THROUGH_PREFIXES = ("consumer.", "producer.", "admin.", "spark.")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str
+    type: type | tuple[type, ...]
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None = None
+    deprecated: str | None = None
+
+
+def _at_least(minimum: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value >= minimum else f"must be >= {minimum}, got {value}"
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {list(choices)}, got {value!r}"
+
+    return check
+
+
+def _non_empty(value: Any) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+APPLICATION_ID = "application.id"
+BOOTSTRAP_SERVERS = "bootstrap.servers"
+CLIENT_ID = "client.id"
+NUM_STREAM_THREADS = "num.stream.threads"
+COMMIT_INTERVAL_MS = "commit.interval.ms"
+CACHE_MAX_BYTES_BUFFERING = "cache.max.bytes.buffering"
+TASK_TIMEOUT_MS = "task.timeout.ms"
+POLL_MS = "poll.ms"
+MAX_POLL_RECORDS = "max.poll.records"
+BUFFERED_RECORDS_PER_PARTITION = "buffered.records.per.partition"
+MAX_POLL_INTERVAL_MS = "max.poll.interval.ms"
+SESSION_TIMEOUT_MS = "session.timeout.ms"
+HEARTBEAT_INTERVAL_MS = "heartbeat.interval.ms"
+REQUEST_TIMEOUT_MS = "request.timeout.ms"
+RETRY_BACKOFF_MS = "retry.backoff.ms"
+AUTO_OFFSET_RESET = "auto.offset.reset"
+GROUP_INSTANCE_ID = "group.instance.id"
+PROCESSING_GUARANTEE = "processing.guarantee"
+DEFAULT_KEY_SERDE = "default.key.serde"
+DEFAULT_VALUE_SERDE = "default.value.serde"
+REPLICATION_FACTOR = "replication.factor"
+STATE_DIR = "state.dir"
+LINGER_MS = "linger.ms"
+BATCH_SIZE = "batch.size"
+ACKS = "acks"
+RETRIES = "retries"
+
+KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(APPLICATION_ID, str, None,
+              "The consumer group and the prefix of internal topics and client ids. Required.",
+              _non_empty),
+    ConfigKey(BOOTSTRAP_SERVERS, str, None,
+              "host:port[,host:port] of the Kafka cluster, or memory://[name] for the embedded broker. Required.",
+              _non_empty),
+    ConfigKey(CLIENT_ID, str, "",
+              "Prefix of thread and client names; defaults to <application.id>-<process uuid>."),
+    ConfigKey(NUM_STREAM_THREADS, int, 1, "Stream threads started by start().", _at_least(0)),
+    ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
+              "How often a stream thread commits the offsets of fully processed records.", _at_least(0)),
+    ConfigKey(CACHE_MAX_BYTES_BUFFERING, int, 10 * 1024 * 1024,
+              "Record cache size of the whole client, split evenly across its alive stream threads.",
+              _at_least(0)),
+    ConfigKey(TASK_TIMEOUT_MS, int, 300_000,
+              "How long a task may keep timing out before it fails (KIP-572).", _at_least(0)),
+    ConfigKey(POLL_MS, int, 100, "How long a poll waits for records.", _at_least(0)),
+    ConfigKey(MAX_POLL_RECORDS, int, 1000, "Records fetched per poll at most.", _at_least(1)),
+    ConfigKey(BUFFERED_RECORDS_PER_PARTITION, int, 1000,
+              "Records buffered per partition before fetching from it pauses (back-pressure).",
+              _at_least(1)),
+    ConfigKey(MAX_POLL_INTERVAL_MS, int, 300_000,
+              "A member that does not poll within this time leaves the group.", _at_least(1)),
+    ConfigKey(SESSION_TIMEOUT_MS, int, 45_000, "Group session timeout.", _at_least(1)),
+    ConfigKey(HEARTBEAT_INTERVAL_MS, int, 3_000, "Group heartbeat interval.", _at_least(1)),
+    ConfigKey(REQUEST_TIMEOUT_MS, int, 40_000, "Client request timeout.", _at_least(1)),
+    ConfigKey(RETRY_BACKOFF_MS, int, 100, "Back-off before retrying a failed request.", _at_least(0)),
+    ConfigKey(AUTO_OFFSET_RESET, str, "earliest",
+              "Where a partition without committed offset starts.", _one_of("earliest", "latest", "none")),
+    ConfigKey(GROUP_INSTANCE_ID, (str, type(None)), None,
+              "Static membership id; each stream thread appends -<n>."),
+    ConfigKey(PROCESSING_GUARANTEE, str, "at_least_once",
+              "Delivery guarantee.", _one_of("at_least_once")),
+    ConfigKey(DEFAULT_KEY_SERDE, object, None, "Serde for keys where the topology names none (bytes)."),
+    ConfigKey(DEFAULT_VALUE_SERDE, object, None, "Serde for values where the topology names none (bytes)."),
+    ConfigKey(REPLICATION_FACTOR, int, -1,
+              "Replication factor of internal topics (-1: the broker default).", _at_least(-1)),
+    ConfigKey(STATE_DIR, str, os.path.join(tempfile.gettempdir(), "streamloop"), "Directory for local state."),
+    ConfigKey(LINGER_MS, int, 5, "Producer linger.", _at_least(0)),
+    ConfigKey(BATCH_SIZE, int, 64 * 1024, "Producer batch size in bytes.", _at_least(1)),
+    ConfigKey(ACKS, str, "all", "Producer acks.", _one_of("all", "-1", "0", "1")),
+    ConfigKey(RETRIES, int, 0,
+              "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
+              deprecated="use task.timeout.ms"),
+)
+
+_BY_NAME = {key.name: key for key in KEYS}
+
+
+class StreamsConfig(Mapping[str, Any]):
+    """Validated configuration of a ``KafkaStreams`` client.
+
+    Reads as a mapping of every known key (defaults filled in) plus the
+    pass-through keys given. Raises ``ConfigError`` for a wrong type or value and
+    for a missing required key.
+    """
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        if isinstance(settings, StreamsConfig):
+            settings = settings._given
+        if not isinstance(settings, Mapping):
+            raise ConfigError("<config>", f"expected a mapping of keys to values, got {type(settings).__name__}")
+        self._given = dict(settings)
+        values: dict[str, Any] = {}
+        for key in KEYS:
+            if key.name in settings:
+                values[key.name] = self._check(key, settings[key.name])
+            elif key.default is None and key.type is str:
+                raise ConfigError(key.name, "is required")
+            else:
+                values[key.name] = key.default
+        for name in settings:
+            if name not in _BY_NAME and not name.startswith(PASS_THROUGH_PREFIXES):
+                log.warning("Unknown config '%s' is ignored", name)
+        if not values[CLIENT_ID]:
+            values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{uuid.uuid4()}"
+        for name, value in settings.items():
+            if name.startswith(PASS_THROUGH_PREFIXES):
+                values[name] = value
+        self._values = values
+
+    @staticmethod
+    def _check(key: ConfigKey, value: Any) -> Any:
+        if key.deprecated:
+            log.warning("Config '%s' is deprecated and ignored: %s", key.name, key.deprecated)
+        expected = key.type
+        # bool is an int in Python; a flag where a count is expected is a mistake.
+        if expected is int and isinstance(value, bool):
+            raise ConfigError(key.name, f"expected int, got bool {value!r}")
+        if expected is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if expected is not object and not isinstance(value, expected):
+            names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+            raise ConfigError(key.name, f"expected {names}, got {type(value).__name__} {value!r}")
+        if key.check is not None and value is not None:
+            problem = key.check(value)
+            if problem:
+                raise ConfigError(key.name, problem)
+        return value
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def with_prefix(self, prefix: str) -> dict[str, Any]:
+        """The pass-through keys under ``prefix`` with the prefix removed."""
+        return {k[len(prefix):]: v for k, v in self._values.items() if k.startswith(prefix)}
+
+    def seconds(self, name: str) -> float:
+        """A ``*.ms`` key converted to seconds (the one place that converts)."""
+        return float(self._values[name]) / 1000.0
+
+    def __repr__(self) -> str:
+        return f"StreamsConfig({self._values!r})"

@@ -1,0 +1,155 @@
+"""The demo behind ``make demo``: an order pipeline on the embedded broker.
+
+Orders flow into ``orders`` (4 partitions) while a client with two stream
+threads keeps those of at least 10, flags the VIP ones and writes them to
+``big-orders``. The demo prints live progress, then what went in and came out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import sys
+import time
+from collections import Counter
+
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.records import TopicPartition
+from engine.serdes import JsonSerde, StringSerde
+from engine.transport import open_transport
+from engine.transport.base import ProducerSettings
+
+ORDERS, BIG_ORDERS = "orders", "big-orders"
+
+
+def build_topology(builder: StreamsBuilder) -> None:
+    (builder.stream(ORDERS, key_serde=StringSerde(), value_serde=JsonSerde())
+            .filter(lambda key, order: order["amount"] >= 10)
+            .map_values(lambda order: {**order, "vip": order["amount"] > 1000})
+            .to(BIG_ORDERS, key_serde=StringSerde(), value_serde=JsonSerde()))
+
+
+async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> list[dict]:
+    transport = open_transport({"bootstrap.servers": bootstrap})
+    admin = transport.admin("demo-admin")
+    await admin.start()
+    await admin.create_topics({ORDERS: 4, BIG_ORDERS: 4})
+    await admin.close()
+    producer = transport.producer(ProducerSettings(client_id="demo-producer"))
+    await producer.start()
+    rng = random.Random(seed)
+    orders = []
+    customers = [f"customer-{i}" for i in range(20)]
+    started = time.monotonic()
+    for i in range(count):
+        order = {"id": i, "customer": rng.choice(customers), "amount": round(rng.expovariate(1 / 200), 2)}
+        orders.append(order)
+        key = order["customer"].encode()
+        producer.append(ORDERS, hash(order["customer"]) % 4, key, JsonSerde().serialize(order), None, ())
+        if i % 100 == 99:
+            await producer.flush()
+            # Pace the input so the progress is visible.
+            ahead = (i + 1) / rate - (time.monotonic() - started)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+    await producer.flush()
+    await producer.close()
+    return orders
+
+
+async def read_output(bootstrap: str) -> list:
+    transport = open_transport({"bootstrap.servers": bootstrap})
+    reader = transport.reader("demo-reader")
+    await reader.start()
+    tps = [TopicPartition(BIG_ORDERS, p) for p in range(4)]
+    reader.assign(tps)
+    for tp in tps:
+        reader.seek(tp, 0)
+    ends = await reader.end_offsets(tps)
+    out: list = []
+    seen = dict.fromkeys(tps, 0)
+    while any(seen[tp] < ends[tp] for tp in tps):
+        for tp, records in (await reader.poll(100, 10_000)).items():
+            out.extend(records)
+            if records:
+                seen[TopicPartition(tp.topic, tp.partition)] = records[-1].offset + 1
+    await reader.close()
+    return out
+
+
+async def main_async(count: int, rate: int, threads: int) -> int:
+    bootstrap = "memory://demo"
+    print(f"streamloop demo: {count} orders through filter(amount >= 10) -> map_values(vip) "
+          f"on the embedded broker ({bootstrap}), {threads} stream threads\n")
+    builder = StreamsBuilder()
+    build_topology(builder)
+    topology = builder.build()
+    print(topology.describe())
+    producing = asyncio.create_task(produce_orders(bootstrap, count, rate, seed=42))
+    await asyncio.sleep(0)
+    while not producing.done() and "orders" not in await _topics(bootstrap):
+        await asyncio.sleep(0.01)
+    streams = KafkaStreams(topology, {
+        "application.id": "orders-app",
+        "bootstrap.servers": bootstrap,
+        "num.stream.threads": threads,
+        "commit.interval.ms": 200,
+    })
+    started = time.monotonic()
+    async with streams:
+        last = -1
+        while True:
+            polled = sum(m.value for m in streams.metrics() if m.name == "records-polled-total")
+            if polled != last:
+                print(f"  t={time.monotonic() - started:5.2f}s  state={streams.state.name:<12} "
+                      f"records in={int(polled):>7}")
+                last = polled
+            if producing.done() and polled >= count:
+                break
+            if streams.state is ClientState.ERROR:
+                print("The client went to ERROR; see the log above", file=sys.stderr)
+                return 1
+            await asyncio.sleep(0.25)
+        threads_meta = streams.metadata_for_local_threads()
+    elapsed = time.monotonic() - started
+    orders = producing.result()
+    output = await read_output(bootstrap)
+    expected = [o for o in orders if o["amount"] >= 10]
+    vip = sum(1 for r in output if JsonSerde().deserialize(r.value)["vip"])
+    per_partition = Counter(r.partition for r in output)
+    print(f"\nIn:  {len(orders)} orders on '{ORDERS}'")
+    print(f"Out: {len(output)} orders on '{BIG_ORDERS}' ({len(orders) - len(expected)} dropped by the filter, "
+          f"{vip} flagged VIP), per partition {dict(sorted(per_partition.items()))}")
+    for meta in threads_meta:
+        tasks = ", ".join(sorted(str(t.task_id) for t in meta.active_tasks))
+        print(f"Thread {meta.thread_name}: tasks [{tasks}]")
+    print(f"Took {elapsed:.2f} s; the client closed cleanly ({streams.state.name}).")
+    ok = len(output) >= len(expected) and {o["id"] for o in expected} <= {
+        JsonSerde().deserialize(r.value)["id"] for r in output}
+    print("Check: every kept order is in the output" if ok else "Check FAILED: orders are missing")
+    return 0 if ok else 1
+
+
+async def _topics(bootstrap: str) -> dict[str, int]:
+    admin = open_transport({"bootstrap.servers": bootstrap}).admin("demo-admin")
+    await admin.start()
+    try:
+        return await admin.partition_counts([ORDERS, BIG_ORDERS])
+    finally:
+        await admin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--orders", type=int, default=20_000)
+    parser.add_argument("--rate", type=int, default=10_000, help="orders per second")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    return asyncio.run(main_async(args.orders, args.rate, args.threads))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The per-task processor context and the per-node view of it handed to processors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.processors.api import Cancellable, PunctuationType
+from engine.processors.punctuation import PunctuationQueue
+from engine.records import Headers, Record
+from engine.topology.nodes import Forwarder, Node
+
+if TYPE_CHECKING:
+    from engine.tasks.task_id import TaskId
+
+
+class TaskContext:
+    """What a task knows about the record being processed, shared by its nodes.
+
+    Caller: ``StreamTask`` sets the ``topic``…``headers`` fields before each record.
+    """
+
+    __slots__ = (
+        "application_id", "task_id", "forwarder", "topic", "partition", "offset",
+        "timestamp", "headers", "commit_requested", "stream_time_schedules",
+        "wall_clock_schedules", "wall_clock_ms",
+    )
+
+    def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int]) -> None:
+        self.application_id = application_id
+        self.task_id = task_id
+        self.forwarder = Forwarder()
+        self.topic: str | None = None
+        self.partition: int | None = None
+        self.offset: int | None = None
+        self.timestamp: int = -1
+        self.headers: Headers = ()
+        self.commit_requested = False
+        self.stream_time_schedules = PunctuationQueue(PunctuationType.STREAM_TIME)
+        self.wall_clock_schedules = PunctuationQueue(PunctuationType.WALL_CLOCK_TIME)
+        self.wall_clock_ms = wall_clock_ms
+
+
+class NodeContext:
+    """The ``ProcessorContext`` of one processor node: ``forward`` reaches that node's children."""
+
+    __slots__ = ("_task", "_node")
+
+    def __init__(self, task: TaskContext, node: Node) -> None:
+        self._task = task
+        self._node = node
+
+    @property
+    def application_id(self) -> str:
+        return self._task.application_id
+
+    @property
+    def task_id(self) -> TaskId:
+        return self._task.task_id
+
+    @property
+    def topic(self) -> str | None:
+        return self._task.topic
+
+    @property
+    def partition(self) -> int | None:
+        return self._task.partition
+
+    @property
+    def offset(self) -> int | None:
+        return self._task.offset
+
+    @property
+    def timestamp(self) -> int:
+        return self._task.timestamp
+
+    @property
+    def headers(self) -> Headers:
+        return self._task.headers
+
+    def forward(self, record: Record, to: str | None = None) -> None:
+        children = self._node.children
+        if to is not None:
+            children = [c for c in children if c.name == to]
+            if not children:
+                names = [c.name for c in self._node.children]
+                raise ValueError(f"Node '{self._node.name}' has no child named '{to}' (children: {names})")
+        self._task.forwarder.forward(children, record)
+
+    def commit(self) -> None:
+        self._task.commit_requested = True
+
+    def schedule(self, interval_ms: int, kind: PunctuationType, punctuator: Callable[[int], Any]) -> Cancellable:
+        if kind is PunctuationType.STREAM_TIME:
+            return self._task.stream_time_schedules.schedule(
+                max(self._task.timestamp, 0), interval_ms, punctuator, self._node.name
+            )
+        return self._task.wall_clock_schedules.schedule(
+            self._task.wall_clock_ms(), interval_ms, punctuator, self._node.name
+        )

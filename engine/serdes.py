@@ -1,0 +1,109 @@
+"""Serdes turn keys and values into bytes and back.
+
+A serde is any object with ``serialize(value) -> bytes | None`` and
+``deserialize(data) -> value``; ``None`` passes through both ways, as a Kafka
+tombstone does. Ready ones: bytes, UTF-8 strings, 32/64-bit big-endian integers
+(Kafka's ``IntegerSerde``/``LongSerde`` layout) and JSON through orjson.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+
+@runtime_checkable
+class Serde(Protocol):
+    def serialize(self, value: Any) -> bytes | None: ...
+
+    def deserialize(self, data: bytes | None) -> Any: ...
+
+
+class BytesSerde:
+    """Passes bytes through unchanged (the default)."""
+
+    def serialize(self, value: bytes | None) -> bytes | None:
+        if value is None or isinstance(value, bytes):
+            return value
+        if isinstance(value, (bytearray, memoryview)):
+            return bytes(value)
+        raise TypeError(f"BytesSerde expects bytes, got {type(value).__name__}")
+
+    def deserialize(self, data: bytes | None) -> bytes | None:
+        return data
+
+    def __repr__(self) -> str:
+        return "BytesSerde()"
+
+
+class StringSerde:
+    def __init__(self, encoding: str = "utf-8") -> None:
+        self.encoding = encoding
+
+    def serialize(self, value: str | None) -> bytes | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise TypeError(f"StringSerde expects str, got {type(value).__name__}")
+        return value.encode(self.encoding)
+
+    def deserialize(self, data: bytes | None) -> str | None:
+        return None if data is None else data.decode(self.encoding)
+
+    def __repr__(self) -> str:
+        return f"StringSerde({self.encoding!r})"
+
+
+class IntegerSerde:
+    """Big-endian signed integers of 4 bytes (Kafka's IntegerSerde) or 8 (LongSerde)."""
+
+    def __init__(self, size: int = 4) -> None:
+        if size not in (4, 8):
+            raise ValueError(f"IntegerSerde size must be 4 or 8, got {size}")
+        self._struct = struct.Struct(">i" if size == 4 else ">q")
+
+    def serialize(self, value: int | None) -> bytes | None:
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"IntegerSerde expects int, got {type(value).__name__}")
+        return self._struct.pack(value)
+
+    def deserialize(self, data: bytes | None) -> int | None:
+        if data is None:
+            return None
+        if len(data) != self._struct.size:
+            raise ValueError(f"IntegerSerde expects {self._struct.size} bytes, got {len(data)}")
+        return int(self._struct.unpack(data)[0])
+
+    def __repr__(self) -> str:
+        return f"IntegerSerde({self._struct.size})"
+
+
+class LongSerde(IntegerSerde):
+    def __init__(self) -> None:
+        super().__init__(8)
+
+
+class JsonSerde:
+    """JSON through orjson; dicts, lists, numbers, strings, booleans and null."""
+
+    def serialize(self, value: Any) -> bytes | None:
+        return None if value is None else orjson.dumps(value)
+
+    def deserialize(self, data: bytes | None) -> Any:
+        return None if data is None else orjson.loads(data)
+
+    def __repr__(self) -> str:
+        return "JsonSerde()"
+
+
+def as_serde(value: object, what: str) -> Serde:
+    """Accept a serde instance or a serde class; anything else is a clear TypeError."""
+    if isinstance(value, type):
+        value = value()
+    if not isinstance(value, Serde):
+        raise TypeError(f"{what} must have serialize() and deserialize(), got {value!r}")
+    return value

@@ -1,0 +1,168 @@
+"""The group assignor: partitions grouped into tasks, tasks spread over the members.
+
+Every member is one stream thread. A task is (sub-topology, partition) and owns
+that partition of each of the sub-topology's source topics, so co-partitioned
+topics stay together. The leader keeps each task with its previous owner while
+that owner is under its fair share (sticky: adding a thread moves only the
+tasks it takes over), then gives the rest to the least loaded members. The
+loads differ by at most one.
+
+The member metadata also carries a shutdown request (KIP-671
+SHUTDOWN_APPLICATION): if any member asks, the leader answers every member with
+no tasks and the error code, and every instance shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import orjson
+
+from engine.records import TopicPartition
+from engine.topology.topology import Topology
+from engine.transport.base import MemberAssignment, MemberSubscription
+
+from .task_id import TaskId
+
+log = logging.getLogger(__name__)
+
+_VERSION = 1
+
+
+class AssignorError(IntEnum):
+    NONE = 0
+    INCOMPLETE_SOURCE_TOPIC_METADATA = 1
+    SHUTDOWN_REQUESTED = 4
+
+
+@dataclass
+class SubscriptionInfo:
+    process_id: str
+    thread: str
+    previous_tasks: list[TaskId] = field(default_factory=list)
+    error_code: AssignorError = AssignorError.NONE
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "v": _VERSION, "process": self.process_id, "thread": self.thread,
+            "prev": [str(t) for t in self.previous_tasks], "err": int(self.error_code),
+        })
+
+    @classmethod
+    def decode(cls, data: bytes) -> SubscriptionInfo:
+        if not data:
+            return cls("", "")
+        raw = orjson.loads(data)
+        return cls(raw.get("process", ""), raw.get("thread", ""),
+                   [TaskId.parse(t) for t in raw.get("prev", [])], AssignorError(raw.get("err", 0)))
+
+
+@dataclass
+class AssignmentInfo:
+    tasks: list[TaskId]
+    error_code: AssignorError = AssignorError.NONE
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> AssignmentInfo:
+        if not data:
+            return cls([])
+        raw = orjson.loads(data)
+        return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)))
+
+
+def tasks_for(topology: Topology, partitions_per_topic: Mapping[str, int]) -> dict[TaskId, list[TopicPartition]]:
+    """Every task of the topology and the partitions it owns, for the topics that exist."""
+    tasks: dict[TaskId, list[TopicPartition]] = {}
+    for sub in topology.subtopologies:
+        counts = [partitions_per_topic[t] for t in sub.source_topics if t in partitions_per_topic]
+        for partition in range(max(counts, default=0)):
+            tps = [TopicPartition(t, partition) for t in sub.source_topics
+                   if partition < partitions_per_topic.get(t, 0)]
+            tasks[TaskId(sub.id, partition)] = tps
+    return tasks
+
+
+def balance(
+    tasks: Sequence[TaskId], members: Sequence[str], previous: Mapping[str, Sequence[TaskId]]
+) -> dict[str, list[TaskId]]:
+    """Sticky, balanced spread of ``tasks`` over ``members`` (loads differ by at most one)."""
+    result: dict[str, list[TaskId]] = {m: [] for m in members}
+    if not members:
+        return result
+    floor = len(tasks) // len(members)
+    wanted = set(tasks)
+    taken: set[TaskId] = set()
+    for member in members:
+        for task in previous.get(member, ()):
+            if len(result[member]) >= floor:
+                break
+            if task in wanted and task not in taken:
+                result[member].append(task)
+                taken.add(task)
+    for task in tasks:
+        if task in taken:
+            continue
+        # Prefer the previous owner when it is among the least loaded.
+        least = min(len(v) for v in result.values())
+        owner = next((m for m in members if len(result[m]) == least and task in previous.get(m, ())), None)
+        if owner is None:
+            owner = next(m for m in members if len(result[m]) == least)
+        result[owner].append(task)
+        taken.add(task)
+    for assigned in result.values():
+        assigned.sort()
+    return result
+
+
+class StreamsAssignor:
+    """One per stream thread (member). Implements ``engine.transport.base.GroupAssignor``.
+
+    Affects: ``assigned_tasks`` and ``error_code`` after each assignment, read by
+    the stream thread's rebalance listener.
+    """
+
+    name = "streamloop"
+
+    def __init__(self, topology: Topology, process_id: str, thread_name: str) -> None:
+        self._topology = topology
+        self._process_id = process_id
+        self._thread_name = thread_name
+        self.owned_tasks: list[TaskId] = []
+        self.shutdown_requested = AssignorError.NONE
+        self.assigned_tasks: list[TaskId] = []
+        self.error_code = AssignorError.NONE
+
+    def subscription_user_data(self, topics: Sequence[str]) -> bytes:
+        return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
+                                self.shutdown_requested).encode()
+
+    def assign(
+        self,
+        subscriptions: Mapping[str, MemberSubscription],
+        partitions_per_topic: Mapping[str, int],
+    ) -> dict[str, MemberAssignment]:
+        infos = {m: SubscriptionInfo.decode(s.user_data) for m, s in subscriptions.items()}
+        members = sorted(subscriptions)
+        if any(i.error_code is AssignorError.SHUTDOWN_REQUESTED for i in infos.values()):
+            log.info("A member requested the shutdown of the application; telling every member")
+            error = AssignmentInfo([], AssignorError.SHUTDOWN_REQUESTED).encode()
+            return {m: MemberAssignment((), error) for m in members}
+        tasks = tasks_for(self._topology, partitions_per_topic)
+        spread = balance(sorted(tasks), members, {m: infos[m].previous_tasks for m in members})
+        result = {}
+        for member, member_tasks in spread.items():
+            tps = tuple(tp for t in member_tasks for tp in tasks[t])
+            result[member] = MemberAssignment(tps, AssignmentInfo(member_tasks).encode())
+        log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
+        return result
+
+    def on_assignment(self, assignment: MemberAssignment) -> None:
+        info = AssignmentInfo.decode(assignment.user_data)
+        self.assigned_tasks = info.tasks
+        self.error_code = info.error_code

@@ -1,0 +1,161 @@
+"""``TaskManager``: turns assignments into running tasks and revocations into closed ones.
+
+It owns the maps from task id and from partition to task, feeds fetched records
+to their task, applies back-pressure per partition (fetching from a partition
+pauses while its task holds ``buffered.records.per.partition`` records), and
+closes tasks cleanly (finish the record in flight, flush, commit) or dirtily
+(no commit, after a failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from engine.collector import RecordCollector
+from engine.commit import Committer
+from engine.errors import CommitFailedError
+from engine.logcontext import LogContext
+from engine.processors.context import TaskContext
+from engine.records import ConsumerRecord, TopicPartition
+from engine.serdes import Serde
+from engine.topology.topology import Topology
+from engine.transport.base import Consumer
+
+from .task import StreamTask
+from .task_id import TaskId
+
+
+class TaskManager:
+    """Caller: the stream thread's loop only (poll loop and rebalance listener)."""
+
+    def __init__(
+        self,
+        application_id: str,
+        topology: Topology,
+        consumer: Consumer,
+        collector: RecordCollector,
+        committer: Committer,
+        spawn: Callable[[StreamTask], None],
+        logger: LogContext,
+        clock_ms: Callable[[], int],
+        key_serde: Serde,
+        value_serde: Serde,
+        buffered_per_partition: int,
+    ) -> None:
+        self._application_id = application_id
+        self._topology = topology
+        self._consumer = consumer
+        self._collector = collector
+        self._committer = committer
+        self._spawn = spawn
+        self._log = logger
+        self._clock_ms = clock_ms
+        self._key_serde = key_serde
+        self._value_serde = value_serde
+        self._limit = buffered_per_partition
+        self.tasks: dict[TaskId, StreamTask] = {}
+        self._by_partition: dict[TopicPartition, StreamTask] = {}
+        self._backpressured: set[TopicPartition] = set()
+
+    # -- assignment -------------------------------------------------------------
+    def task_id_of(self, tp: TopicPartition) -> TaskId:
+        return TaskId(self._topology.subtopology_of(tp.topic).id, tp.partition)
+
+    def handle_assignment(self, partitions: Iterable[TopicPartition]) -> list[StreamTask]:
+        """Create and start a task for each newly assigned group of partitions."""
+        grouped: dict[TaskId, list[TopicPartition]] = {}
+        for tp in partitions:
+            tp = TopicPartition(tp.topic, tp.partition)
+            if tp in self._by_partition:
+                continue
+            grouped.setdefault(self.task_id_of(tp), []).append(tp)
+        created = []
+        for task_id, tps in sorted(grouped.items()):
+            if task_id in self.tasks:
+                raise RuntimeError(f"Task {task_id} got partitions {tps} it did not have before")
+            task = self._create(task_id, tps)
+            self.tasks[task_id] = task
+            for tp in tps:
+                self._by_partition[tp] = task
+            created.append(task)
+            self._spawn(task)
+        if created:
+            self._log.info("Created tasks %s", [str(t.id) for t in created])
+        return created
+
+    def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
+        context = TaskContext(self._application_id, task_id, self._clock_ms)
+        graph = self._topology.build_task_graph(
+            task_id.subtopology, context, self._collector, self._key_serde, self._value_serde
+        )
+        return StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms)
+
+    async def handle_revocation(self, partitions: Iterable[TopicPartition], timeout: float) -> None:
+        """Close the tasks of revoked partitions cleanly: finish, flush, commit, close."""
+        revoked = {self._by_partition[tp] for tp in map(_tp, partitions) if tp in self._by_partition}
+        if revoked:
+            await self.close_tasks(revoked, clean=True, timeout=timeout)
+
+    async def close_tasks(self, tasks: Iterable[StreamTask], clean: bool, timeout: float) -> None:
+        tasks = sorted(tasks, key=lambda t: t.id)
+        for task in tasks:
+            task.request_close()
+        deadline = time.monotonic() + timeout
+        for task in tasks:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(task.finished.wait(), remaining)
+            except TimeoutError:
+                self._log.warning("Task %s did not finish its record within %.1f s; closing it dirty",
+                                  task.id, timeout)
+                clean = False
+        if clean:
+            try:
+                await self._committer.commit(tasks)
+            except CommitFailedError:
+                pass  # the new owner starts from the last successful commit
+        for task in tasks:
+            task.close()
+            self.tasks.pop(task.id, None)
+            for tp in task.partitions:
+                self._by_partition.pop(tp, None)
+                self._backpressured.discard(tp)
+        self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
+
+    async def shutdown(self, clean: bool, timeout: float) -> None:
+        await self.close_tasks(list(self.tasks.values()), clean=clean, timeout=timeout)
+
+    # -- records ----------------------------------------------------------------
+    def add_records(self, fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> int:
+        total = 0
+        for tp, records in fetched.items():
+            task = self._by_partition.get(tp)  # type: ignore[call-overload]
+            if task is None or not records:
+                continue  # fetched just before a revocation; the new owner reads it again
+            total += len(records)
+            if task.add_records(tp, records) >= self._limit and tp not in self._backpressured:
+                self._backpressured.add(tp)
+                self._consumer.pause(tp)
+        return total
+
+    async def _after_chunk(self) -> None:
+        if self._backpressured:
+            low = self._limit // 2
+            ready = [tp for tp in self._backpressured if self._by_partition[tp].buffered(tp) <= low]
+            if ready:
+                self._backpressured.difference_update(ready)
+                self._consumer.resume(*ready)
+        if self._collector.buffered():
+            await self._collector.send_buffered()
+
+    async def maybe_commit(self) -> int:
+        return await self._committer.maybe_commit(self.tasks.values())
+
+    async def commit_all(self) -> int:
+        return await self._committer.commit(list(self.tasks.values()))
+
+
+def _tp(tp: TopicPartition) -> TopicPartition:
+    return TopicPartition(tp.topic, tp.partition)

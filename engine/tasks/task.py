@@ -1,0 +1,249 @@
+"""``StreamTask``: one sub-topology over one partition number, run by its own coroutine.
+
+The stream thread buffers fetched records into the task; the task's coroutine
+(``run``) processes them in a tight loop: deserialize, run the graph, and only
+await where a processor is async. The committable position of each partition
+advances only after a record's whole graph has finished.
+
+States::
+
+    CREATED ──> RUNNING ──> CLOSED
+       │           ^ │
+       │           │ v
+       │         PAUSED ──> CLOSED
+       └──────────────────> CLOSED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
+
+from engine.errors import DeserializationError, ProcessingError, StreamsError
+from engine.lifecycle import StateMachine
+from engine.logcontext import LogContext
+from engine.processors.context import TaskContext
+from engine.processors.punctuation import Schedule
+from engine.records import ConsumerRecord, Record, TopicPartition
+from engine.topology.topology import TaskGraph
+from engine.transport.base import OffsetAndMetadata
+
+from .task_id import TaskId
+
+log = logging.getLogger(__name__)
+
+# Records processed before the task yields to the loop's other coroutines.
+_CHUNK = 512
+
+
+class TaskState(Enum):
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    CLOSED = "CLOSED"
+
+
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.CREATED: frozenset({TaskState.RUNNING, TaskState.CLOSED}),
+    TaskState.RUNNING: frozenset({TaskState.PAUSED, TaskState.CLOSED}),
+    TaskState.PAUSED: frozenset({TaskState.RUNNING, TaskState.CLOSED}),
+    TaskState.CLOSED: frozenset(),
+}
+
+
+class StreamTask:
+    """Caller: ``TaskManager`` creates, feeds, commits and closes it; ``run`` is owned by the thread's task group."""
+
+    def __init__(
+        self,
+        task_id: TaskId,
+        partitions: Iterable[TopicPartition],
+        graph: TaskGraph,
+        context: TaskContext,
+        send_buffered: Callable[[], object],
+        logger: LogContext,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.id = task_id
+        self.partitions = frozenset(partitions)
+        self.graph = graph
+        self.context = context
+        self.log = logger.child(f"task [{task_id}] ")
+        self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log)
+        self._send_buffered = send_buffered
+        self._clock_ms = clock_ms
+        self._queues: dict[TopicPartition, deque[ConsumerRecord]] = {tp: deque() for tp in self.partitions}
+        self._buffered = 0
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        # Offset of the next record to process per partition, once one was processed.
+        self._next_offsets: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self.stream_time = -1
+        self.processed = 0
+        self.finished = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
+
+    # -- input ----------------------------------------------------------------
+    def add_records(self, partition: TopicPartition, records: Sequence[ConsumerRecord]) -> int:
+        """Buffer fetched records; returns how many this partition now holds."""
+        queue = self._queues[partition]
+        queue.extend(records)
+        self._buffered += len(records)
+        self._wakeup.set()
+        return len(queue)
+
+    def buffered(self, partition: TopicPartition | None = None) -> int:
+        if partition is None:
+            return self._buffered
+        return len(self._queues[partition])
+
+    # -- the task's coroutine -------------------------------------------------------
+    def request_close(self) -> None:
+        """Stop after the record in progress (if any); ``finished`` is set when ``run`` returns."""
+        self._closing = True
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        self.state.transition_to(TaskState.RUNNING)
+        try:
+            while not self._closing:
+                if self._buffered == 0:
+                    await self._idle()
+                    continue
+                await self._process_chunk()
+                # Output of this chunk goes to the network together: one batch per partition.
+                await self._send_buffered()  # type: ignore[misc]
+                await asyncio.sleep(0)
+        finally:
+            self.finished.set()
+
+    async def _idle(self) -> None:
+        self._wakeup.clear()
+        due = self.context.wall_clock_schedules.next_due()
+        timeout = None if due is None else max(0.0, (due - self._clock_ms()) / 1000.0)
+        if timeout is None:
+            await self._wakeup.wait()
+        else:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                pass
+        await self.maybe_punctuate_wall_clock()
+
+    def _next_partition(self) -> deque[ConsumerRecord] | None:
+        """The partition whose head has the lowest timestamp (Kafka Streams' choice)."""
+        best: deque[ConsumerRecord] | None = None
+        for queue in self._queues.values():
+            if queue and (best is None or queue[0].timestamp < best[0].timestamp):
+                best = queue
+        return best
+
+    async def _process_chunk(self) -> None:
+        ctx = self.context
+        forwarder = ctx.forwarder
+        sources = self.graph.sources
+        single = len(self._queues) == 1
+        queue = self._next_partition()
+        done = 0
+        while queue and done < _CHUNK and not self._closing:
+            raw = queue[0]
+            source = sources[raw.topic]
+            ctx.topic = raw.topic
+            ctx.partition = raw.partition
+            ctx.offset = raw.offset
+            ctx.timestamp = raw.timestamp
+            ctx.headers = raw.headers
+            try:
+                key = source.key_serde.deserialize(raw.key)
+            except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
+                raise DeserializationError(self.id, raw.topic, raw.partition, raw.offset, "key", exc) from exc
+            try:
+                value = source.value_serde.deserialize(raw.value)
+            except Exception as exc:  # noqa: BLE001
+                raise DeserializationError(self.id, raw.topic, raw.partition, raw.offset, "value", exc) from exc
+            try:
+                if forwarder.start(source, Record(key, value, raw.timestamp, raw.headers)):
+                    await forwarder.drain()
+            except StreamsError:
+                forwarder.reset()
+                raise
+            except Exception as exc:
+                node = forwarder.node.name if forwarder.node is not None else source.name
+                forwarder.reset()
+                raise ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc) from exc
+            queue.popleft()
+            self._buffered -= 1
+            self._next_offsets[(raw.topic, raw.partition)] = raw.offset + 1  # type: ignore[index]
+            done += 1
+            if raw.timestamp > self.stream_time:
+                self.stream_time = raw.timestamp
+                if ctx.stream_time_schedules.next_due() is not None:
+                    await self._punctuate(ctx.stream_time_schedules.due(self.stream_time), self.stream_time)
+            if not single:
+                queue = self._next_partition()
+        self.processed += done
+        if ctx.wall_clock_schedules.next_due() is not None:
+            await self.maybe_punctuate_wall_clock()
+
+    async def maybe_punctuate_wall_clock(self) -> None:
+        schedules = self.context.wall_clock_schedules
+        if schedules.next_due() is not None:
+            now = self._clock_ms()
+            await self._punctuate(schedules.due(now), now)
+
+    async def _punctuate(self, fired: list[Schedule], timestamp: int) -> None:
+        ctx = self.context
+        for entry in fired:
+            ctx.topic = ctx.partition = ctx.offset = None
+            ctx.headers = ()
+            ctx.timestamp = timestamp
+            try:
+                result = entry.callback(ctx.timestamp)
+                if result is not None and hasattr(result, "__await__"):
+                    await result
+                if ctx.forwarder.pending:
+                    await ctx.forwarder.drain()
+            except StreamsError:
+                ctx.forwarder.reset()
+                raise
+            except Exception as exc:
+                ctx.forwarder.reset()
+                raise ProcessingError(self.id, entry.node_name, None, None, None, exc) from exc
+
+    # -- commit ----------------------------------------------------------------
+    def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Positions that moved since the last commit: the next offset to read per partition."""
+        return {
+            TopicPartition(*tp): OffsetAndMetadata(offset)
+            for tp, offset in self._next_offsets.items()
+            if self._committed.get(tp) != offset
+        }
+
+    def mark_committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        for tp, om in offsets.items():
+            if tp in self._queues:
+                self._committed[tp] = om.offset
+
+    def commit_needed(self) -> bool:
+        return self.context.commit_requested
+
+    # -- closing --------------------------------------------------------------
+    def close(self) -> None:
+        """Close the processors; idempotent."""
+        if self.state.state is TaskState.CLOSED:
+            return
+        self.state.transition_to(TaskState.CLOSED)
+        self.context.forwarder.reset()
+        for queue in self._queues.values():
+            queue.clear()
+        self._buffered = 0
+        try:
+            self.graph.close()
+        except Exception:  # noqa: BLE001 - a failing close must not stop the others closing
+            self.log.exception("Error closing the processors")

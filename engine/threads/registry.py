@@ -1,0 +1,65 @@
+"""The client's stream threads: names, indices, cache shares, failure count.
+
+Indices: a new thread takes the lowest index that no thread in the registry
+uses. DEAD threads are dropped first, but a thread that is still shutting down
+keeps its index until it is DEAD (KAFKA-12375), so a replacement started from a
+dying thread's handler gets another one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from engine.threads.stream_thread import StreamThread, StreamThreadState
+
+
+class ThreadRegistry:
+    def __init__(self) -> None:
+        self._threads: list[StreamThread] = []
+        self.lock = threading.RLock()
+        self.failed_threads = 0
+
+    def snapshot(self) -> list[StreamThread]:
+        """A copy that is safe to iterate from any thread without the lock."""
+        return list(self._threads)
+
+    def __iter__(self) -> Iterator[StreamThread]:
+        return iter(self.snapshot())
+
+    def trim_dead(self) -> None:
+        with self.lock:
+            self._threads = [t for t in self._threads if t.state.state is not StreamThreadState.DEAD]
+
+    def next_index(self) -> int:
+        with self.lock:
+            self.trim_dead()
+            used = {t.index for t in self._threads}
+            index = 1
+            while index in used:
+                index += 1
+            return index
+
+    def add(self, thread: StreamThread) -> None:
+        with self.lock:
+            self._threads.append(thread)
+
+    def remove(self, thread: StreamThread) -> None:
+        with self.lock:
+            if thread in self._threads:
+                self._threads.remove(thread)
+
+    def alive(self) -> list[StreamThread]:
+        return [t for t in self.snapshot() if t.is_alive]
+
+    def current(self) -> StreamThread | None:
+        """The stream thread the caller runs on, if any."""
+        return next((t for t in self.snapshot() if t.is_current), None)
+
+    def resize_caches(self, total: int) -> int:
+        """Split ``total`` evenly over the alive threads; returns the share."""
+        alive = self.alive()
+        share = total // len(alive) if alive else total
+        for thread in alive:
+            thread.resize_cache(share)
+        return share

@@ -1,0 +1,356 @@
+"""``StreamThread``: an OS thread running its own asyncio loop, one consumer, one producer.
+
+The loop polls, hands records to the tasks' coroutines, and commits on the
+interval; each task runs as its own coroutine in the thread's task group, so an
+async processor waiting on I/O in one task does not hold up the others. The
+rebalance listener (on the same loop) revokes and assigns tasks.
+
+States, as in Kafka Streams::
+
+    CREATED ──> STARTING ──> PARTITIONS_REVOKED <──> PARTITIONS_ASSIGNED ──> RUNNING
+       │            │               │                       │     ^            │
+       │            │               │                       │     └────────────┤ (rebalance)
+       └────────────┴───────────────┴───────────> PENDING_SHUTDOWN <───────────┘
+                                                        │
+                                                        v
+                                                      DEAD
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import anyio
+from anyio import CancelScope, create_task_group
+from anyio.from_thread import BlockingPortal
+
+from engine import config as cfg
+from engine.clock import SYSTEM_CLOCK, Clock
+from engine.collector import RecordCollector
+from engine.commit import Committer
+from engine.config import StreamsConfig
+from engine.errors import MissingSinkTopicError, MissingSourceTopicError
+from engine.lifecycle import StateMachine
+from engine.logcontext import thread_log
+from engine.records import TopicPartition
+from engine.serdes import BytesSerde, as_serde
+from engine.tasks.assignor import AssignorError, StreamsAssignor
+from engine.tasks.manager import TaskManager
+from engine.tasks.task import StreamTask
+from engine.tasks.task_id import TaskId
+from engine.threads.commands import CommandChannel, CommandRejected
+from engine.topology.topology import Topology
+from engine.transport.base import ConsumerSettings, ProducerSettings, Transport
+
+
+class StreamThreadState(Enum):
+    CREATED = "CREATED"
+    STARTING = "STARTING"
+    PARTITIONS_REVOKED = "PARTITIONS_REVOKED"
+    PARTITIONS_ASSIGNED = "PARTITIONS_ASSIGNED"
+    RUNNING = "RUNNING"
+    PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
+    DEAD = "DEAD"
+
+    def is_alive(self) -> bool:
+        return self not in (StreamThreadState.PENDING_SHUTDOWN, StreamThreadState.DEAD)
+
+
+_T = StreamThreadState
+THREAD_TRANSITIONS: dict[StreamThreadState, frozenset[StreamThreadState]] = {
+    _T.CREATED: frozenset({_T.STARTING, _T.PENDING_SHUTDOWN}),
+    _T.STARTING: frozenset({_T.PARTITIONS_REVOKED, _T.PARTITIONS_ASSIGNED, _T.PENDING_SHUTDOWN}),
+    _T.PARTITIONS_REVOKED: frozenset({_T.PARTITIONS_REVOKED, _T.PARTITIONS_ASSIGNED, _T.PENDING_SHUTDOWN}),
+    _T.PARTITIONS_ASSIGNED: frozenset({_T.PARTITIONS_REVOKED, _T.PARTITIONS_ASSIGNED, _T.RUNNING, _T.PENDING_SHUTDOWN}),
+    _T.RUNNING: frozenset({_T.PARTITIONS_REVOKED, _T.PARTITIONS_ASSIGNED, _T.PENDING_SHUTDOWN}),
+    _T.PENDING_SHUTDOWN: frozenset({_T.DEAD}),
+    _T.DEAD: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class TaskMetadata:
+    """A task as seen from outside its thread."""
+
+    task_id: TaskId
+    topic_partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
+class ThreadMetadata:
+    thread_name: str
+    thread_state: StreamThreadState
+    active_tasks: frozenset[TaskMetadata]
+    consumer_client_id: str
+    producer_client_id: str
+    cache_size_bytes: int
+
+
+StateListener = Callable[["StreamThread", StreamThreadState, StreamThreadState], None]
+FailureHandler = Callable[["StreamThread", BaseException], None]
+
+
+class StreamThread:
+    """Caller: ``KafkaStreams`` creates, starts and shuts it down; everything else runs on its loop."""
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        client_id: str,
+        process_id: str,
+        config: StreamsConfig,
+        topology: Topology,
+        transport: Transport,
+        cache_size: int,
+        on_state_change: StateListener,
+        on_failure: FailureHandler,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.index = index
+        self.name = f"{client_id}-StreamThread-{index}"
+        self._config = config
+        self._topology = topology
+        self._transport = transport
+        self._clock = clock
+        self._process_id = process_id
+        self.log = thread_log(__name__, self.name)
+        self.state = StateMachine(f"stream-thread [{self.name}]", StreamThreadState.CREATED,
+                                  THREAD_TRANSITIONS, self.log)
+        self.state.add_listener(lambda old, new: on_state_change(self, old, new))
+        self._on_failure = on_failure
+        self.commands = CommandChannel(f"stream thread {self.name}")
+        self._os_thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+        self._shutdown_requested = threading.Event()
+        self._leave_group = True
+        self._poll_scope: CancelScope | None = None
+        self.cache_size = cache_size
+        self.error: BaseException | None = None
+        self.assignor = StreamsAssignor(topology, process_id, self.name)
+        self.consumer_client_id = f"{self.name}-consumer"
+        self.producer_client_id = f"{self.name}-producer"
+        self._active: frozenset[TaskMetadata] = frozenset()
+        self.processed = 0
+        self._manager: TaskManager | None = None
+
+    # -- control, from any thread -------------------------------------------------
+    def start(self) -> None:
+        self.state.transition_to(StreamThreadState.STARTING)
+        self._os_thread.start()
+
+    def shutdown(self, leave_group: bool = True) -> None:
+        """Ask the thread to finish its records, commit, close its tasks and leave the group."""
+        self._leave_group = leave_group
+        self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+        self._shutdown_requested.set()
+        try:
+            self.commands.submit(self._wake)
+        except CommandRejected:
+            pass  # not looping yet, or already past the loop: it sees the flag
+
+    async def _wake(self) -> None:
+        if self._poll_scope is not None:
+            self._poll_scope.cancel()
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._os_thread.ident is None:
+            return True
+        if threading.current_thread() is self._os_thread:
+            return False
+        self._os_thread.join(timeout)
+        return not self._os_thread.is_alive()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.state.state.is_alive()
+
+    @property
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._os_thread
+
+    def resize_cache(self, size: int) -> None:
+        """A plain attribute swap: the loop reads it at the top of its next iteration."""
+        self.cache_size = size
+
+    def metadata(self) -> ThreadMetadata:
+        return ThreadMetadata(self.name, self.state.state, self._active, self.consumer_client_id,
+                              self.producer_client_id, self.cache_size)
+
+    # -- the OS thread ------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            anyio.run(self._run, backend="asyncio")
+        except BaseException as exc:  # noqa: BLE001 - every death is reported to the client
+            self.error = _unwrap(exc)
+        if self.error is not None:
+            self.log.error("Encountered the following exception during processing and the thread is "
+                           "going to shut down: %r", self.error, exc_info=self.error)
+            self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+            try:
+                self._on_failure(self, self.error)
+            except BaseException:  # noqa: BLE001
+                self.log.exception("The failure handler raised")
+        self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+        self.state.transition_to(StreamThreadState.DEAD)
+        self.log.info("Shutdown complete")
+
+    async def _run(self) -> None:
+        config = self._config
+        consumer = self._transport.consumer(ConsumerSettings(
+            group_id=config[cfg.APPLICATION_ID],
+            client_id=self.consumer_client_id,
+            assignor=self.assignor,
+            group_instance_id=(f"{config[cfg.GROUP_INSTANCE_ID]}-{self.index}"
+                               if config[cfg.GROUP_INSTANCE_ID] else None),
+            auto_offset_reset=config[cfg.AUTO_OFFSET_RESET],
+            max_poll_interval_ms=config[cfg.MAX_POLL_INTERVAL_MS],
+            session_timeout_ms=config[cfg.SESSION_TIMEOUT_MS],
+            heartbeat_interval_ms=config[cfg.HEARTBEAT_INTERVAL_MS],
+            request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
+            retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
+            extra=config.with_prefix("consumer."),
+        ))
+        producer = self._transport.producer(ProducerSettings(
+            client_id=self.producer_client_id,
+            acks=config[cfg.ACKS],
+            linger_ms=config[cfg.LINGER_MS],
+            batch_size=config[cfg.BATCH_SIZE],
+            request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
+            retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
+            extra=config.with_prefix("producer."),
+        ))
+        admin = self._transport.admin(f"{self.name}-admin")
+        started: list[object] = []
+        clean = False
+        async with BlockingPortal() as portal, create_task_group() as group:
+            self.commands.open(portal, group)
+            try:
+                await admin.start()
+                started.append(admin)
+                sink_partitions = await self._check_topics(admin)
+                await producer.start()
+                started.append(producer)
+                collector = RecordCollector(producer, sink_partitions, lambda t: self._lookup(admin, t))
+                committer = Committer(consumer, collector, config[cfg.COMMIT_INTERVAL_MS],
+                                      self._clock.monotonic_ms, self.log)
+                self._manager = manager = TaskManager(
+                    config[cfg.APPLICATION_ID], self._topology, consumer, collector, committer,
+                    lambda task: group.start_soon(self._run_task, task, name=f"{self.name} task {task.id}"),
+                    self.log, self._clock.wall_ms,
+                    _serde(config[cfg.DEFAULT_KEY_SERDE], "default.key.serde"),
+                    _serde(config[cfg.DEFAULT_VALUE_SERDE], "default.value.serde"),
+                    config[cfg.BUFFERED_RECORDS_PER_PARTITION],
+                )
+                consumer.subscribe(self._topology.source_topics, self)
+                await consumer.start()
+                started.append(consumer)
+                await self._poll_loop(consumer, manager)
+                clean = True
+            finally:
+                with CancelScope(shield=True):
+                    await self._close(consumer, producer, admin, started, clean)
+                    self.commands.close()
+                    await portal.stop(cancel_remaining=True)
+                group.cancel_scope.cancel()
+
+    async def _check_topics(self, admin: object) -> dict[str, int]:
+        counts = await admin.partition_counts(  # type: ignore[attr-defined]
+            self._topology.source_topics + self._topology.sink_topics)
+        missing = [t for t in self._topology.source_topics if t not in counts]
+        if missing:
+            raise MissingSourceTopicError(missing)
+        missing = [t for t in self._topology.sink_topics if t not in counts]
+        if missing:
+            raise MissingSinkTopicError(missing)
+        return {t: counts[t] for t in self._topology.sink_topics}
+
+    @staticmethod
+    async def _lookup(admin: object, topic: str) -> int | None:
+        counts = await admin.partition_counts([topic])  # type: ignore[attr-defined]
+        return counts.get(topic)
+
+    async def _poll_loop(self, consumer: object, manager: TaskManager) -> None:
+        poll_ms = self._config[cfg.POLL_MS]
+        max_records = self._config[cfg.MAX_POLL_RECORDS]
+        while not self._shutdown_requested.is_set():
+            with CancelScope() as scope:
+                self._poll_scope = scope
+                if self._shutdown_requested.is_set():
+                    break
+                records = await consumer.poll(poll_ms, max_records)  # type: ignore[attr-defined]
+                if records:
+                    self.processed += manager.add_records(records)
+            self._poll_scope = None
+            await manager.maybe_commit()
+            if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+                break
+
+    async def _run_task(self, task: StreamTask) -> None:
+        await task.run()
+
+    async def _close(self, consumer: object, producer: object, admin: object,
+                     started: list[object], clean: bool) -> None:
+        self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+        manager = self._manager
+        timeout = self._config.seconds(cfg.REQUEST_TIMEOUT_MS)
+        if manager is not None:
+            try:
+                await manager.shutdown(clean=clean, timeout=timeout)
+            except Exception:  # noqa: BLE001 - closing must go on
+                self.log.exception("Failed to close the tasks cleanly")
+        self._active = frozenset()
+        for client in (consumer, producer, admin):
+            if client not in started:
+                continue
+            try:
+                if client is consumer:
+                    await consumer.close(leave_group=self._leave_group)  # type: ignore[attr-defined]
+                else:
+                    await client.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001
+                self.log.exception("Failed to close %s", type(client).__name__)
+
+    # -- rebalance listener (on this thread's loop) ------------------------------------
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
+        if self._manager is not None and revoked:
+            self.log.info("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
+            await self._manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            self._refresh_metadata()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.state.maybe_transition_to(StreamThreadState.PARTITIONS_ASSIGNED)
+        if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+            return
+        if self._manager is not None:
+            self.log.info("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
+            self._manager.handle_assignment(assigned)
+            self.assignor.owned_tasks = sorted(self._manager.tasks)
+            self._refresh_metadata()
+        self.state.maybe_transition_to(StreamThreadState.RUNNING)
+
+    def _refresh_metadata(self) -> None:
+        manager = self._manager
+        if manager is not None:
+            self._active = frozenset(TaskMetadata(t.id, t.partitions) for t in manager.tasks.values())
+            self.assignor.owned_tasks = sorted(manager.tasks)
+
+
+def _serde(value: object, key: str) -> object:
+    return BytesSerde() if value is None else as_serde(value, key)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups from the task group."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
+        exc = inner[0] if inner else exc.exceptions[0]
+    return exc
+
+
+log = logging.getLogger(__name__)

@@ -1,0 +1,190 @@
+"""``StreamsBuilder``: the DSL. Each operation adds a node to a ``Topology``.
+
+Node names follow Kafka Streams (``KSTREAM-FILTER-0000000001``) unless a
+``name=`` is given. Every function may be plain or ``async def``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from engine.errors import TopologyError
+from engine.processors.api import ProcessorSupplier
+from engine.processors.builtin import (
+    BranchNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
+    ForeachNode,
+    MapNode,
+    MapValuesNode,
+    PeekNode,
+    SelectKeyNode,
+)
+from engine.serdes import Serde
+from engine.topology.nodes import Node, Partitioner
+from engine.topology.topology import Topology
+
+
+class StreamsBuilder:
+    def __init__(self) -> None:
+        self._topology = Topology()
+        self._index = 0
+
+    def _name(self, given: str | None, prefix: str) -> str:
+        name = given if given is not None else f"{prefix}-{self._index:010d}"
+        self._index += 1
+        return name
+
+    def stream(
+        self,
+        topics: str | Sequence[str],
+        *,
+        key_serde: Serde | type | None = None,
+        value_serde: Serde | type | None = None,
+        name: str | None = None,
+    ) -> KStream:
+        """A stream of the records of ``topics`` (one or several)."""
+        source = self._name(name, "KSTREAM-SOURCE")
+        self._topology.add_source(source, topics, key_serde, value_serde)  # type: ignore[arg-type]
+        return KStream(self, source)
+
+    def build(self) -> Topology:
+        """The topology built so far; raises ``TopologyError`` if it is not usable."""
+        self._topology.validate()
+        return self._topology
+
+
+class KStream:
+    """A stream of records; each method returns the stream after the new node."""
+
+    def __init__(self, builder: StreamsBuilder, node: str) -> None:
+        self._builder = builder
+        self._node = node
+
+    def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node]) -> KStream:
+        node_name = self._builder._name(name, prefix)
+        self._builder._topology.add_node(node_name, lambda: factory(node_name), self._node)
+        return KStream(self._builder, node_name)
+
+    def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """Keep the records for which ``predicate(key, value)`` is true."""
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate))
+
+    def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """Drop the records for which ``predicate(key, value)`` is true."""
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True))
+
+    def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """Replace each record by ``mapper(key, value) -> (new_key, new_value)``."""
+        return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper))
+
+    def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """Give each record the key ``mapper(key, value)``."""
+        return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper))
+
+    def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None) -> KStream:
+        """Replace each value by ``mapper(value)``; the key stays."""
+        return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper))
+
+    def flat_map(self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], *, name: str | None = None) -> KStream:
+        """Replace each record by the ``(key, value)`` pairs of ``mapper(key, value)``."""
+        return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper))
+
+    def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> KStream:
+        """Replace each record by one record per value of ``mapper(value)``."""
+        return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper))
+
+    def peek(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """Call ``action(key, value)`` for each record and pass it on unchanged."""
+        return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action))
+
+    def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> None:
+        """Call ``action(key, value)`` for each record; a terminal operation."""
+        self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action))
+
+    def process(self, supplier: ProcessorSupplier, *, name: str | None = None) -> KStream:
+        """Run a Processor API processor; ``supplier()`` makes one per task."""
+        node_name = self._builder._name(name, "KSTREAM-PROCESSOR")
+        self._builder._topology.add_processor(node_name, supplier, self._node)
+        return KStream(self._builder, node_name)
+
+    def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:
+        """One stream per predicate; each record goes to the first that matches."""
+        if not predicates:
+            raise TopologyError("branch() needs at least one predicate")
+        branch_node = self._then("KSTREAM-BRANCH", name, lambda n: BranchNode(n, predicates))
+        streams = []
+        for i in range(len(predicates)):
+            child = self._builder._name(None if name is None else f"{name}-{i}", "KSTREAM-BRANCHCHILD")
+            self._builder._topology.add_node(child, _pass_through(child), branch_node._node)
+            streams.append(KStream(self._builder, child))
+        return streams
+
+    def split(self, *, name: str | None = None) -> BranchedKStream:
+        """Kafka Streams' ``split()``: add branches with ``.branch(predicate)``, close with ``default_branch()``."""
+        return BranchedKStream(self, name)
+
+    def merge(self, other: KStream, *, name: str | None = None) -> KStream:
+        """A stream of the records of both streams."""
+        node_name = self._builder._name(name, "KSTREAM-MERGE")
+        self._builder._topology.add_node(node_name, _pass_through(node_name), self._node, other._node)
+        return KStream(self._builder, node_name)
+
+    def to(
+        self,
+        topic: str | Callable[[Any, Any, Any], str],
+        *,
+        key_serde: Serde | type | None = None,
+        value_serde: Serde | type | None = None,
+        partitioner: Partitioner | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Write the stream to ``topic`` (or to the topic a function picks per record)."""
+        node_name = self._builder._name(name, "KSTREAM-SINK")
+        self._builder._topology.add_sink(
+            node_name, topic, self._node, key_serde=key_serde, value_serde=value_serde,  # type: ignore[arg-type]
+            partitioner=partitioner,
+        )
+
+
+class BranchedKStream:
+    """The branches of a ``split()``; ``branch`` adds one, ``default_branch``/``no_default_branch`` end it."""
+
+    def __init__(self, stream: KStream, name: str | None) -> None:
+        self._stream = stream
+        self._prefix = name or ""
+        self._predicates: list[Callable[[Any, Any], Any]] = []
+        self._names: list[str] = []
+        self._done = False
+
+    def branch(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> BranchedKStream:
+        if self._done:
+            raise TopologyError("split() is already closed by default_branch()/no_default_branch()")
+        self._predicates.append(predicate)
+        self._names.append(name or str(len(self._predicates)))
+        return self
+
+    def default_branch(self, *, name: str | None = None) -> dict[str, KStream]:
+        self._predicates.append(lambda _k, _v: True)
+        self._names.append(name or "0")
+        return self._close()
+
+    def no_default_branch(self) -> dict[str, KStream]:
+        return self._close()
+
+    def _close(self) -> dict[str, KStream]:
+        if not self._predicates:
+            raise TopologyError("split() needs at least one branch")
+        self._done = True
+        streams = self._stream.branch(*self._predicates, name=f"{self._prefix}split" if self._prefix else None)
+        return {f"{self._prefix}{n}": s for n, s in zip(self._names, streams, strict=True)}
+
+
+def _pass_through(name: str) -> Callable[[], Node]:
+    return lambda: PeekNode(name, _ignore)
+
+
+def _ignore(_key: Any, _value: Any) -> None:
+    return None

@@ -1,0 +1,173 @@
+"""The nodes of a task's processor graph and how a record moves between them.
+
+Forwarding is a direct call while everything downstream is synchronous. When a
+node answers with an awaitable (an ``async def`` processor), the task's
+``Forwarder`` queues that awaitable and defers every later forward behind it, so
+output order is the order of a plain sequential run. The task then drains the
+queue; forwards made while an item runs go to a nested queue that is drained
+before the next item, which keeps depth-first order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.processors.api import Processor
+from engine.records import Record
+from engine.serdes import Serde
+
+if TYPE_CHECKING:
+    from engine.collector import RecordCollector
+
+Partitioner = Callable[[str, Any, Any, int], "int | None"]
+
+
+class Node:
+    """A vertex of the graph; ``process`` returns None or an awaitable to finish later."""
+
+    __slots__ = ("name", "children", "forwarder")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.children: list[Node] = []
+        self.forwarder: Forwarder | None = None
+
+    def process(self, record: Record) -> Awaitable[None] | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def init(self, forwarder: Forwarder) -> None:
+        self.forwarder = forwarder
+
+    def close(self) -> None:
+        pass
+
+
+class Forwarder:
+    """Moves records along the edges of one task's graph, keeping order (see module doc).
+
+    Queue items are ``(child, record)`` for a deferred call and
+    ``(node, awaitable, None)`` for work a node left to finish; ``node`` always
+    names the node that ran last, for error reports.
+    """
+
+    __slots__ = ("pending", "node")
+
+    def __init__(self) -> None:
+        self.pending: deque[Any] = deque()
+        self.node: Node | None = None
+
+    def forward(self, children: Sequence[Node], record: Record) -> None:
+        for child in children:
+            pending = self.pending
+            if pending:
+                pending.append((child, record))
+                continue
+            self.node = child
+            result = child.process(record)
+            if result is not None:
+                pending.append((child, result, None))
+
+    def start(self, node: Node, record: Record) -> bool:
+        """Run ``record`` into ``node``; True when some of the work is left to ``drain``."""
+        pending = self.pending
+        self.node = node
+        result = node.process(record)
+        if result is not None:
+            pending.append((node, result, None))
+        return bool(pending)
+
+    async def drain(self) -> None:
+        top = self.pending
+        try:
+            await self._drain(top)
+        finally:
+            top.clear()
+            self.pending = top
+
+    async def _drain(self, queue: deque[Any]) -> None:
+        while queue:
+            item = queue.popleft()
+            inner: deque[Any] = deque()
+            self.pending = inner
+            if len(item) == 2:
+                child, record = item
+                self.node = child
+                result = child.process(record)
+                if result is not None:
+                    inner.append((child, result, None))
+            else:
+                self.node = item[0]
+                await item[1]
+            if inner:
+                await self._drain(inner)
+
+    def reset(self) -> None:
+        """Drop queued work (after a failure), closing coroutines that never ran."""
+        for item in self.pending:
+            if len(item) == 3 and inspect.iscoroutine(item[1]):
+                item[1].close()
+        self.pending = deque()
+
+
+class SourceNode(Node):
+    __slots__ = ("topics", "key_serde", "value_serde")
+
+    def __init__(self, name: str, topics: Sequence[str], key_serde: Serde, value_serde: Serde) -> None:
+        super().__init__(name)
+        self.topics = tuple(topics)
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+
+    def process(self, record: Record) -> None:
+        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+        return None
+
+
+class ProcessorNode(Node):
+    """Runs a user (or built-in) ``Processor``; its ``context.forward`` goes to this node's children."""
+
+    __slots__ = ("processor",)
+
+    def __init__(self, name: str, processor: Processor) -> None:
+        super().__init__(name)
+        self.processor = processor
+
+    def process(self, record: Record) -> Awaitable[None] | None:
+        result = self.processor.process(record)
+        if result is None:
+            return None
+        if inspect.isawaitable(result):
+            return result
+        return None
+
+    def close(self) -> None:
+        self.processor.close()
+
+
+class SinkNode(Node):
+    __slots__ = ("topic", "key_serde", "value_serde", "partitioner", "collector")
+
+    def __init__(
+        self,
+        name: str,
+        topic: str | Callable[[Any, Any, Record], str],
+        key_serde: Serde,
+        value_serde: Serde,
+        partitioner: Partitioner | None,
+    ) -> None:
+        super().__init__(name)
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.partitioner = partitioner
+        self.collector: RecordCollector | None = None
+
+    def process(self, record: Record) -> None:
+        topic = self.topic if isinstance(self.topic, str) else self.topic(record.key, record.value, record)
+        self.collector.send(  # type: ignore[union-attr]
+            topic, record, self.key_serde, self.value_serde, self.partitioner, self.name
+        )
+        return None

@@ -1,0 +1,60 @@
+"""Shared fixtures: the real Kafka broker (once per session) and the ``bootstrap`` fixture
+that runs each behavioural test on both transports."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from engine.transport import open_transport
+from tests.support.cluster import Cluster
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A single-node KRaft broker fetched with Maven and started on a free loopback port."""
+    from tests.support.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker()
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+def bootstrap(request: pytest.FixtureRequest) -> str:
+    """``bootstrap.servers`` of a fresh memory broker, or of the session's Kafka broker."""
+    if request.param == "memory":
+        return f"memory://test-{uuid.uuid4().hex[:8]}"
+    return request.getfixturevalue("kafka_bootstrap")
+
+
+@pytest.fixture
+def cluster(bootstrap: str) -> Cluster:
+    return Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+
+
+@pytest.fixture
+def names() -> "Names":
+    """Unique topic and application names, so tests sharing the Kafka broker never collide."""
+    return Names(f"{next(_names)}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+
+
+class Names:
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    def __call__(self, base: str) -> str:
+        return f"{base}-{self.suffix}"
+
+    @property
+    def app(self) -> str:
+        return f"app-{self.suffix}"

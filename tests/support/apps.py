@@ -1,0 +1,42 @@
+"""Config and topologies shared by the behavioural tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import KafkaStreams, StreamsBuilder, Topology
+from engine.serdes import IntegerSerde, JsonSerde
+
+
+def streams_config(bootstrap: str, app: str, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "application.id": app,
+        "bootstrap.servers": bootstrap,
+        "commit.interval.ms": 100,
+        "poll.ms": 50,
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 300,
+        "max.poll.interval.ms": 30_000,
+        "request.timeout.ms": 15_000,
+        "linger.ms": 1,
+    }
+    config.update({k.replace("_", "."): v for k, v in overrides.items()})
+    return config
+
+
+def doubling_topology(source: str, sink: str) -> Topology:
+    """Keys are ints, values JSON ``{"n": int}``; keeps even ``n`` and doubles it."""
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=IntegerSerde(), value_serde=JsonSerde())
+            .filter(lambda key, value: value["n"] % 2 == 0)
+            .map_values(lambda value: {"n": value["n"], "double": value["n"] * 2})
+            .to(sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
+    return builder.build()
+
+
+def expected_doubling(records: list[tuple[int, dict[str, int]]]) -> list[tuple[int, dict[str, int]]]:
+    return [(k, {"n": v["n"], "double": v["n"] * 2}) for k, v in records if v["n"] % 2 == 0]
+
+
+def make_streams(topology: Topology, bootstrap: str, app: str, **overrides: Any) -> KafkaStreams:
+    return KafkaStreams(topology, streams_config(bootstrap, app, **overrides))

@@ -1,0 +1,128 @@
+"""A test's view of a cluster (Kafka or memory): create topics, produce input, read output."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from engine.records import ConsumerRecord, TopicPartition
+from engine.serdes import Serde
+from engine.transport.base import Transport
+
+
+class Cluster:
+    def __init__(self, transport: Transport, bootstrap: str) -> None:
+        self.transport = transport
+        self.bootstrap = bootstrap
+
+    async def create_topics(self, partitions: dict[str, int]) -> None:
+        admin = self.transport.admin("test-admin")
+        await admin.start()
+        try:
+            await admin.create_topics(partitions)
+        finally:
+            await admin.close()
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        admin = self.transport.admin("test-admin")
+        await admin.start()
+        try:
+            return await admin.partition_counts(topics)
+        finally:
+            await admin.close()
+
+    async def produce(
+        self,
+        topic: str,
+        records: Iterable[tuple[Any, Any]],
+        key_serde: Serde,
+        value_serde: Serde,
+        partitions: int,
+        timestamp: int | None = None,
+    ) -> int:
+        """Produce ``(key, value)`` pairs; the partition is the key's index modulo ``partitions``
+        when the key is an int, else hashed like Kafka's default."""
+        from aiokafka.partitioner import murmur2
+
+        producer = self.transport.producer(_producer_settings())
+        await producer.start()
+        count = 0
+        try:
+            for key, value in records:
+                key_bytes = key_serde.serialize(key)
+                if isinstance(key, int):
+                    partition = key % partitions
+                elif key_bytes is None:
+                    partition = count % partitions
+                else:
+                    partition = (murmur2(key_bytes) & 0x7FFFFFFF) % partitions
+                producer.append(topic, partition, key_bytes, value_serde.serialize(value), timestamp, ())
+                count += 1
+            await producer.flush()
+        finally:
+            await producer.close()
+        return count
+
+    async def read(self, topic: str, count: int, timeout: float = 30.0) -> list[ConsumerRecord]:
+        """At least ``count`` records of ``topic`` from the beginning (all partitions)."""
+        counts = await self.partition_counts([topic])
+        reader = self.transport.reader("test-reader")
+        await reader.start()
+        tps = [TopicPartition(topic, p) for p in range(counts[topic])]
+        reader.assign(tps)
+        for tp in tps:
+            reader.seek(tp, 0)
+        result: list[ConsumerRecord] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(result) < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Read {len(result)} of {count} records from {topic} within {timeout} s")
+                batch = await reader.poll(200, 10_000)
+                for records in batch.values():
+                    result.extend(records)
+        finally:
+            await reader.close()
+        return result
+
+    async def read_all(self, topic: str, settle: float = 0.5) -> list[ConsumerRecord]:
+        """Every record now in ``topic`` (reads up to the end offsets)."""
+        counts = await self.partition_counts([topic])
+        reader = self.transport.reader("test-reader")
+        await reader.start()
+        tps = [TopicPartition(topic, p) for p in range(counts[topic])]
+        reader.assign(tps)
+        for tp in tps:
+            reader.seek(tp, 0)
+        try:
+            ends = await reader.end_offsets(tps)
+            result: list[ConsumerRecord] = []
+            positions = {tp: 0 for tp in tps}
+            deadline = time.monotonic() + 30
+            while any(positions[tp] < ends[tp] for tp in tps):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Could not read {topic} to its end offsets {ends}")
+                batch = await reader.poll(200, 10_000)
+                for tp, records in batch.items():
+                    result.extend(records)
+                    if records:
+                        positions[TopicPartition(tp.topic, tp.partition)] = records[-1].offset + 1
+        finally:
+            await reader.close()
+        return result
+
+
+def _producer_settings() -> Any:
+    from engine.transport.base import ProducerSettings
+
+    return ProducerSettings(client_id="test-producer")
+
+
+def by_partition(records: Iterable[ConsumerRecord]) -> dict[int, list[ConsumerRecord]]:
+    result: dict[int, list[ConsumerRecord]] = {}
+    for record in records:
+        result.setdefault(record.partition, []).append(record)
+    for records in result.values():
+        records.sort(key=lambda r: r.offset)
+    return result
