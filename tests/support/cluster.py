@@ -86,7 +86,7 @@ class Cluster:
             await reader.close()
         return result
 
-    async def read_all(self, topic: str, settle: float = 0.5) -> list[ConsumerRecord]:
+    async def read_all(self, topic: str) -> list[ConsumerRecord]:
         """Every record now in ``topic`` (reads up to the end offsets)."""
         counts = await self.partition_counts([topic])
         reader = self.transport.reader("test-reader")
