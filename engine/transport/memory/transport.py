@@ -1,0 +1,38 @@
+"""MemoryTransport: the clients of one memory broker (``bootstrap.servers = "memory://name"``)."""
+
+from __future__ import annotations
+
+from engine.transport.base import ConsumerSettings, ProducerSettings
+from engine.transport.memory.admin import MemoryAdmin
+from engine.transport.memory.broker import MemoryBroker
+from engine.transport.memory.consumer import MemoryConsumer
+from engine.transport.memory.producer import MemoryProducer
+
+
+class MemoryTransport:
+    """Implements :class:`engine.transport.base.Transport` on a :class:`MemoryBroker`."""
+
+    name = "memory"
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryTransport:
+        """The transport of the broker registered for ``url`` (``memory://name``)."""
+        return cls(MemoryBroker.for_url(url))
+
+    def __repr__(self) -> str:
+        return f"MemoryTransport({self.broker!r})"
+
+    def consumer(self, settings: ConsumerSettings) -> MemoryConsumer:
+        return MemoryConsumer(self.broker, settings.client_id, settings)
+
+    def producer(self, settings: ProducerSettings) -> MemoryProducer:
+        return MemoryProducer(self.broker, settings)
+
+    def admin(self, client_id: str) -> MemoryAdmin:
+        return MemoryAdmin(self.broker, client_id)
+
+    def reader(self, client_id: str) -> MemoryConsumer:
+        return MemoryConsumer(self.broker, client_id)
