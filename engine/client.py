@@ -219,6 +219,7 @@ class KafkaStreams:
                 cache_size=0,
                 on_state_change=self._on_thread_state,
                 on_failure=self._on_thread_failure,
+                on_shutdown_requested=lambda _thread: self._close_to_error(),
                 clock=self._clock,
             )
             self._threads.add(thread)
@@ -287,6 +288,8 @@ class KafkaStreams:
             if self.state is ClientState.RUNNING:
                 self._state.maybe_transition_to(ClientState.REBALANCING)
         elif new in (StreamThreadState.RUNNING, StreamThreadState.DEAD, StreamThreadState.PENDING_SHUTDOWN):
+            if new is StreamThreadState.DEAD:
+                self._threads.remove(thread)
             self._maybe_set_running()
 
     def _maybe_set_running(self) -> None:
@@ -324,9 +327,19 @@ class KafkaStreams:
             self._close_to_error()
 
     def _request_application_shutdown(self, thread: StreamThread) -> None:
-        # Wired to the group protocol by the assignor's error code; until a live
-        # thread can carry it, the client at least shuts itself down.
-        self._close_to_error()
+        """Ask every instance to shut down through the group protocol (the assignor's error code).
+
+        Someone has to rejoin to carry the request: with no other live thread, add one.
+        """
+        carriers = [t for t in self._threads.alive() if t is not thread]
+        if not carriers and self.add_stream_thread() is not None:
+            carriers = [t for t in self._threads.alive() if t is not thread]
+        if not carriers:
+            self.log.error("No stream thread can carry the application shutdown request; shutting down this client")
+            self._close_to_error()
+            return
+        for carrier in carriers:
+            carrier.request_application_shutdown()
 
     # -- close -----------------------------------------------------------------------
     def _begin_shutdown(self, target: ClientState) -> bool:
@@ -337,11 +350,18 @@ class KafkaStreams:
                 return False
             self._closing.set()
 
+        # A handler-caused shutdown is bounded by error.shutdown.timeout.ms.
+        limit = self.config.seconds(cfg.ERROR_SHUTDOWN_TIMEOUT_MS) if target is ClientState.ERROR else None
+
         def shut_down() -> None:
-            for thread in self._threads.snapshot():
+            deadline = None if limit is None else time.monotonic() + limit
+            threads = self._threads.snapshot()
+            for thread in threads:
                 thread.shutdown(leave_group=True)
-            for thread in self._threads.snapshot():
-                thread.join()
+            for thread in threads:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not thread.join(remaining) and not thread.is_current:
+                    self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
             self._threads.trim_dead()
             self._state.transition_to(target)
 

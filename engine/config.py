@@ -79,6 +79,7 @@ LINGER_MS = "linger.ms"
 BATCH_SIZE = "batch.size"
 ACKS = "acks"
 RETRIES = "retries"
+ERROR_SHUTDOWN_TIMEOUT_MS = "error.shutdown.timeout.ms"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -122,6 +123,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(LINGER_MS, int, 5, "Producer linger.", _at_least(0)),
     ConfigKey(BATCH_SIZE, int, 64 * 1024, "Producer batch size in bytes.", _at_least(1)),
     ConfigKey(ACKS, str, "all", "Producer acks.", _one_of("all", "-1", "0", "1")),
+    ConfigKey(ERROR_SHUTDOWN_TIMEOUT_MS, int, 30_000,
+              "How long a shutdown caused by the uncaught-exception handler may take.", _at_least(0)),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),

@@ -110,6 +110,7 @@ class StreamThread:
         cache_size: int,
         on_state_change: StateListener,
         on_failure: FailureHandler,
+        on_shutdown_requested: Callable[[StreamThread], None] = lambda _thread: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.index = index
@@ -124,6 +125,8 @@ class StreamThread:
                                   THREAD_TRANSITIONS, self.log)
         self.state.add_listener(lambda old, new: on_state_change(self, old, new))
         self._on_failure = on_failure
+        self._on_shutdown_requested = on_shutdown_requested
+        self._consumer: object | None = None
         self.commands = CommandChannel(f"stream thread {self.name}")
         self._os_thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._shutdown_requested = threading.Event()
@@ -156,6 +159,22 @@ class StreamThread:
     async def _wake(self) -> None:
         if self._poll_scope is not None:
             self._poll_scope.cancel()
+
+    def request_application_shutdown(self) -> None:
+        """Carry a SHUTDOWN_APPLICATION request to the group leader (KIP-671).
+
+        The flag goes into this member's subscription; the rejoin makes the
+        leader see it and answer every member of every instance with the error.
+        """
+        self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
+        try:
+            self.commands.submit(self._rejoin)
+        except CommandRejected:
+            pass  # its first join carries the flag
+
+    async def _rejoin(self) -> None:
+        if self._consumer is not None:
+            self._consumer.request_rejoin()  # type: ignore[attr-defined]
 
     def join(self, timeout: float | None = None) -> bool:
         if self._os_thread.ident is None:
@@ -247,6 +266,7 @@ class StreamThread:
                     config[cfg.BUFFERED_RECORDS_PER_PARTITION],
                 )
                 consumer.subscribe(self._topology.source_topics, self)
+                self._consumer = consumer
                 await consumer.start()
                 started.append(consumer)
                 await self._poll_loop(consumer, manager)
@@ -326,6 +346,9 @@ class StreamThread:
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.state.maybe_transition_to(StreamThreadState.PARTITIONS_ASSIGNED)
         if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+            self.log.error("The application is shutting down on request of one of its instances")
+            self._shutdown_requested.set()
+            self._on_shutdown_requested(self)
             return
         if self._manager is not None:
             self.log.info("Partitions assigned: %s", sorted(str(tp) for tp in assigned))

@@ -324,12 +324,16 @@ class MemoryBroker:
             for wakeup in wakeups:
                 wakeup.wake()
 
+    def _defer_wakeup(self, wakeup: LoopWakeup) -> None:
+        # Look the set up on each call: ``_locked`` swaps in a new one every time.
+        self._pending_wakeups.add(wakeup)
+
     def _group(self, group_id: str) -> ConsumerGroup:
         group = self._groups.get(group_id)
         if group is None:
             group = self._groups[group_id] = ConsumerGroup(
                 group_id,
-                wake=self._pending_wakeups.add,
+                wake=self._defer_wakeup,
                 partition_count=self._partition_count,
                 new_member_id=self._new_member_id,
             )
