@@ -19,14 +19,10 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A single-node KRaft broker fetched with Maven and started on a free loopback port."""
-    from tests.support.kafka_broker import KafkaBroker
+    from tests.support.kafka_broker import kafka_broker_session
 
-    broker = KafkaBroker()
-    broker.start()
-    try:
+    for broker in kafka_broker_session():
         yield broker.bootstrap
-    finally:
-        broker.stop()
 
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
