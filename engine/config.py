@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -173,7 +174,7 @@ class StreamsConfig(Mapping[str, Any]):
         # bool is an int in Python; a flag where a count is expected is a mistake.
         if expected is int and isinstance(value, bool):
             raise ConfigError(key.name, f"expected int, got bool {value!r}")
-        if expected is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if expected is int and isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
             value = int(value)
         if expected is not object and not isinstance(value, expected):
             names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)

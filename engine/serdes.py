@@ -69,7 +69,12 @@ class IntegerSerde:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"IntegerSerde expects int, got {type(value).__name__}")
-        return self._struct.pack(value)
+        try:
+            return self._struct.pack(value)
+        except struct.error as exc:
+            bits = self._struct.size * 8
+            raise ValueError(f"IntegerSerde({self._struct.size}) cannot hold {value}: "
+                             f"it needs a signed {bits}-bit integer") from exc
 
     def deserialize(self, data: bytes | None) -> int | None:
         if data is None:

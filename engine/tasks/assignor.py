@@ -91,24 +91,38 @@ def tasks_for(topology: Topology, partitions_per_topic: Mapping[str, int]) -> di
 def balance(
     tasks: Sequence[TaskId], members: Sequence[str], previous: Mapping[str, Sequence[TaskId]]
 ) -> dict[str, list[TaskId]]:
-    """Sticky, balanced spread of ``tasks`` over ``members`` (loads differ by at most one)."""
+    """Sticky, balanced spread of ``tasks`` over ``members`` (loads differ by at most one).
+
+    Each member holds ``floor`` or ``floor + 1`` tasks, and only ``len(tasks) % len(members)``
+    members hold the larger number. Previous owners keep their tasks as far as
+    that allows; only the rest move.
+    """
     result: dict[str, list[TaskId]] = {m: [] for m in members}
     if not members:
         return result
-    floor = len(tasks) // len(members)
+    floor, extra = divmod(len(tasks), len(members))
     wanted = set(tasks)
     taken: set[TaskId] = set()
-    for member in members:
+
+    def keep(member: str, limit: int) -> None:
         for task in previous.get(member, ()):
-            if len(result[member]) >= floor:
-                break
+            if len(result[member]) >= limit:
+                return
             if task in wanted and task not in taken:
                 result[member].append(task)
                 taken.add(task)
+
+    for member in members:
+        keep(member, floor)
+    for member in members:
+        if extra == 0:
+            break
+        before = len(result[member])
+        keep(member, floor + 1)
+        extra -= len(result[member]) - before
     for task in tasks:
         if task in taken:
             continue
-        # Prefer the previous owner when it is among the least loaded.
         least = min(len(v) for v in result.values())
         owner = next((m for m in members if len(result[m]) == least and task in previous.get(m, ())), None)
         if owner is None:

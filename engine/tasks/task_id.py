@@ -16,6 +16,6 @@ class TaskId(NamedTuple):
     def parse(cls, text: str) -> TaskId:
         """``"0_3"`` → ``TaskId(0, 3)``; a clear ValueError for anything else."""
         parts = text.split("_")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
             raise ValueError(f"Task id must look like '<subtopology>_<partition>', got {text!r}")
         return cls(int(parts[0]), int(parts[1]))

@@ -63,46 +63,50 @@ class KStream:
         self._builder = builder
         self._node = node
 
-    def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node]) -> KStream:
+    def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node],
+              *functions: Callable[..., Any]) -> KStream:
+        for fn in functions:
+            if not callable(fn):
+                raise TypeError(f"{prefix.split('-', 1)[1].lower()}() needs a callable, got {fn!r}")
         node_name = self._builder._name(name, prefix)
         self._builder._topology.add_node(node_name, lambda: factory(node_name), self._node)
         return KStream(self._builder, node_name)
 
     def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
         """Keep the records for which ``predicate(key, value)`` is true."""
-        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate))
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate), predicate)
 
     def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
         """Drop the records for which ``predicate(key, value)`` is true."""
-        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True))
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True), predicate)
 
     def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
         """Replace each record by ``mapper(key, value) -> (new_key, new_value)``."""
-        return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper))
+        return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper), mapper)
 
     def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
         """Give each record the key ``mapper(key, value)``."""
-        return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper))
+        return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper), mapper)
 
     def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None) -> KStream:
         """Replace each value by ``mapper(value)``; the key stays."""
-        return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper))
+        return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper), mapper)
 
     def flat_map(self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], *, name: str | None = None) -> KStream:
         """Replace each record by the ``(key, value)`` pairs of ``mapper(key, value)``."""
-        return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper))
+        return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper), mapper)
 
     def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> KStream:
         """Replace each record by one record per value of ``mapper(value)``."""
-        return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper))
+        return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper), mapper)
 
     def peek(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
         """Call ``action(key, value)`` for each record and pass it on unchanged."""
-        return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action))
+        return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action), action)
 
     def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> None:
         """Call ``action(key, value)`` for each record; a terminal operation."""
-        self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action))
+        self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action), action)
 
     def process(self, supplier: ProcessorSupplier, *, name: str | None = None) -> KStream:
         """Run a Processor API processor; ``supplier()`` makes one per task."""
@@ -114,7 +118,7 @@ class KStream:
         """One stream per predicate; each record goes to the first that matches."""
         if not predicates:
             raise TopologyError("branch() needs at least one predicate")
-        branch_node = self._then("KSTREAM-BRANCH", name, lambda n: BranchNode(n, predicates))
+        branch_node = self._then("KSTREAM-BRANCH", name, lambda n: BranchNode(n, predicates), *predicates)
         streams = []
         for i in range(len(predicates)):
             child = self._builder._name(None if name is None else f"{name}-{i}", "KSTREAM-BRANCHCHILD")

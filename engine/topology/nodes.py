@@ -65,10 +65,12 @@ class Forwarder:
             if pending:
                 pending.append((child, record))
                 continue
+            parent = self.node
             self.node = child
             result = child.process(record)
             if result is not None:
                 pending.append((child, result, None))
+            self.node = parent
 
     def start(self, node: Node, record: Record) -> bool:
         """Run ``record`` into ``node``; True when some of the work is left to ``drain``."""
@@ -92,24 +94,34 @@ class Forwarder:
             item = queue.popleft()
             inner: deque[Any] = deque()
             self.pending = inner
-            if len(item) == 2:
-                child, record = item
-                self.node = child
-                result = child.process(record)
-                if result is not None:
-                    inner.append((child, result, None))
-            else:
-                self.node = item[0]
-                await item[1]
-            if inner:
-                await self._drain(inner)
+            try:
+                if len(item) == 2:
+                    child, record = item
+                    self.node = child
+                    result = child.process(record)
+                    if result is not None:
+                        inner.append((child, result, None))
+                else:
+                    self.node = item[0]
+                    await item[1]
+                if inner:
+                    await self._drain(inner)
+            except BaseException:
+                _close_all(inner)
+                _close_all(queue)
+                raise
 
     def reset(self) -> None:
         """Drop queued work (after a failure), closing coroutines that never ran."""
-        for item in self.pending:
-            if len(item) == 3 and inspect.iscoroutine(item[1]):
-                item[1].close()
+        _close_all(self.pending)
         self.pending = deque()
+
+
+def _close_all(queue: deque[Any]) -> None:
+    for item in queue:
+        if len(item) == 3 and inspect.iscoroutine(item[1]):
+            item[1].close()
+    queue.clear()
 
 
 class SourceNode(Node):
@@ -165,9 +177,9 @@ class SinkNode(Node):
         self.partitioner = partitioner
         self.collector: RecordCollector | None = None
 
-    def process(self, record: Record) -> None:
+    def process(self, record: Record) -> Awaitable[None] | None:
         topic = self.topic if isinstance(self.topic, str) else self.topic(record.key, record.value, record)
-        self.collector.send(  # type: ignore[union-attr]
+        # Not None only when the topic's partition count must be looked up first.
+        return self.collector.send(  # type: ignore[union-attr]
             topic, record, self.key_serde, self.value_serde, self.partitioner, self.name
         )
-        return None
