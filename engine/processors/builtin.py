@@ -64,6 +64,13 @@ class FilterNode(FunctionNode):
         super().__init__(name, predicate)
         self.keep_when = not negate
 
+    def process(self, record: Record) -> Awaitable[None] | None:
+        if self.is_async:
+            return self._finish(record)
+        if bool(self.fn(record.key, record.value)) is self.keep_when:
+            self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+        return None
+
     def _emit(self, record: Record, result: Any) -> None:
         if bool(result) is self.keep_when:
             self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
@@ -86,6 +93,13 @@ class SelectKeyNode(FunctionNode):
 
 class MapValuesNode(FunctionNode):
     __slots__ = ()
+
+    def process(self, record: Record) -> Awaitable[None] | None:
+        if self.is_async:
+            return self._finish(record)
+        self.forwarder.forward(  # type: ignore[union-attr]
+            self.children, Record(record.key, self.fn(record.value), record.timestamp, record.headers))
+        return None
 
     def _call(self, record: Record) -> Any:
         return self.fn(record.value)

@@ -60,6 +60,16 @@ class Forwarder:
         self.node: Node | None = None
 
     def forward(self, children: Sequence[Node], record: Record) -> None:
+        if len(children) == 1 and not self.pending:
+            # The common case, kept short: one child and nothing queued ahead.
+            child = children[0]
+            parent = self.node
+            self.node = child
+            result = child.process(record)
+            self.node = parent
+            if result is not None:
+                self.pending.append((child, result, None))
+            return
         for child in children:
             pending = self.pending
             if pending:
