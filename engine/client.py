@@ -353,11 +353,16 @@ class KafkaStreams:
         # A handler-caused shutdown is bounded by error.shutdown.timeout.ms.
         limit = self.config.seconds(cfg.ERROR_SHUTDOWN_TIMEOUT_MS) if target is ClientState.ERROR else None
 
+        # A static member (group.instance.id) stays in the group until its session
+        # times out, so a restart within session.timeout.ms gets its tasks back
+        # without a rebalance (as in Kafka Streams). remove_stream_thread() does leave.
+        leave_group = not self.config[cfg.GROUP_INSTANCE_ID]
+
         def shut_down() -> None:
             deadline = None if limit is None else time.monotonic() + limit
             threads = self._threads.snapshot()
             for thread in threads:
-                thread.shutdown(leave_group=True)
+                thread.shutdown(leave_group=leave_group)
             for thread in threads:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not thread.join(remaining) and not thread.is_current:
@@ -375,6 +380,8 @@ class KafkaStreams:
 
     def close(self, timeout: float | None = None) -> bool:
         """Shut down every thread (finish, commit, leave the group); True if done within ``timeout`` s.
+
+        With ``group.instance.id`` set the threads' static members do not leave the group.
 
         From inside a stream thread it only starts the shutdown and returns False.
         """

@@ -15,6 +15,7 @@ from engine.errors import CommitFailedError
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
 from engine.tasks.task import StreamTask
+from engine.tasks.timeouts import is_timeout
 from engine.transport.base import Consumer, OffsetAndMetadata
 
 
@@ -27,6 +28,7 @@ class Committer:
         clock_ms: Callable[[], int],
         logger: LogContext,
     ) -> None:
+        self._monotonic_ms = clock_ms
         self._consumer = consumer
         self._collector = collector
         self._interval_ms = interval_ms
@@ -62,15 +64,23 @@ class Committer:
             if task_offsets:
                 offsets.update(task_offsets)
                 by_task.append((task, task_offsets))
-        await self._collector.flush()
-        if not offsets:
-            return 0
+        started = self._monotonic_ms()
         try:
+            await self._collector.flush()
+            if not offsets:
+                return 0
             await self._consumer.commit(offsets)
         except CommitFailedError:
             self._log.warning("Commit of %s failed: the group rebalanced; the tasks will be revoked",
                               sorted(str(tp) for tp in offsets))
             raise
+        except Exception as exc:
+            if not is_timeout(exc):
+                raise
+            # One call covered every task: each one's timer starts (KIP-572); retry after the back-off.
+            backoff = max(task.timer.on_timeout(exc, "Commit", started) for task in tasks) if tasks else 0.0
+            self._last_commit = self._clock_ms() - self._interval_ms + int(backoff * 1000)
+            return 0
         for task, task_offsets in by_task:
             task.mark_committed(task_offsets)
         self.commits += 1

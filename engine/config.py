@@ -69,6 +69,7 @@ SESSION_TIMEOUT_MS = "session.timeout.ms"
 HEARTBEAT_INTERVAL_MS = "heartbeat.interval.ms"
 REQUEST_TIMEOUT_MS = "request.timeout.ms"
 RETRY_BACKOFF_MS = "retry.backoff.ms"
+RETRY_BACKOFF_MAX_MS = "retry.backoff.max.ms"
 AUTO_OFFSET_RESET = "auto.offset.reset"
 GROUP_INSTANCE_ID = "group.instance.id"
 PROCESSING_GUARANTEE = "processing.guarantee"
@@ -110,6 +111,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(HEARTBEAT_INTERVAL_MS, int, 3_000, "Group heartbeat interval.", _at_least(1)),
     ConfigKey(REQUEST_TIMEOUT_MS, int, 40_000, "Client request timeout.", _at_least(1)),
     ConfigKey(RETRY_BACKOFF_MS, int, 100, "Back-off before retrying a failed request.", _at_least(0)),
+    ConfigKey(RETRY_BACKOFF_MAX_MS, int, 1_000,
+              "Cap of the growing back-off between retries of a timed-out task.", _at_least(0)),
     ConfigKey(AUTO_OFFSET_RESET, str, "earliest",
               "Where a partition without committed offset starts.", _one_of("earliest", "latest", "none")),
     ConfigKey(GROUP_INSTANCE_ID, (str, type(None)), None,

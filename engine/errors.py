@@ -11,7 +11,9 @@
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
     ├── TaskError                    something went wrong in one task (carries task_id)
     │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
-    │   └── ProcessingError          a user processor raised (topic, partition, offset, processor)
+    │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
+    │   └── TaskTimeoutError         the task kept timing out past task.timeout.ms (not a TimeoutError:
+    │                                it ends the retries of timeouts, it is not one of them)
     └── TransportError               a broker-side failure
         ├── CommitFailedError        the group moved on: the member no longer owns the partitions
         └── ProduceError             a record could not be delivered (topic, partition)
@@ -120,6 +122,20 @@ class ProcessingError(TaskError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
+
+
+class TaskTimeoutError(TaskError):
+    """A task did not make progress within ``task.timeout.ms``; the last timeout is ``__cause__``."""
+
+    def __init__(self, task_id: TaskId | None, timeout_ms: int, what: str) -> None:
+        if timeout_ms == 0:
+            message = f"{what} timed out and task.timeout.ms is 0 (no retries)"
+        else:
+            message = (f"did not make progress within {timeout_ms} ms ({what} kept timing out). "
+                       "Adjust task.timeout.ms if needed.")
+        super().__init__(message, task_id)
+        self.timeout_ms = timeout_ms
+        self.what = what
 
 
 class TransportError(StreamsError):

@@ -25,6 +25,7 @@ from engine.transport.base import Consumer
 
 from .task import StreamTask
 from .task_id import TaskId
+from .timeouts import TaskTimer
 
 
 class TaskManager:
@@ -43,6 +44,8 @@ class TaskManager:
         key_serde: Serde,
         value_serde: Serde,
         buffered_per_partition: int,
+        timer_factory: Callable[[TaskId, LogContext], TaskTimer] | None = None,
+        monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -55,6 +58,8 @@ class TaskManager:
         self._key_serde = key_serde
         self._value_serde = value_serde
         self._limit = buffered_per_partition
+        self._timer_factory = timer_factory
+        self._monotonic_ms = monotonic_ms
         self.tasks: dict[TaskId, StreamTask] = {}
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
@@ -90,7 +95,8 @@ class TaskManager:
         graph = self._topology.build_task_graph(
             task_id.subtopology, context, self._collector, self._key_serde, self._value_serde
         )
-        return StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms)
+        return StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
+                          self._timer_factory, self._monotonic_ms)
 
     async def handle_revocation(self, partitions: Iterable[TopicPartition], timeout: float) -> None:
         """Close the tasks of revoked partitions cleanly: finish, flush, commit, close."""

@@ -32,6 +32,7 @@ from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
 from .task_id import TaskId
+from .timeouts import TaskTimer, is_timeout
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class StreamTask:
         send_buffered: Callable[[], object],
         logger: LogContext,
         clock_ms: Callable[[], int],
+        timer_factory: Callable[[TaskId, LogContext], TaskTimer] | None = None,
+        monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self.id = task_id
         self.partitions = frozenset(partitions)
@@ -75,6 +78,10 @@ class StreamTask:
         self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log)
         self._send_buffered = send_buffered
         self._clock_ms = clock_ms
+        self._monotonic_ms = monotonic_ms or clock_ms
+        self.timer = (timer_factory or _no_retry_timer)(task_id, self.log)
+        self.timeouts = 0
+        self._closed_event = asyncio.Event()
         self._queues: dict[TopicPartition, deque[ConsumerRecord]] = {tp: deque() for tp in self.partitions}
         self._buffered = 0
         self._wakeup = asyncio.Event()
@@ -108,6 +115,7 @@ class StreamTask:
         """Stop after the record in progress (if any); ``finished`` is set when ``run`` returns."""
         self._closing = True
         self._wakeup.set()
+        self._closed_event.set()
 
     async def run(self) -> None:
         self.state.transition_to(TaskState.RUNNING)
@@ -150,9 +158,12 @@ class StreamTask:
         sources = self.graph.sources
         single = len(self._queues) == 1
         queue = self._next_partition()
+        timer = self.timer
         done = 0
         while queue and done < _CHUNK and not self._closing:
             raw = queue[0]
+            # Only a retry needs to know when its attempt started (the final-attempt rule).
+            started = self._monotonic_ms() if timer.deadline_ms is not None else 0
             source = sources[raw.topic]
             ctx.topic = raw.topic
             ctx.partition = raw.partition
@@ -170,13 +181,24 @@ class StreamTask:
             try:
                 if forwarder.start(source, Record(key, value, raw.timestamp, raw.headers)):
                     await forwarder.drain()
-            except StreamsError:
+            except StreamsError as exc:
                 forwarder.reset()
-                raise
+                if not is_timeout(exc):
+                    raise
+                await self._back_off(exc, f"sending for {raw.topic}-{raw.partition} offset {raw.offset}",
+                                     started)
+                break
             except Exception as exc:
                 node = forwarder.node.name if forwarder.node is not None else source.name
                 forwarder.reset()
-                raise ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc) from exc
+                if not is_timeout(exc):
+                    raise ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc) from exc
+                # The record stays at the head of its queue: it is retried, never skipped.
+                await self._back_off(exc, f"Processor '{node}' on {raw.topic}-{raw.partition} offset "
+                                          f"{raw.offset}", started)
+                break
+            if timer.deadline_ms is not None:
+                timer.clear()
             queue.popleft()
             self._buffered -= 1
             self._next_offsets[(raw.topic, raw.partition)] = raw.offset + 1  # type: ignore[index]
@@ -190,6 +212,15 @@ class StreamTask:
         self.processed += done
         if ctx.wall_clock_schedules.next_due() is not None:
             await self.maybe_punctuate_wall_clock()
+
+    async def _back_off(self, exc: BaseException, what: str, started: int) -> None:
+        """Set this task aside for the back-off; the thread's other tasks run meanwhile."""
+        self.timeouts += 1
+        backoff = self.timer.on_timeout(exc, what, started)
+        try:
+            await asyncio.wait_for(self._closed_event.wait(), backoff)
+        except TimeoutError:
+            pass
 
     async def maybe_punctuate_wall_clock(self) -> None:
         schedules = self.context.wall_clock_schedules
@@ -247,3 +278,8 @@ class StreamTask:
             self.graph.close()
         except Exception:  # noqa: BLE001 - a failing close must not stop the others closing
             self.log.exception("Error closing the processors")
+
+
+def _no_retry_timer(task_id: TaskId, log: LogContext) -> TaskTimer:
+    """Without a configured timer (tests of the task alone) a timeout fails at once."""
+    return TaskTimer(task_id, 0, 0, 0, lambda: 0, log)

@@ -36,13 +36,14 @@ from engine.commit import Committer
 from engine.config import StreamsConfig
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
 from engine.lifecycle import StateMachine
-from engine.logcontext import thread_log
+from engine.logcontext import LogContext, thread_log
 from engine.records import TopicPartition
 from engine.serdes import BytesSerde, as_serde
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
+from engine.tasks.timeouts import TaskTimer
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
 from engine.transport.base import ConsumerSettings, ProducerSettings, Transport
@@ -264,6 +265,8 @@ class StreamThread:
                     _serde(config[cfg.DEFAULT_KEY_SERDE], "default.key.serde"),
                     _serde(config[cfg.DEFAULT_VALUE_SERDE], "default.value.serde"),
                     config[cfg.BUFFERED_RECORDS_PER_PARTITION],
+                    timer_factory=self._timer,
+                    monotonic_ms=self._clock.monotonic_ms,
                 )
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
@@ -277,6 +280,11 @@ class StreamThread:
                     self.commands.close()
                     await portal.stop(cancel_remaining=True)
                 group.cancel_scope.cancel()
+
+    def _timer(self, task_id: TaskId, log: LogContext) -> TaskTimer:
+        config = self._config
+        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                         config[cfg.RETRY_BACKOFF_MAX_MS], self._clock.monotonic_ms, log)
 
     async def _check_topics(self, admin: object) -> dict[str, int]:
         counts = await admin.partition_counts(  # type: ignore[attr-defined]

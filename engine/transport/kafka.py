@@ -34,10 +34,14 @@ Heartbeats and ``max_poll_interval_ms``
 Static membership
     ``group_instance_id`` is sent (JoinGroup v5); a member restarted with the
     same id within ``session_timeout_ms`` gets its partitions back without a
-    rebalance. aiokafka never sends LeaveGroup for a static member, also not
-    on ``close(leave_group=True)`` (its LeaveGroup is v0/v1, which cannot name
-    an instance id), and its admin client cannot remove group members: a
-    closed static member stays in the group until its session times out.
+    rebalance. aiokafka never sends LeaveGroup for a static member (its
+    LeaveGroup is v0/v1, which cannot name an instance id), and its admin
+    client cannot remove group members. So :meth:`KafkaConsumer.close` with
+    ``leave_group=True`` sends LeaveGroup v3 itself for a static member (a
+    members list naming ``group_instance_id``, what the Java Admin's
+    ``removeMembersFromConsumerGroup`` sends): the member leaves at once and
+    the group rebalances. With ``leave_group=False`` a static member stays in
+    the group until its session times out.
 
 ``request_rejoin()``
     Uses the coordinator's private ``request_rejoin()`` (aiokafka has no
@@ -92,6 +96,8 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 from aiokafka.structs import OffsetAndMetadata as AioOffsetAndMetadata
 from aiokafka.structs import TopicPartition as AioTopicPartition
 
@@ -219,6 +225,98 @@ def _client_kwargs(cls: type, raw: Mapping[str, object]) -> dict[str, object]:
             raise ConfigError(key, f"is not an option of aiokafka's {cls.__name__}")
         out[name] = _coerce(value, param.default)
     return out
+
+
+# -- LeaveGroup v3 (KIP-345): leaving by group.instance.id ----------------------------------
+
+
+class _LeaveGroupResponse_v3(Response):
+    API_KEY = 13
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        (
+            "members",
+            Array(
+                ("member_id", String("utf-8")),
+                ("group_instance_id", String("utf-8")),  # nullable
+                ("error_code", Int16),
+            ),
+        ),
+    )
+
+
+class _LeaveGroupRequest_v3(RequestStruct):
+    API_KEY = 13
+    API_VERSION = 3
+    RESPONSE_TYPE = _LeaveGroupResponse_v3
+    SCHEMA = Schema(
+        ("group_id", String("utf-8")),
+        (
+            "members",
+            Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8"))),
+        ),
+    )
+
+
+class _StaticLeaveGroupRequest(Request[_LeaveGroupRequest_v3]):
+    """LeaveGroup for one static member; v3 is the first version that names instance ids.
+
+    Raises ``NotImplementedError`` from ``prepare`` when the broker does not
+    support v3 (Kafka < 2.4).
+    """
+
+    API_KEY = 13
+
+    def __init__(self, group_id: str, member_id: str, group_instance_id: str) -> None:
+        self.group_id = group_id
+        self.member_id = member_id
+        self.group_instance_id = group_instance_id
+
+    def build(self, request_struct_class: type[_LeaveGroupRequest_v3]) -> _LeaveGroupRequest_v3:
+        return request_struct_class(self.group_id, [(self.member_id, self.group_instance_id)])
+
+
+async def _leave_group_as_static_member(coordinator: Any, group_instance_id: str) -> None:
+    """Replaces aiokafka's leave step (``_maybe_leave_group``) of a closing static member.
+
+    aiokafka runs it in ``close()`` after the coordination and heartbeat tasks
+    have stopped, so nothing can rejoin the group after the member left.
+    Best effort, like aiokafka's own: a failure is logged and the member then
+    leaves when its session times out.
+    """
+    try:
+        if coordinator.generation > 0 and coordinator.member_id:
+            request = _StaticLeaveGroupRequest(
+                coordinator.group_id, coordinator.member_id, group_instance_id
+            )
+            try:
+                response = await coordinator._send_req(request)
+            except (aioerrors.KafkaError, NotImplementedError) as exc:
+                log.error(
+                    "LeaveGroup of static member %s (group %s) failed: %s; it stays in the "
+                    "group until its session times out",
+                    group_instance_id,
+                    coordinator.group_id,
+                    _describe(exc),
+                )
+                return
+            codes = [response.error_code, *(member[2] for member in response.members)]
+            errors = [aioerrors.for_code(code).__name__ for code in codes if code != 0]
+            if errors:
+                log.error(
+                    "LeaveGroup of static member %s (group %s) answered %s",
+                    group_instance_id,
+                    coordinator.group_id,
+                    ", ".join(errors),
+                )
+            else:
+                log.info(
+                    "Static member %s left group %s", group_instance_id, coordinator.group_id
+                )
+    finally:
+        coordinator.reset_generation()
 
 
 # -- consumer -----------------------------------------------------------------------------
@@ -422,6 +520,7 @@ class KafkaConsumer:
             consumer.assign(self._manual)
 
     async def close(self, leave_group: bool = True) -> None:
+        """Stop; with ``leave_group`` the member leaves at once (a static member too)."""
         if self._closed:
             return
         self._closed = True
@@ -430,16 +529,23 @@ class KafkaConsumer:
             if consumer is None:
                 return
             coordinator = consumer._coordinator
-            if not leave_group and coordinator is not None and hasattr(
-                coordinator, "_maybe_leave_group"
-            ):
-                # aiokafka's close() always sends LeaveGroup for a dynamic member.
-                # Replacing its leave step for this instance keeps the member in
-                # the group until the broker's session timeout.
-                async def _stay_in_group() -> None:
-                    return None
+            instance_id = None if self._settings is None else self._settings.group_instance_id
+            if coordinator is not None and hasattr(coordinator, "_maybe_leave_group"):
+                # aiokafka's close() sends LeaveGroup for a dynamic member and
+                # never for a static one. Replacing its leave step for this
+                # instance makes both follow ``leave_group``.
+                if not leave_group:
 
-                coordinator._maybe_leave_group = _stay_in_group
+                    async def _stay_in_group() -> None:
+                        return None
+
+                    coordinator._maybe_leave_group = _stay_in_group
+                elif instance_id is not None:
+
+                    async def _leave_static() -> None:
+                        await _leave_group_as_static_member(coordinator, instance_id)
+
+                    coordinator._maybe_leave_group = _leave_static
             await consumer.stop()
         finally:
             self._assignment_finished()

@@ -1,0 +1,111 @@
+"""``task.timeout.ms`` (KIP-572): a timeout sets one task aside instead of failing its thread.
+
+A ``TaskTimer`` starts at a task's first timeout and is cleared by any progress.
+While it runs, the task retries after a growing back-off and the thread's other
+tasks go on. An attempt that *starts* after the deadline is the final one: if it
+times out too, ``TaskTimeoutError`` goes to the uncaught-exception handler.
+``task.timeout.ms = 0`` means no retry at all.
+
+Timeouts are: the builtin ``TimeoutError`` (so ``asyncio`` timeouts too),
+aiokafka's ``KafkaTimeoutError``, ``RequestTimedOutError``, ``NodeNotReadyError``
+and ``KafkaConnectionError``, and a ``TransportError`` caused by any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiokafka import errors as kafka_errors
+
+from engine.errors import StreamsTimeoutError, TaskTimeoutError
+from engine.logcontext import LogContext
+
+from .task_id import TaskId
+
+_CLIENT_TIMEOUTS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    kafka_errors.KafkaTimeoutError,
+    kafka_errors.RequestTimedOutError,
+    kafka_errors.NodeNotReadyError,
+    kafka_errors.KafkaConnectionError,
+)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is a client timeout.
+
+    Our own ``StreamsTimeoutError`` (a client call such as ``close`` ran out of
+    time) and ``TaskTimeoutError`` (the end of the retries) are not.
+    """
+    current: BaseException | None = exc
+    for _ in range(6):
+        if current is None:
+            return False
+        if isinstance(current, (StreamsTimeoutError, TaskTimeoutError)):
+            return False
+        if isinstance(current, _CLIENT_TIMEOUTS):
+            return True
+        current = current.__cause__
+    return False
+
+
+class TaskTimer:
+    """One task's KIP-572 deadline. Caller: the task's coroutine and the committer."""
+
+    def __init__(
+        self,
+        task_id: TaskId,
+        timeout_ms: int,
+        backoff_ms: int,
+        max_backoff_ms: int,
+        clock_ms: Callable[[], int],
+        log: LogContext,
+    ) -> None:
+        self.task_id = task_id
+        self._timeout_ms = timeout_ms
+        self._backoff_ms = max(1, backoff_ms)
+        self._max_backoff_ms = max(self._backoff_ms, max_backoff_ms)
+        self._clock_ms = clock_ms
+        self._log = log
+        self.deadline_ms: int | None = None
+        self.retries = 0
+
+    @property
+    def running(self) -> bool:
+        return self.deadline_ms is not None
+
+    def clear(self) -> None:
+        """The task made progress: the timer stops (cheap when it is not running)."""
+        if self.deadline_ms is not None:
+            self._log.info("Made progress after %d retries; the task timeout is cleared", self.retries)
+            self.deadline_ms = None
+            self.retries = 0
+
+    def on_timeout(self, cause: BaseException, what: str, attempt_started_ms: int) -> float:
+        """Record a timeout of ``what``; returns the back-off in seconds before the retry.
+
+        Raises ``TaskTimeoutError`` (from ``cause``) when ``task.timeout.ms`` is 0 or
+        when the attempt that timed out started after the deadline.
+        """
+        now = self._clock_ms()
+        if self._timeout_ms == 0:
+            raise TaskTimeoutError(self.task_id, 0, what) from cause
+        if self.deadline_ms is None:
+            self.deadline_ms = now + self._timeout_ms
+        elif attempt_started_ms >= self.deadline_ms:
+            raise TaskTimeoutError(self.task_id, self._timeout_ms, what) from cause
+        self.retries += 1
+        backoff = min(self._max_backoff_ms, self._backoff_ms * 2 ** (self.retries - 1))
+        left = self.deadline_ms - now
+        if left > 0:
+            self._log.warning("%s timed out (%s); will retry in %d ms, %d ms left of task.timeout.ms",
+                              what, _describe(cause), backoff, left)
+        else:
+            self._log.warning("%s timed out (%s); task.timeout.ms has passed, making a final attempt "
+                              "in %d ms", what, _describe(cause), backoff)
+        return backoff / 1000.0
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
