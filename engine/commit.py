@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from engine.collector import RecordCollector
-from engine.errors import CommitFailedError
+from engine.errors import CommitFailedError, ProduceError
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
 from engine.tasks.task import StreamTask
@@ -36,6 +36,8 @@ class Committer:
         self._log = logger
         self._last_commit = clock_ms()
         self.commits = 0
+        # Set when output was lost to a producer timeout: the thread must revive its tasks.
+        self.producer_failed: BaseException | None = None
 
     def due(self, tasks: Iterable[StreamTask]) -> bool:
         if self._clock_ms() - self._last_commit >= self._interval_ms:
@@ -68,6 +70,7 @@ class Committer:
         try:
             await self._collector.flush()
             if not offsets:
+                self._clear_commit_timers(tasks)
                 return 0
             await self._consumer.commit(offsets)
         except CommitFailedError:
@@ -77,12 +80,23 @@ class Committer:
         except Exception as exc:
             if not is_timeout(exc):
                 raise
+            if isinstance(exc, ProduceError):
+                self.producer_failed = exc
             # One call covered every task: each one's timer starts (KIP-572); retry after the back-off.
-            backoff = max(task.timer.on_timeout(exc, "Commit", started) for task in tasks) if tasks else 0.0
+            backoff = max((task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
+                           for task in tasks), default=0.0)
             self._last_commit = self._clock_ms() - self._interval_ms + int(backoff * 1000)
             return 0
         for task, task_offsets in by_task:
             task.mark_committed(task_offsets)
+        self._clear_commit_timers(tasks)
         self.commits += 1
         self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
         return len(offsets)
+
+    @staticmethod
+    def _clear_commit_timers(tasks: list[StreamTask]) -> None:
+        """Output acknowledged (and offsets committed): timeouts of commits and produces are over."""
+        for task in tasks:
+            if task.timer.running and not task.timer.cleared_by_processing:
+                task.timer.clear()

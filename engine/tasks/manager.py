@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.errors import CommitFailedError
+from engine.errors import CommitFailedError, ProduceError
 from engine.logcontext import LogContext
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
@@ -25,7 +25,7 @@ from engine.transport.base import Consumer
 
 from .task import StreamTask
 from .task_id import TaskId
-from .timeouts import TaskTimer
+from .timeouts import TaskTimer, is_timeout
 
 
 class TaskManager:
@@ -154,7 +154,44 @@ class TaskManager:
                 self._backpressured.difference_update(ready)
                 self._consumer.resume(*ready)
         if self._collector.buffered():
-            await self._collector.send_buffered()
+            try:
+                await self._collector.send_buffered()
+            except ProduceError as exc:
+                if not is_timeout(exc):
+                    raise
+                # Output is lost: the stream thread revives every task from its last commit.
+                self._committer.producer_failed = exc
+
+    @property
+    def producer_failed(self) -> BaseException | None:
+        return self._committer.producer_failed
+
+    async def revive_all(self, replace_producer: Callable[[], Awaitable[None]], timeout: float) -> None:
+        """After output was lost to a producer timeout: close every task dirty, take a new
+        producer, rewind each partition to its last commit and start the tasks again.
+
+        The records since the last commit are processed again (at-least-once); each
+        task keeps its KIP-572 timer, so an outage longer than ``task.timeout.ms``
+        still ends in ``TaskTimeoutError``.
+        """
+        cause = self._committer.producer_failed
+        tasks = list(self.tasks.values())
+        timers = {task.id: task.timer for task in tasks}
+        partitions = [tp for task in tasks for tp in task.partitions]
+        for task in tasks:
+            if cause is not None and not task.timer.running:
+                task.timer.on_timeout(cause, "Produce", 0, cleared_by_processing=False)
+        await self.close_tasks(tasks, clean=False, timeout=timeout)
+        await replace_producer()
+        self._committer.producer_failed = None
+        for tp in partitions:
+            committed = await self._consumer.committed(tp)
+            self._consumer.seek(tp, committed.offset if committed is not None else 0)
+        for task in self.handle_assignment(partitions):
+            if task.id in timers:
+                task.timer = timers[task.id]
+        self._log.warning("Revived tasks %s from their last commit after a producer timeout",
+                          [str(t.id) for t in tasks])
 
     async def maybe_commit(self) -> int:
         return await self._committer.maybe_commit(self.tasks.values())

@@ -197,7 +197,7 @@ class StreamTask:
                 await self._back_off(exc, f"Processor '{node}' on {raw.topic}-{raw.partition} offset "
                                           f"{raw.offset}", started)
                 break
-            if timer.deadline_ms is not None:
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()
             queue.popleft()
             self._buffered -= 1

@@ -69,6 +69,9 @@ class TaskTimer:
         self._log = log
         self.deadline_ms: int | None = None
         self.retries = 0
+        # A timeout of a commit or a produce is over only when a commit succeeds; one of
+        # the task's own processing is over when a record gets through.
+        self.cleared_by_processing = True
 
     @property
     def running(self) -> bool:
@@ -81,7 +84,8 @@ class TaskTimer:
             self.deadline_ms = None
             self.retries = 0
 
-    def on_timeout(self, cause: BaseException, what: str, attempt_started_ms: int) -> float:
+    def on_timeout(self, cause: BaseException, what: str, attempt_started_ms: int,
+                   *, cleared_by_processing: bool = True) -> float:
         """Record a timeout of ``what``; returns the back-off in seconds before the retry.
 
         Raises ``TaskTimeoutError`` (from ``cause``) when ``task.timeout.ms`` is 0 or
@@ -92,8 +96,10 @@ class TaskTimer:
             raise TaskTimeoutError(self.task_id, 0, what) from cause
         if self.deadline_ms is None:
             self.deadline_ms = now + self._timeout_ms
+            self.cleared_by_processing = cleared_by_processing
         elif attempt_started_ms >= self.deadline_ms:
             raise TaskTimeoutError(self.task_id, self._timeout_ms, what) from cause
+        self.cleared_by_processing = self.cleared_by_processing and cleared_by_processing
         self.retries += 1
         backoff = min(self._max_backoff_ms, self._backoff_ms * 2 ** (self.retries - 1))
         left = self.deadline_ms - now

@@ -235,7 +235,7 @@ class StreamThread:
             retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
             extra=config.with_prefix("consumer."),
         ))
-        producer = self._transport.producer(ProducerSettings(
+        self._producer_settings = ProducerSettings(
             client_id=self.producer_client_id,
             acks=config[cfg.ACKS],
             linger_ms=config[cfg.LINGER_MS],
@@ -243,7 +243,8 @@ class StreamThread:
             request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
             retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
             extra=config.with_prefix("producer."),
-        ))
+        )
+        producer = self._producer = self._transport.producer(self._producer_settings)
         admin = self._transport.admin(f"{self.name}-admin")
         started: list[object] = []
         clean = False
@@ -255,7 +256,8 @@ class StreamThread:
                 sink_partitions = await self._check_topics(admin)
                 await producer.start()
                 started.append(producer)
-                collector = RecordCollector(producer, sink_partitions, lambda t: self._lookup(admin, t))
+                collector = self._collector = RecordCollector(
+                    producer, sink_partitions, lambda t: self._lookup(admin, t))
                 committer = Committer(consumer, collector, config[cfg.COMMIT_INTERVAL_MS],
                                       self._clock.monotonic_ms, self.log)
                 self._manager = manager = TaskManager(
@@ -276,6 +278,9 @@ class StreamThread:
                 clean = True
             finally:
                 with CancelScope(shield=True):
+                    if producer in started and self._producer is not producer:
+                        started[started.index(producer)] = self._producer
+                        producer = self._producer
                     await self._close(consumer, producer, admin, started, clean)
                     self.commands.close()
                     await portal.stop(cancel_remaining=True)
@@ -315,8 +320,23 @@ class StreamThread:
                     self.processed += manager.add_records(records)
             self._poll_scope = None
             await manager.maybe_commit()
+            if manager.producer_failed is not None:
+                await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
                 break
+
+    async def _replace_producer(self) -> None:
+        """Swap in a fresh producer; the failed one's unsent records are given up (they are re-made)."""
+        collector = self._collector
+        old = collector.producer
+        new = self._transport.producer(self._producer_settings)
+        await new.start()
+        collector.producer = new
+        self._producer = new
+        try:
+            await asyncio.wait_for(old.close(), self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+        except Exception:  # noqa: BLE001 - the old producer failed already; its close may too
+            self.log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
     async def _run_task(self, task: StreamTask) -> None:
         await task.run()

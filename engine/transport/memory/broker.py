@@ -68,6 +68,8 @@ class MemoryBroker:
         self._topics: dict[str, list[PartitionLog]] = {}
         self._groups: dict[str, ConsumerGroup] = {}
         self._fetchers: dict[LoopWakeup, frozenset[TopicPartition]] = {}
+        # Fault injection for tests: topic → [error, produce calls left to fail].
+        self._produce_faults: dict[str, list[object]] = {}
 
     def __repr__(self) -> str:
         return f"MemoryBroker({URL_SCHEME}{self.name})"
@@ -154,22 +156,33 @@ class MemoryBroker:
 
     # ------------------------------------------------------------------ produce and fetch
 
+    def fail_produce(self, topic: str, error: BaseException, times: int) -> None:
+        """Fault injection: the next ``times`` produce calls to ``topic`` fail with ``error``
+        (nothing of that batch is written), as a broker outage would make them."""
+        with self._locked():
+            self._produce_faults[topic] = [error, times]
+
     def produce(
         self, batches: Mapping[TopicPartition, Sequence[ProducedRecord]]
-    ) -> dict[TopicPartition, str]:
+    ) -> dict[TopicPartition, str | BaseException]:
         """Append each batch to its partition, atomically and in order, and wake its fetchers.
 
         Returns the partitions whose batch was not written, with the reason (a
         partition that does not exist), like the per-partition errors of a Kafka
         produce response. Caller: ``MemoryProducer.send_buffered``.
         """
-        failed: dict[TopicPartition, str] = {}
+        failed: dict[TopicPartition, str | BaseException] = {}
         with self._locked():
             written: set[TopicPartition] = set()
             for tp, batch in batches.items():
                 partition_log = self._log_or_none(tp)
                 if partition_log is None:
                     failed[tp] = self._unknown(tp)
+                    continue
+                fault = self._produce_faults.get(tp.topic)
+                if fault is not None and fault[1] > 0:  # type: ignore[operator]
+                    fault[1] -= 1  # type: ignore[operator]
+                    failed[tp] = fault[0]  # type: ignore[assignment]
                     continue
                 for record in batch:
                     partition_log.append(record)

@@ -25,7 +25,7 @@ class MemoryProducer:
         self._settings = settings
         self._buffer: dict[TopicPartition, list[ProducedRecord]] = {}
         self._buffered = 0
-        self._failure: tuple[TopicPartition, str] | None = None
+        self._failure: tuple[TopicPartition, str | BaseException] | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -76,7 +76,8 @@ class MemoryProducer:
     def _raise_failure(self) -> None:
         if self._failure is not None:
             tp, reason = self._failure
-            raise ProduceError(tp.topic, tp.partition, reason)
+            cause = reason if isinstance(reason, BaseException) else None
+            raise ProduceError(tp.topic, tp.partition, reason) from cause
 
     def _check_open(self) -> None:
         if self._closed:
