@@ -13,7 +13,10 @@ and ``KafkaConnectionError``, and a ``TransportError`` caused by any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiokafka import errors as kafka_errors
 
@@ -110,6 +113,28 @@ class TaskTimer:
             self._log.warning("%s timed out (%s); task.timeout.ms has passed, making a final attempt "
                               "in %d ms", what, _describe(cause), backoff)
         return backoff / 1000.0
+
+
+T = TypeVar("T")
+
+
+async def retry_on_timeout(
+    call: Callable[[], Awaitable[T]], what: str, budget_s: float, backoff_s: float, max_backoff_s: float,
+    log: LogContext,
+) -> T:
+    """Run ``call`` again after each client timeout until ``budget_s`` is used up (start-up
+    metadata calls: there is no task yet to set aside). The last timeout is raised as is."""
+    deadline = time.monotonic() + budget_s
+    delay = max(backoff_s, 0.001)
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_timeout(exc) or time.monotonic() + delay >= deadline:
+                raise
+            log.warning("%s timed out (%s); retrying in %.0f ms", what, _describe(exc), delay * 1000)
+            await asyncio.sleep(delay)
+            delay = min(max_backoff_s, delay * 2)
 
 
 def _describe(exc: BaseException) -> str:

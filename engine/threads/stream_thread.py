@@ -43,7 +43,7 @@ from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
-from engine.tasks.timeouts import TaskTimer
+from engine.tasks.timeouts import TaskTimer, retry_on_timeout
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
 from engine.transport.base import ConsumerSettings, ProducerSettings, Transport
@@ -292,8 +292,12 @@ class StreamThread:
                          config[cfg.RETRY_BACKOFF_MAX_MS], self._clock.monotonic_ms, log)
 
     async def _check_topics(self, admin: object) -> dict[str, int]:
-        counts = await admin.partition_counts(  # type: ignore[attr-defined]
-            self._topology.source_topics + self._topology.sink_topics)
+        config = self._config
+        counts = await retry_on_timeout(
+            lambda: admin.partition_counts(  # type: ignore[attr-defined]
+                self._topology.source_topics + self._topology.sink_topics),
+            "Fetching topic metadata", config.seconds(cfg.TASK_TIMEOUT_MS), config.seconds(cfg.RETRY_BACKOFF_MS),
+            config.seconds(cfg.RETRY_BACKOFF_MAX_MS), self.log)
         missing = [t for t in self._topology.source_topics if t not in counts]
         if missing:
             raise MissingSourceTopicError(missing)

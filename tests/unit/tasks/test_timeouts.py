@@ -128,3 +128,40 @@ def test_a_timeout_merely_seen_while_handling_another_error_does_not_count() -> 
             raise ValueError("a bug while handling it")  # noqa: B904 - the point of the test
     except ValueError as exc:
         assert not is_timeout(exc)
+
+
+@pytest.mark.asyncio
+async def test_start_up_calls_are_retried_on_timeouts_within_their_budget() -> None:
+    from engine.tasks.timeouts import retry_on_timeout
+
+    calls = []
+
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise kafka_errors.RequestTimedOutError()
+        return "metadata"
+
+    assert await retry_on_timeout(flaky, "Fetching metadata", 5.0, 0.001, 0.002, LOG) == "metadata"
+    assert len(calls) == 3
+
+
+@pytest.mark.asyncio
+async def test_start_up_retries_stop_at_the_budget_and_other_errors_are_not_retried() -> None:
+    from engine.tasks.timeouts import retry_on_timeout
+
+    async def always_times_out() -> None:
+        raise kafka_errors.RequestTimedOutError()
+
+    with pytest.raises(kafka_errors.RequestTimedOutError):
+        await retry_on_timeout(always_times_out, "Fetching metadata", 0.05, 0.001, 0.01, LOG)
+
+    calls = []
+
+    async def broken() -> None:
+        calls.append(1)
+        raise ValueError("not a timeout")
+
+    with pytest.raises(ValueError):
+        await retry_on_timeout(broken, "Fetching metadata", 5.0, 0.001, 0.01, LOG)
+    assert len(calls) == 1
