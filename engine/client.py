@@ -178,8 +178,14 @@ class KafkaStreams:
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
         # Create every thread before starting any, so the client cannot look RUNNING with only the first.
         threads = [self._create_thread() for _ in range(self.config[cfg.NUM_STREAM_THREADS])]
-        for thread in threads:
-            thread.start()
+        with self._state.lock:
+            if self.state is not ClientState.REBALANCING:
+                # Closed meanwhile (a state listener or another thread called close()).
+                for thread in threads:
+                    self._threads.remove(thread)
+                return
+            for thread in threads:
+                thread.start()
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         self._maybe_set_running()
 
@@ -332,8 +338,21 @@ class KafkaStreams:
         Someone has to rejoin to carry the request: with no other live thread, add one.
         """
         carriers = [t for t in self._threads.alive() if t is not thread]
-        if not carriers and self.add_stream_thread() is not None:
-            carriers = [t for t in self._threads.alive() if t is not thread]
+        if not carriers:
+            # As add_stream_thread, but flagged before it starts: a first join without the
+            # request could win an ordinary assignment, the failed task included.
+            with self._threads.lock:
+                carrier = self._create_thread() if self.state.is_running_or_rebalancing() else None
+                if carrier is not None:
+                    carrier.request_application_shutdown()
+                    self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+                    self.log.info("Adding %s to carry the application shutdown request", carrier.name)
+            if carrier is not None and self.state.is_running_or_rebalancing():
+                carrier.start()
+                return
+            if carrier is not None:
+                self._threads.remove(carrier)
+                self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         if not carriers:
             self.log.error("No stream thread can carry the application shutdown request; shutting down this client")
             self._close_to_error()

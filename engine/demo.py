@@ -99,14 +99,16 @@ async def main_async(count: int, rate: int, threads: int) -> int:
     })
     started = time.monotonic()
     async with streams:
-        last = -1
+        last = (-1, -1)
         while True:
-            polled = sum(m.value for m in streams.metrics() if m.name == "records-polled-total")
-            if polled != last:
+            polled = int(sum(m.value for m in streams.metrics() if m.name == "records-polled-total"))
+            written = await _output_count(bootstrap)
+            if (polled, written) != last:
                 print(f"  t={time.monotonic() - started:5.2f}s  state={streams.state.name:<12} "
-                      f"records in={int(polled):>7}")
-                last = polled
-            if producing.done() and polled >= count:
+                      f"records in={polled:>7}  out={written:>7}")
+                last = (polled, written)
+            # Done once every kept order is out (the expected count is known once input is complete).
+            if producing.done() and written >= sum(1 for o in producing.result() if o["amount"] >= 10):
                 break
             if streams.state is ClientState.ERROR:
                 print("The client went to ERROR; see the log above", file=sys.stderr)
@@ -130,6 +132,16 @@ async def main_async(count: int, rate: int, threads: int) -> int:
         JsonSerde().deserialize(r.value)["id"] for r in output}
     print("Check: every kept order is in the output" if ok else "Check FAILED: orders are missing")
     return 0 if ok else 1
+
+
+async def _output_count(bootstrap: str) -> int:
+    reader = open_transport({"bootstrap.servers": bootstrap}).reader("demo-progress")
+    await reader.start()
+    try:
+        ends = await reader.end_offsets([TopicPartition(BIG_ORDERS, p) for p in range(4)])
+        return sum(ends.values())
+    finally:
+        await reader.close()
 
 
 async def _topics(bootstrap: str) -> dict[str, int]:

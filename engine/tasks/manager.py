@@ -117,6 +117,8 @@ class TaskManager:
                 self._log.warning("Task %s did not finish its record within %.1f s; closing it dirty",
                                   task.id, timeout)
                 clean = False
+                if task.cancel_scope is not None:
+                    task.cancel_scope.cancel()
         if clean:
             try:
                 await self._committer.commit(tasks)

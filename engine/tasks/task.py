@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
+from anyio import CancelScope
+
 from engine.errors import DeserializationError, ProcessingError, StreamsError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
@@ -92,6 +94,8 @@ class StreamTask:
         self.stream_time = -1
         self.processed = 0
         self.finished = asyncio.Event()
+        # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
+        self.cancel_scope: CancelScope | None = None
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
@@ -123,6 +127,8 @@ class StreamTask:
             while not self._closing:
                 if self._buffered == 0:
                     await self._idle()
+                    # Punctuations may have produced output; hand it on now, not at the next chunk.
+                    await self._send_buffered()  # type: ignore[misc]
                     continue
                 await self._process_chunk()
                 # Output of this chunk goes to the network together: one batch per partition.
@@ -181,6 +187,8 @@ class StreamTask:
             try:
                 if forwarder.start(source, Record(key, value, raw.timestamp, raw.headers)):
                     await forwarder.drain()
+                    if self.state.state is TaskState.CLOSED:
+                        return  # closed dirty while the record was in flight: nothing more to do
             except StreamsError as exc:
                 forwarder.reset()
                 if not is_timeout(exc):

@@ -343,7 +343,9 @@ class StreamThread:
             self.log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
     async def _run_task(self, task: StreamTask) -> None:
-        await task.run()
+        with CancelScope() as scope:
+            task.cancel_scope = scope
+            await task.run()
 
     async def _close(self, consumer: object, producer: object, admin: object,
                      started: list[object], clean: bool) -> None:

@@ -1,0 +1,412 @@
+"""``TaskManager``: assignments become running tasks, revocations closed ones, and back-pressure.
+
+The consumer is a ``RecordingConsumer`` (pause, resume and commit calls); the
+``spawn`` callback either runs each task's coroutine on the test's loop or only
+keeps the task, so that its records stay buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+import pytest
+import pytest_asyncio
+
+from engine.clock import ManualClock
+from engine.collector import RecordCollector
+from engine.commit import Committer
+from engine.errors import CommitFailedError
+from engine.logcontext import thread_log
+from engine.processors.api import BaseProcessor
+from engine.records import FetchedRecord, Headers, Record, TopicPartition
+from engine.serdes import BytesSerde
+from engine.tasks.manager import TaskManager
+from engine.tasks.task import StreamTask, TaskState
+from engine.tasks.task_id import TaskId
+from engine.testing import eventually_async
+from engine.topology.builder import StreamsBuilder
+from engine.topology.topology import Topology
+from engine.transport.base import OffsetAndMetadata
+
+LOG = thread_log(__name__, "app-StreamThread-1")
+WAIT = 5.0
+A0, A1, B0, B1, C0 = (TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0),
+                      TopicPartition("b", 1), TopicPartition("c", 0))
+
+
+@dataclass
+class RecordingConsumer:
+    """The consumer calls the manager makes: pause, resume and (through the committer) commit."""
+
+    manager: TaskManager | None = None
+    pauses: list[TopicPartition] = field(default_factory=list)
+    resumes: list[tuple[TopicPartition, int]] = field(default_factory=list)  # with the task's buffer then
+    commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+    fail_commits: bool = False
+    _paused: set[TopicPartition] = field(default_factory=set)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.pauses.extend(partitions)
+        self._paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        assert self.manager is not None
+        for tp in partitions:
+            task = next(t for t in self.manager.tasks.values() if tp in t.partitions)
+            self.resumes.append((tp, task.buffered(tp)))
+        self._paused.difference_update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        if self.fail_commits:
+            raise CommitFailedError("the group rebalanced")
+        self.commits.append({tp: om.offset for tp, om in offsets.items()})
+
+
+class NullProducer:
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+               timestamp_ms: int | None, headers: Headers) -> None:
+        pass
+
+    def buffered(self) -> int:
+        return 0
+
+    async def send_buffered(self) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
+
+
+class Spawner:
+    """The manager's ``spawn``: keeps each task and, if ``run``, runs its coroutine on this loop."""
+
+    def __init__(self, run: bool) -> None:
+        self.run = run
+        self.spawned: list[StreamTask] = []
+        self.runners: list[asyncio.Task[None]] = []
+
+    def __call__(self, task: StreamTask) -> None:
+        self.spawned.append(task)
+        if self.run:
+            self.runners.append(asyncio.get_running_loop().create_task(task.run()))
+
+    async def stop(self) -> None:
+        for task in self.spawned:
+            task.request_close()
+        for runner in self.runners:
+            runner.cancel()
+        await asyncio.gather(*self.runners, return_exceptions=True)
+
+
+class Gate(BaseProcessor):
+    """Holds every record of topic ``c`` until the test opens the gate (never, in these tests)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def process(self, record: Record) -> None:
+        await self.gate.wait()
+
+
+def two_subtopologies() -> Topology:
+    """Sub-topology 0 reads the co-partitioned ``a`` and ``b``; sub-topology 1 reads ``c``."""
+    builder = StreamsBuilder()
+    builder.stream(["a", "b"]).peek(lambda k, v: None)
+    builder.stream("c").peek(lambda k, v: None)
+    return builder.build()
+
+
+def gated_c() -> Topology:
+    builder = StreamsBuilder()
+    builder.stream(["a", "b"]).peek(lambda k, v: None)
+    builder.stream("c").process(Gate, name="gate")
+    return builder.build()
+
+
+@dataclass
+class Rig:
+    manager: TaskManager
+    consumer: RecordingConsumer
+    spawner: Spawner
+
+
+def make_rig(topology: Topology, run: bool, limit: int = 1000) -> Rig:
+    clock = ManualClock(0)
+    consumer = RecordingConsumer()
+    collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
+    committer = Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG)  # type: ignore[arg-type]
+    spawner = Spawner(run)
+    manager = TaskManager("app", topology, consumer, collector, committer, spawner, LOG,  # type: ignore[arg-type]
+                          clock.wall_ms, BytesSerde(), BytesSerde(), limit)
+    consumer.manager = manager
+    return Rig(manager, consumer, spawner)
+
+
+async def _no_lookup(topic: str) -> int | None:
+    return None
+
+
+@pytest_asyncio.fixture
+async def running() -> AsyncIterator[Rig]:
+    """A manager of ``two_subtopologies()`` whose tasks run."""
+    rig = make_rig(two_subtopologies(), run=True)
+    yield rig
+    await rig.spawner.stop()
+
+
+@pytest_asyncio.fixture
+async def parked() -> AsyncIterator[Rig]:
+    """A manager whose tasks never run, so records stay buffered (limit 4 per partition)."""
+    rig = make_rig(two_subtopologies(), run=False, limit=4)
+    yield rig
+    await rig.spawner.stop()
+
+
+def records(tp: TopicPartition, first: int, count: int) -> list[FetchedRecord]:
+    return [FetchedRecord(tp.topic, tp.partition, o, o, None, b"v") for o in range(first, first + count)]
+
+
+async def processed(task: StreamTask, count: int) -> None:
+    await eventually_async(lambda: task.processed >= count, timeout=WAIT, what=f"task {task.id} processed {count}")
+
+
+# -- assignment --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_assignment_groups_co_partitioned_topics_into_one_task_per_partition_number(parked: Rig) -> None:
+    created = parked.manager.handle_assignment([C0, A1, B0, A0, B1])
+
+    assert {t.id: t.partitions for t in created} == {
+        TaskId(0, 0): frozenset({A0, B0}),
+        TaskId(0, 1): frozenset({A1, B1}),
+        TaskId(1, 0): frozenset({C0}),
+    }
+    assert set(parked.manager.tasks) == {TaskId(0, 0), TaskId(0, 1), TaskId(1, 0)}
+
+
+@pytest.mark.asyncio
+async def test_assignment_spawns_each_new_task_once_in_task_id_order(parked: Rig) -> None:
+    parked.manager.handle_assignment([C0, A1, B0, A0, B1])
+
+    assert [t.id for t in parked.spawner.spawned] == [TaskId(0, 0), TaskId(0, 1), TaskId(1, 0)]
+
+
+@pytest.mark.asyncio
+async def test_partitions_already_owned_create_no_new_task(parked: Rig) -> None:
+    parked.manager.handle_assignment([A0, B0])
+
+    again = parked.manager.handle_assignment([A0, B0, C0])
+
+    assert [t.id for t in again] == [TaskId(1, 0)]
+    assert len(parked.spawner.spawned) == 2
+
+
+@pytest.mark.asyncio
+async def test_task_id_of_a_partition_is_its_subtopology_and_partition_number(parked: Rig) -> None:
+    assert parked.manager.task_id_of(B1) == TaskId(0, 1)
+    assert parked.manager.task_id_of(C0) == TaskId(1, 0)
+
+
+@pytest.mark.asyncio
+async def test_fetched_records_go_to_the_task_of_their_partition(parked: Rig) -> None:
+    parked.manager.handle_assignment([A0, B0, C0])
+    stray = TopicPartition("a", 7)
+
+    total = parked.manager.add_records({A0: records(A0, 0, 2), C0: records(C0, 0, 1), stray: records(stray, 0, 3)})
+
+    tasks = parked.manager.tasks
+    assert total == 3  # the stray partition has no task here: its records are dropped
+    assert (tasks[TaskId(0, 0)].buffered(A0), tasks[TaskId(0, 0)].buffered(B0), tasks[TaskId(1, 0)].buffered()) == (
+        2, 0, 1)
+
+
+# -- revocation ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_revocation_closes_only_the_revoked_tasks_after_committing_their_positions(running: Rig) -> None:
+    manager = running.manager
+    manager.handle_assignment([A0, B0, C0])
+    revoked_task, kept_task = manager.tasks[TaskId(0, 0)], manager.tasks[TaskId(1, 0)]
+    manager.add_records({A0: records(A0, 0, 2), B0: records(B0, 0, 1), C0: records(C0, 0, 3)})
+    await processed(revoked_task, 3)
+    await processed(kept_task, 3)
+
+    await manager.handle_revocation([A0, B0], timeout=WAIT)
+
+    assert running.consumer.commits == [{A0: 2, B0: 1}]
+    assert revoked_task.state.state is TaskState.CLOSED
+    assert kept_task.state.state is TaskState.RUNNING
+    assert set(manager.tasks) == {TaskId(1, 0)}
+
+
+@pytest.mark.asyncio
+async def test_revoked_partitions_are_forgotten_so_later_records_for_them_are_dropped(running: Rig) -> None:
+    manager = running.manager
+    manager.handle_assignment([A0, B0, C0])
+
+    await manager.handle_revocation([A0, B0], timeout=WAIT)
+
+    assert manager.add_records({A0: records(A0, 0, 2)}) == 0
+    assert manager.task_id_of(A0) not in manager.tasks
+
+
+@pytest.mark.asyncio
+async def test_revocation_of_partitions_without_task_does_nothing(running: Rig) -> None:
+    running.manager.handle_assignment([C0])
+
+    await running.manager.handle_revocation([A0, B0], timeout=WAIT)
+
+    assert running.consumer.commits == []
+    assert set(running.manager.tasks) == {TaskId(1, 0)}
+
+
+@pytest.mark.asyncio
+async def test_revocation_whose_commit_fails_still_closes_the_tasks(running: Rig) -> None:
+    manager = running.manager
+    manager.handle_assignment([A0, B0])
+    task = manager.tasks[TaskId(0, 0)]
+    manager.add_records({A0: records(A0, 0, 1)})
+    await processed(task, 1)
+    running.consumer.fail_commits = True
+
+    await manager.handle_revocation([A0, B0], timeout=WAIT)
+
+    assert task.state.state is TaskState.CLOSED
+    assert manager.tasks == {}
+
+
+@pytest.mark.asyncio
+async def test_a_task_that_does_not_finish_its_record_in_time_is_closed_without_commit() -> None:
+    rig = make_rig(gated_c(), run=True)
+    try:
+        manager = rig.manager
+        manager.handle_assignment([A0, B0, C0])
+        stuck, done = manager.tasks[TaskId(1, 0)], manager.tasks[TaskId(0, 0)]
+        manager.add_records({A0: records(A0, 0, 1), C0: records(C0, 0, 1)})
+        await processed(done, 1)
+
+        await manager.close_tasks([stuck, done], clean=True, timeout=0.05)
+
+        assert rig.consumer.commits == []
+        assert stuck.state.state is TaskState.CLOSED
+        assert manager.tasks == {}
+    finally:
+        await rig.spawner.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_task_closed_dirty_ends_quietly_when_its_record_in_flight_completes() -> None:
+    rig = make_rig(gated_c(), run=True)
+    try:
+        manager = rig.manager
+        manager.handle_assignment([C0])
+        stuck = manager.tasks[TaskId(1, 0)]
+        gate = next(n.processor for n in stuck.graph.nodes if n.name == "gate")  # type: ignore[attr-defined]
+        manager.add_records({C0: records(C0, 0, 2)})
+        await eventually_async(lambda: stuck.context.offset == 0, timeout=WAIT, what="record 0 in flight")
+        await manager.close_tasks([stuck], clean=True, timeout=0.05)
+
+        gate.gate.set()  # the slow call the processor waited on finally returns
+        (outcome,) = await asyncio.wait_for(asyncio.gather(rig.spawner.runners[0], return_exceptions=True), WAIT)
+
+        assert outcome is None
+        assert stuck.processed == 0
+    finally:
+        await rig.spawner.stop()
+
+
+@pytest.mark.asyncio
+async def test_shutdown_closes_every_task_cleanly(running: Rig) -> None:
+    manager = running.manager
+    manager.handle_assignment([A0, B0, A1, B1, C0])
+    manager.add_records({A1: records(A1, 0, 2), C0: records(C0, 0, 1)})
+    await processed(manager.tasks[TaskId(0, 1)], 2)
+    await processed(manager.tasks[TaskId(1, 0)], 1)
+    tasks = list(manager.tasks.values())
+
+    await manager.shutdown(clean=True, timeout=WAIT)
+
+    assert running.consumer.commits == [{A1: 2, C0: 1}]
+    assert all(t.state.state is TaskState.CLOSED for t in tasks)
+    assert manager.tasks == {}
+
+
+@pytest.mark.asyncio
+async def test_dirty_shutdown_closes_every_task_without_commit(running: Rig) -> None:
+    manager = running.manager
+    manager.handle_assignment([A0, B0])
+    manager.add_records({A0: records(A0, 0, 2)})
+    await processed(manager.tasks[TaskId(0, 0)], 2)
+
+    await manager.shutdown(clean=False, timeout=WAIT)
+
+    assert running.consumer.commits == []
+    assert manager.tasks == {}
+
+
+# -- back-pressure ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_partition_is_not_paused_below_the_buffer_limit(parked: Rig) -> None:
+    parked.manager.handle_assignment([A0, B0])
+
+    parked.manager.add_records({A0: records(A0, 0, 3)})
+
+    assert parked.consumer.pauses == []
+
+
+@pytest.mark.asyncio
+async def test_partition_is_paused_once_its_task_holds_the_buffer_limit(parked: Rig) -> None:
+    parked.manager.handle_assignment([A0, B0])
+
+    parked.manager.add_records({A0: records(A0, 0, 3)})
+    parked.manager.add_records({A0: records(A0, 3, 1), B0: records(B0, 0, 1)})
+    parked.manager.add_records({A0: records(A0, 4, 2)})
+
+    assert parked.consumer.pauses == [A0]  # once, and only the full partition
+
+
+@pytest.mark.asyncio
+async def test_paused_partition_is_resumed_once_its_task_drained_to_half_the_limit() -> None:
+    limit = 2_000  # more than one chunk of records, so the task drains in several steps
+    rig = make_rig(two_subtopologies(), run=False, limit=limit)
+    try:
+        rig.manager.handle_assignment([A0, B0])
+        task = rig.manager.tasks[TaskId(0, 0)]
+        rig.manager.add_records({A0: records(A0, 0, limit)})
+        assert rig.consumer.pauses == [A0]
+
+        runner = asyncio.get_running_loop().create_task(task.run())
+        rig.spawner.runners.append(runner)
+        await processed(task, limit)
+
+        assert len(rig.consumer.resumes) == 1
+        tp, buffered_then = rig.consumer.resumes[0]
+        assert tp == A0 and buffered_then <= limit // 2
+        assert rig.consumer.paused() == set()
+    finally:
+        await rig.spawner.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_partition_is_paused_again_when_it_fills_up() -> None:
+    rig = make_rig(two_subtopologies(), run=True, limit=10)
+    try:
+        manager = rig.manager
+        manager.handle_assignment([A0, B0])
+        manager.add_records({A0: records(A0, 0, 10)})
+        await eventually_async(lambda: rig.consumer.resumes, timeout=WAIT, what="A0 resumed")
+
+        manager.add_records({A0: records(A0, 10, 10)})
+
+        assert rig.consumer.pauses == [A0, A0]
+    finally:
+        await rig.spawner.stop()

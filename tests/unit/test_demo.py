@@ -1,0 +1,31 @@
+"""The demo behind ``make demo`` runs end to end on the embedded broker and reports what it did."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine import demo
+from engine.transport.memory import MemoryBroker
+
+
+@pytest.fixture
+def fresh_demo_broker() -> Iterator[None]:
+    """The demo always uses ``memory://demo``: start from an empty broker and forget it afterwards."""
+    MemoryBroker.reset("demo")
+    yield
+    MemoryBroker.reset("demo")
+
+
+@pytest.mark.usefixtures("fresh_demo_broker")
+def test_demo_passes_its_check_and_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--orders", "400", "--rate", "100000"]) == 0
+
+    out = capsys.readouterr().out
+    assert "streamloop demo: 400 orders" in out
+    assert "In:  400 orders on 'orders'" in out
+    assert "Out: " in out and "on 'big-orders'" in out
+    assert "Thread " in out and "StreamThread-" in out
+    assert "the client closed cleanly (NOT_RUNNING)" in out
+    assert "Check: every kept order is in the output" in out
