@@ -45,7 +45,8 @@ from engine.errors import IllegalStateError, MissingSinkTopicError, MissingSourc
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.threads.registry import ThreadRegistry
-from engine.threads.stream_thread import StreamThread, StreamThreadState, ThreadMetadata
+from engine.tasks.task_id import TaskId
+from engine.threads.stream_thread import StreamThread, StreamThreadState, TaskMetadata, ThreadMetadata
 from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport import open_transport
@@ -437,6 +438,28 @@ class KafkaStreams:
     ) -> None:
         self.close()
 
+    # -- paused tasks ---------------------------------------------------------------
+    def resume(self, task_id: TaskId | str, skip: bool = False) -> bool:
+        """Resume a task that an error handler PAUSED, from the record that failed.
+
+        With ``skip=True`` the task goes on after that record (its offset + 1 is
+        committed). Returns False, doing nothing, when the task is not paused here.
+        Works from any thread, from a service's loop, and from a stream thread.
+        """
+        if isinstance(task_id, str):
+            task_id = TaskId.parse(task_id)
+        for thread in self._threads.snapshot():
+            if thread.is_alive and thread.resume_task(task_id, skip):
+                return True
+        return False
+
+    async def resume_async(self, task_id: TaskId | str, skip: bool = False) -> bool:
+        return await anyio.to_thread.run_sync(self.resume, task_id, skip)
+
+    def paused_local_tasks(self) -> set[TaskMetadata]:
+        """The tasks of this client's threads that are PAUSED (``is_running`` False)."""
+        return {t for m in self.metadata_for_local_threads() for t in m.active_tasks if not t.is_running}
+
     # -- inspection ------------------------------------------------------------------
     def metadata_for_local_threads(self) -> list[ThreadMetadata]:
         """Name, state, active tasks and cache size of each thread that is not DEAD."""
@@ -457,6 +480,11 @@ class KafkaStreams:
                                  float(thread.processed)))
             result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
                                  float(thread.cache_size)))
+            if thread.errors is not None:
+                result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags,
+                                     float(thread.errors.dropped)))
+                result.append(Metric("stream-thread-metrics", "paused-tasks-total", thread_tags,
+                                     float(thread.errors.paused)))
         return result
 
     def metric(self, name: str) -> float:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka.partitioner import murmur2
 
 from engine.errors import MissingSinkTopicError, ProduceError
-from engine.records import Record
+from engine.records import Headers, Record
 from engine.serdes import Serde
 from engine.topology.nodes import Partitioner
 from engine.transport.base import Producer
@@ -77,6 +77,17 @@ class RecordCollector:
             raise MissingSinkTopicError([topic])
         self._partitions[topic] = count
         self.send(topic, record, key_serde, value_serde, partitioner, node_name)
+
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
+                       headers: Headers) -> None:
+        """Send bytes as they are (dead letters), partitioned like any record."""
+        count = self._partitions.get(topic)
+        if count is None:
+            count = await self._lookup(topic)
+            if count is None:
+                raise MissingSinkTopicError([topic])
+            self._partitions[topic] = count
+        self.producer.append(topic, self.default_partition(topic, key, count), key, value, timestamp, headers)
 
     def default_partition(self, topic: str, key: bytes | None, count: int) -> int:
         """Kafka's default: murmur2 of the key bytes; records without key go round-robin."""

@@ -84,7 +84,7 @@ class Committer:
                 self.producer_failed = exc
             # One call covered every task: each one's timer starts (KIP-572); retry after the back-off.
             backoff = max((task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
-                           for task in tasks), default=0.0)
+                           for task in tasks if not task.is_paused), default=0.0)
             self._last_commit = self._clock_ms() - self._interval_ms + int(backoff * 1000)
             return 0
         for task, task_offsets in by_task:

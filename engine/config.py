@@ -10,6 +10,7 @@ settings meant for the clients can be passed through with the ``consumer.``,
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -82,6 +83,9 @@ BATCH_SIZE = "batch.size"
 ACKS = "acks"
 RETRIES = "retries"
 ERROR_SHUTDOWN_TIMEOUT_MS = "error.shutdown.timeout.ms"
+DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
+PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
+ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -129,6 +133,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(ACKS, str, "all", "Producer acks.", _one_of("all", "-1", "0", "1")),
     ConfigKey(ERROR_SHUTDOWN_TIMEOUT_MS, int, 30_000,
               "How long a shutdown caused by the uncaught-exception handler may take.", _at_least(0)),
+    ConfigKey(DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, object, "handlers.LogAndFailExceptionHandler",
+              "What to do with a record whose bytes cannot be read: a handler class, instance or dotted path."),
+    ConfigKey(PROCESSING_EXCEPTION_HANDLER, object, "handlers.LogAndFailProcessingExceptionHandler",
+              "What to do when a processor raises: a handler class, instance or dotted path."),
+    ConfigKey(ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME, (str, type(None)), None,
+              "Topic that receives every record an error handler was asked about (KIP-1034)."),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),
@@ -207,3 +217,27 @@ class StreamsConfig(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"StreamsConfig({self._values!r})"
+
+
+def load_handler(config: StreamsConfig, key: str) -> Any:
+    """The handler named by ``key``: an instance, a class, or a ``module.Name`` dotted path.
+
+    Raises ``ConfigError`` naming the key when it cannot be loaded or has no ``handle``.
+    """
+    value = config[key]
+    if isinstance(value, str):
+        module_name, _, attribute = value.rpartition(".")
+        if not module_name:
+            raise ConfigError(key, f"expected a dotted path like 'package.module.Handler', got {value!r}")
+        try:
+            value = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(key, f"cannot load {value!r}: {exc}") from exc
+    if isinstance(value, type):
+        value = value()
+    if not callable(getattr(value, "handle", None)):
+        raise ConfigError(key, f"{value!r} has no handle() method")
+    configure = getattr(value, "configure", None)
+    if callable(configure):
+        configure(config)
+    return value

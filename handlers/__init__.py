@@ -1,5 +1,21 @@
 """Error handlers: each decides with an answer; the engine acts on it."""
 
+from handlers.context import ErrorContext
+from handlers.dead_letter import DeadLetter, dead_letter
+from handlers.deserialization import (
+    DeserializationExceptionHandler,
+    DeserializationHandlerResponse,
+    LogAndContinueExceptionHandler,
+    LogAndFailExceptionHandler,
+    LogAndPauseExceptionHandler,
+)
+from handlers.processing import (
+    LogAndContinueProcessingExceptionHandler,
+    LogAndFailProcessingExceptionHandler,
+    LogAndPauseProcessingExceptionHandler,
+    ProcessingExceptionHandler,
+    ProcessingHandlerResponse,
+)
 from handlers.responses import StreamThreadExceptionResponse
 from handlers.uncaught import (
     StreamsUncaughtExceptionHandler,
@@ -9,8 +25,21 @@ from handlers.uncaught import (
 )
 
 __all__ = [
+    "DeadLetter",
+    "DeserializationExceptionHandler",
+    "DeserializationHandlerResponse",
+    "ErrorContext",
+    "LogAndContinueExceptionHandler",
+    "LogAndContinueProcessingExceptionHandler",
+    "LogAndFailExceptionHandler",
+    "LogAndFailProcessingExceptionHandler",
+    "LogAndPauseExceptionHandler",
+    "LogAndPauseProcessingExceptionHandler",
+    "ProcessingExceptionHandler",
+    "ProcessingHandlerResponse",
     "StreamThreadExceptionResponse",
     "StreamsUncaughtExceptionHandler",
+    "dead_letter",
     "replace_thread",
     "shutdown_application",
     "shutdown_client",

@@ -25,6 +25,7 @@ from engine.transport.base import Consumer
 
 from .task import StreamTask
 from .task_id import TaskId
+from .error_handling import ErrorHandling
 from .timeouts import TaskTimer, is_timeout
 
 
@@ -46,6 +47,8 @@ class TaskManager:
         buffered_per_partition: int,
         timer_factory: Callable[[TaskId, LogContext], TaskTimer] | None = None,
         monotonic_ms: Callable[[], int] | None = None,
+        errors: ErrorHandling | None = None,
+        on_tasks_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -59,6 +62,8 @@ class TaskManager:
         self._value_serde = value_serde
         self._limit = buffered_per_partition
         self._timer_factory = timer_factory
+        self._errors = errors
+        self._on_tasks_changed = on_tasks_changed
         self._monotonic_ms = monotonic_ms
         self.tasks: dict[TaskId, StreamTask] = {}
         self._by_partition: dict[TopicPartition, StreamTask] = {}
@@ -95,8 +100,42 @@ class TaskManager:
         graph = self._topology.build_task_graph(
             task_id.subtopology, context, self._collector, self._key_serde, self._value_serde
         )
-        return StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
+        task = StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
+        task.errors = self._errors
+        task.on_pause = self._on_pause
+        return task
+
+    # -- PAUSE / resume ------------------------------------------------------------
+    def _on_pause(self, task: StreamTask) -> None:
+        """Stop fetching the task's partitions; it stays assigned (and keeps polling alive)."""
+        self._consumer.pause(*task.partitions)
+        self._backpressured.difference_update(task.partitions)
+        self._on_tasks_changed()
+
+    async def resume(self, task_id: TaskId, skip: bool) -> bool:
+        """Run a PAUSED task again from the failed record (or past it with ``skip``).
+
+        Returns False, doing nothing, when the task is not here or not paused.
+        """
+        task = self.tasks.get(task_id)
+        if task is None or not task.is_paused:
+            return False
+        failed = task.paused_at
+        for tp in sorted(task.partitions):
+            position = task.position(tp)
+            if skip and failed is not None and tp == failed[0]:
+                position = failed[1] + 1
+            if position is None:
+                committed = await self._consumer.committed(tp)
+                position = committed.offset if committed is not None else None
+            if position is not None:
+                self._consumer.seek(tp, position)
+        task.resume(skip)
+        self._consumer.resume(*task.partitions)
+        self._log.info("Resumed task %s%s", task_id, " past the failed record" if skip else "")
+        self._on_tasks_changed()
+        return True
 
     async def handle_revocation(self, partitions: Iterable[TopicPartition], timeout: float) -> None:
         """Close the tasks of revoked partitions cleanly: finish, flush, commit, close."""

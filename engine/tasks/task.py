@@ -34,6 +34,7 @@ from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
 from .task_id import TaskId
+from .error_handling import ErrorHandling, FailureAction
 from .timeouts import TaskTimer, is_timeout
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,22 @@ class StreamTask:
         self.finished = asyncio.Event()
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
+        self.errors: ErrorHandling | None = None
+        self.on_pause: Callable[[StreamTask], None] | None = None
+        self.paused_at: tuple[TopicPartition, int] | None = None
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
 
     # -- input ----------------------------------------------------------------
     def add_records(self, partition: TopicPartition, records: Sequence[ConsumerRecord]) -> int:
-        """Buffer fetched records; returns how many this partition now holds."""
+        """Buffer fetched records; returns how many this partition now holds.
+
+        A paused task drops them: they were fetched before its partitions were
+        paused, and ``resume`` reads them again.
+        """
+        if self.state.state is TaskState.PAUSED:
+            return 0
         queue = self._queues[partition]
         queue.extend(records)
         self._buffered += len(records)
@@ -176,16 +186,28 @@ class StreamTask:
             ctx.offset = raw.offset
             ctx.timestamp = raw.timestamp
             ctx.headers = raw.headers
+            what = "key"
             try:
                 key = source.key_serde.deserialize(raw.key)
-            except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
-                raise DeserializationError(self.id, raw.topic, raw.partition, raw.offset, "key", exc) from exc
-            try:
+                what = "value"
                 value = source.value_serde.deserialize(raw.value)
-            except Exception as exc:  # noqa: BLE001
-                raise DeserializationError(self.id, raw.topic, raw.partition, raw.offset, "value", exc) from exc
+            except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
+                error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
+                error.__cause__ = exc
+                if self.errors is None:
+                    raise error from exc
+                action = await self.errors.on_deserialization_error(self.id, raw, error)
+                if action is FailureAction.FAIL:
+                    raise error from exc
+                if action is FailureAction.PAUSE:
+                    self._pause(raw)
+                    break
+                self._skip(queue, raw)
+                done += 1
+                continue
+            record = Record(key, value, raw.timestamp, raw.headers)
             try:
-                if forwarder.start(source, Record(key, value, raw.timestamp, raw.headers)):
+                if forwarder.start(source, record):
                     await forwarder.drain()
                     if self.state.state is TaskState.CLOSED:
                         return  # closed dirty while the record was in flight: nothing more to do
@@ -200,7 +222,19 @@ class StreamTask:
                 node = forwarder.node.name if forwarder.node is not None else source.name
                 forwarder.reset()
                 if not is_timeout(exc):
-                    raise ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc) from exc
+                    failure = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
+                    failure.__cause__ = exc
+                    if self.errors is None:
+                        raise failure from exc
+                    action = await self.errors.on_processing_error(self.id, raw, node, record, failure)
+                    if action is FailureAction.FAIL:
+                        raise failure from exc
+                    if action is FailureAction.PAUSE:
+                        self._pause(raw)
+                        break
+                    self._skip(queue, raw)
+                    done += 1
+                    continue
                 # The record stays at the head of its queue: it is retried, never skipped.
                 await self._back_off(exc, f"Processor '{node}' on {raw.topic}-{raw.partition} offset "
                                           f"{raw.offset}", started)
@@ -220,6 +254,55 @@ class StreamTask:
         self.processed += done
         if ctx.wall_clock_schedules.next_due() is not None:
             await self.maybe_punctuate_wall_clock()
+
+    def _skip(self, queue: deque[ConsumerRecord], raw: ConsumerRecord) -> None:
+        """A handler said CONTINUE: the record is dropped and its offset committed past."""
+        queue.popleft()
+        self._buffered -= 1
+        self._next_offsets[(raw.topic, raw.partition)] = raw.offset + 1  # type: ignore[index]
+
+    # -- PAUSE ------------------------------------------------------------------
+    def _pause(self, raw: ConsumerRecord) -> None:
+        """A handler said PAUSE: nothing more of this task is processed until ``resume``.
+
+        The failed record's offset becomes the partition's committable position, so
+        the commit that follows leaves the group at exactly that record. Buffered
+        records are dropped; ``resume`` seeks back to them.
+        """
+        tp = TopicPartition(raw.topic, raw.partition)
+        self.state.transition_to(TaskState.PAUSED)
+        self.paused_at = (tp, raw.offset)
+        self._next_offsets[tp] = raw.offset
+        for other, queue in self._queues.items():
+            if queue and other not in self._next_offsets:
+                # Nothing processed here yet: the dropped records start where fetching began.
+                self._next_offsets[other] = queue[0].offset
+            queue.clear()
+        self._buffered = 0
+        self.timer.clear()  # a paused task keeps no timer
+        self.context.commit_requested = True
+        self.log.error("Paused at %s offset %d; resume with KafkaStreams.resume(%s)", tp, raw.offset,
+                       f"'{self.id}'")
+        if self.on_pause is not None:
+            self.on_pause(self)
+
+    def position(self, partition: TopicPartition) -> int | None:
+        """The next offset to process on ``partition``, once one was processed (or failed)."""
+        return self._next_offsets.get(partition)
+
+    def resume(self, skip: bool) -> None:
+        """Caller: ``TaskManager.resume`` after it seeked the partitions back."""
+        if skip and self.paused_at is not None:
+            tp, offset = self.paused_at
+            self._next_offsets[tp] = offset + 1
+            self.context.commit_requested = True
+        self.paused_at = None
+        self.state.transition_to(TaskState.RUNNING)
+        self._wakeup.set()
+
+    @property
+    def is_paused(self) -> bool:
+        return self.state.state is TaskState.PAUSED
 
     async def _back_off(self, exc: BaseException, what: str, started: int) -> None:
         """Set this task aside for the back-off; the thread's other tasks run meanwhile."""

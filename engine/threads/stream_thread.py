@@ -33,7 +33,7 @@ from engine import config as cfg
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.config import StreamsConfig
+from engine.config import StreamsConfig, load_handler
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext, thread_log
@@ -43,6 +43,7 @@ from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
+from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.timeouts import TaskTimer, retry_on_timeout
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
@@ -80,6 +81,8 @@ class TaskMetadata:
 
     task_id: TaskId
     topic_partitions: frozenset[TopicPartition]
+    is_running: bool = True
+    """False while the task is PAUSED by an error handler."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class StreamThread:
         self._active: frozenset[TaskMetadata] = frozenset()
         self.processed = 0
         self._manager: TaskManager | None = None
+        self.errors: ErrorHandling | None = None
 
     # -- control, from any thread -------------------------------------------------
     def start(self) -> None:
@@ -269,6 +273,8 @@ class StreamThread:
                     config[cfg.BUFFERED_RECORDS_PER_PARTITION],
                     timer_factory=self._timer,
                     monotonic_ms=self._clock.monotonic_ms,
+                    errors=self.errors if self.errors is not None else self._error_handling(collector),
+                    on_tasks_changed=self._refresh_metadata,
                 )
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
@@ -285,6 +291,32 @@ class StreamThread:
                     self.commands.close()
                     await portal.stop(cancel_remaining=True)
                 group.cancel_scope.cancel()
+
+    def _error_handling(self, collector: RecordCollector) -> ErrorHandling:
+        config = self._config
+        self.errors = ErrorHandling(
+            load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
+            load_handler(config, cfg.PROCESSING_EXCEPTION_HANDLER),
+            config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
+            collector,
+        )
+        return self.errors
+
+    def resume_task(self, task_id: TaskId, skip: bool) -> bool:
+        """Resume a PAUSED task of this thread (loop-safe). From this thread's own loop the
+        resume is scheduled and the answer is whether the task was paused."""
+        if not any(t.task_id == task_id and not t.is_running for t in self._active):
+            return False
+        if self.commands.on_loop_thread:
+            self.commands.submit(self._resume, task_id, skip)
+            return True
+        try:
+            return self.commands.call(self._resume, task_id, skip)
+        except CommandRejected:
+            return False
+
+    async def _resume(self, task_id: TaskId, skip: bool) -> bool:
+        return self._manager is not None and await self._manager.resume(task_id, skip)
 
     def _timer(self, task_id: TaskId, log: LogContext) -> TaskTimer:
         config = self._config
@@ -394,7 +426,8 @@ class StreamThread:
     def _refresh_metadata(self) -> None:
         manager = self._manager
         if manager is not None:
-            self._active = frozenset(TaskMetadata(t.id, t.partitions) for t in manager.tasks.values())
+            self._active = frozenset(TaskMetadata(t.id, t.partitions, not t.is_paused)
+                                     for t in manager.tasks.values())
             self.assignor.owned_tasks = sorted(manager.tasks)
 
 

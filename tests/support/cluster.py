@@ -126,3 +126,21 @@ def by_partition(records: Iterable[ConsumerRecord]) -> dict[int, list[ConsumerRe
     for records in result.values():
         records.sort(key=lambda r: r.offset)
     return result
+
+
+async def committed_offset(cluster: Cluster, group: str, tp: TopicPartition) -> int | None:
+    """The group's committed offset of ``tp`` as the broker has it (no group membership needed)."""
+    if cluster.bootstrap.startswith("memory://"):
+        from engine.transport.memory import MemoryBroker
+
+        committed = MemoryBroker.for_url(cluster.bootstrap).committed(group, tp)
+        return None if committed is None else committed.offset
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as KafkaTopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(KafkaTopicPartition(tp.topic, tp.partition))
+    finally:
+        await consumer.stop()

@@ -1,0 +1,86 @@
+"""Asks the deserialization or processing exception handler about a failed record.
+
+Handlers decide (``FAIL``, ``CONTINUE``, ``PAUSE``); the task acts. A handler that
+raises or answers something else is a fatal user error, as in Kafka Streams.
+With ``errors.dead.letter.queue.topic.name`` set, the failed record's bytes go to
+that topic whatever the answer, through the task's own producer.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from engine.collector import RecordCollector
+from engine.errors import StreamsError, TaskError
+from engine.records import ConsumerRecord
+from handlers.context import ErrorContext
+from handlers.dead_letter import dead_letter
+from handlers.deserialization import DeserializationHandlerResponse
+from handlers.processing import ProcessingHandlerResponse
+
+from .task_id import TaskId
+
+
+class FailureAction(Enum):
+    FAIL = "fail"
+    CONTINUE = "continue"
+    PAUSE = "pause"
+
+
+class HandlerError(StreamsError):
+    """An error handler raised or gave no valid answer (fatal, like the error it handled)."""
+
+
+class ErrorHandling:
+    """One per stream thread; the counters are read by the client's metrics."""
+
+    def __init__(self, deserialization: Any, processing: Any, dlq_topic: str | None,
+                 collector: RecordCollector) -> None:
+        self._deserialization = deserialization
+        self._processing = processing
+        self._dlq_topic = dlq_topic
+        self._collector = collector
+        self.dropped = 0
+        self.paused = 0
+
+    async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> FailureAction:
+        context = _context(task_id, raw, None)
+        cause = error.__cause__ or error
+        try:
+            answer = self._deserialization.handle(context, raw, cause)
+        except Exception as exc:
+            raise HandlerError(f"Fatal user code error in deserialization error callback: {exc!r}") from exc
+        if not isinstance(answer, DeserializationHandlerResponse):
+            raise HandlerError(f"The deserialization exception handler answered {answer!r}, "
+                               "not a DeserializationHandlerResponse") from error
+        return await self._act(context, cause, FailureAction(answer.value))
+
+    async def on_processing_error(self, task_id: TaskId, raw: ConsumerRecord, node: str, record: Any,
+                                  error: TaskError) -> FailureAction:
+        context = _context(task_id, raw, node)
+        cause = error.__cause__ or error
+        try:
+            answer = self._processing.handle(context, record, cause)
+        except Exception as exc:
+            raise HandlerError(f"Fatal user code error in processing error callback: {exc!r}") from exc
+        if not isinstance(answer, ProcessingHandlerResponse):
+            raise HandlerError(f"The processing exception handler answered {answer!r}, "
+                               "not a ProcessingHandlerResponse") from error
+        return await self._act(context, cause, FailureAction(answer.value))
+
+    async def _act(self, context: ErrorContext, cause: BaseException, action: FailureAction) -> FailureAction:
+        if self._dlq_topic is not None:
+            letter = dead_letter(self._dlq_topic, context, cause)
+            await self._collector.send_raw(letter.topic, letter.key, letter.value, context.timestamp,
+                                           letter.headers)
+        if action is FailureAction.CONTINUE:
+            self.dropped += 1
+        elif action is FailureAction.PAUSE:
+            self.paused += 1
+        return action
+
+
+def _context(task_id: TaskId, raw: ConsumerRecord, node: str | None) -> ErrorContext:
+    return ErrorContext(task_id, raw.topic, raw.partition, raw.offset, raw.timestamp, tuple(raw.headers),
+                        raw.key, raw.value, node)

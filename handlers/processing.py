@@ -1,0 +1,62 @@
+"""Processing exception handlers: what to do when a user processor raises on a record.
+
+The answers mean what they mean for deserialization errors (``FAIL``,
+``CONTINUE``, ``PAUSE``). ``CONTINUE`` drops the record from the failing
+processor on; what was already forwarded downstream stays (as in KIP-1033).
+Timeouts never reach these handlers: ``task.timeout.ms`` retries them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+from handlers.context import ErrorContext
+
+log = logging.getLogger(__name__)
+
+
+class ProcessingHandlerResponse(Enum):
+    CONTINUE = "continue"
+    FAIL = "fail"
+    PAUSE = "pause"
+
+
+@runtime_checkable
+class ProcessingExceptionHandler(Protocol):
+    def configure(self, config: Mapping[str, Any]) -> None: ...
+
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse: ...
+
+
+class _Configurable:
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Nothing to configure."""
+
+
+class LogAndFailProcessingExceptionHandler(_Configurable):
+    """The default: log the error, then fail the thread."""
+
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
+        log.error("Processor %s failed, task %s, topic %s, partition %s, offset %s; failing",
+                  context.processor_node, context.task_id, context.topic, context.partition, context.offset,
+                  exc_info=exception)
+        return ProcessingHandlerResponse.FAIL
+
+
+class LogAndContinueProcessingExceptionHandler(_Configurable):
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
+        log.warning("Processor %s failed, task %s, topic %s, partition %s, offset %s; skipping the record",
+                    context.processor_node, context.task_id, context.topic, context.partition, context.offset,
+                    exc_info=exception)
+        return ProcessingHandlerResponse.CONTINUE
+
+
+class LogAndPauseProcessingExceptionHandler(_Configurable):
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
+        log.error("Processor %s failed, task %s, topic %s, partition %s, offset %s; pausing the task",
+                  context.processor_node, context.task_id, context.topic, context.partition, context.offset,
+                  exc_info=exception)
+        return ProcessingHandlerResponse.PAUSE

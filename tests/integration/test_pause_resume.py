@@ -1,0 +1,172 @@
+"""PAUSE as an error-handler answer, resume(task_id), CONTINUE and the dead-letter queue,
+on the memory broker and on real Kafka."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import ClientState, StreamsBuilder
+from engine.records import TopicPartition
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.tasks.task_id import TaskId
+from engine.testing import eventually_async
+from engine.transport.base import ProducerSettings
+from handlers import (
+    LogAndContinueExceptionHandler,
+    LogAndContinueProcessingExceptionHandler,
+    LogAndPauseExceptionHandler,
+    LogAndPauseProcessingExceptionHandler,
+)
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = pytest.mark.asyncio
+
+INT, JSON = IntegerSerde(), JsonSerde()
+BAD = b"{not json"
+
+
+def copy_topology(source: str, sink: str, fail_on: int | None = None):
+    def check(value: dict) -> dict:
+        if value["i"] == fail_on:
+            raise ValueError(f"cannot handle record {value['i']}")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(check, name="check")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    return builder.build()
+
+
+async def produce(cluster: Cluster, topic: str, items: list[tuple[int, int, bytes]]) -> None:
+    """``(partition, key, raw value)`` triples, in order."""
+    producer = cluster.transport.producer(ProducerSettings("pause-test-producer"))
+    await producer.start()
+    for partition, key, raw in items:
+        producer.append(topic, partition, INT.serialize(key), raw, None, ())
+    await producer.flush()
+    await producer.close()
+
+
+def good(i: int) -> bytes:
+    return JSON.serialize({"i": i})
+
+
+async def two_partitions_with_a_bad_record(cluster: Cluster, names) -> tuple[str, str]:
+    """Partition 0: records 0..2, a bad one at offset 3, records 4..5. Partition 1: 100..109."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 2, sink: 2})
+    items = [(0, 0, good(i)) for i in range(3)] + [(0, 0, BAD)] + [(0, 0, good(i)) for i in (4, 5)]
+    items += [(1, 1, good(100 + i)) for i in range(10)]
+    await produce(cluster, source, items)
+    return source, sink
+
+
+def values(records: list) -> list[int]:
+    return sorted(JSON.deserialize(r.value)["i"] for r in records)
+
+
+async def test_pause_stops_only_that_task_and_commits_up_to_the_failed_record(cluster: Cluster, names) -> None:
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    streams = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndPauseExceptionHandler)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "a paused task")
+        (paused,) = streams.paused_local_tasks()
+        assert paused.task_id == TaskId(0, 0) and not paused.is_running
+        output = await cluster.read(sink, 13)
+        assert values(output) == [0, 1, 2] + list(range(100, 110))
+        await eventually_async(
+            lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 3), 30, "commit at offset 3")
+        assert streams.state is ClientState.RUNNING
+        assert streams.metric("failed-stream-threads") == 0
+        assert len(await cluster.read_all(sink)) == 13  # nothing after the pause
+
+
+async def _committed_is(cluster: Cluster, group: str, tp: TopicPartition, offset: int) -> bool:
+    return await committed_offset(cluster, group, tp) == offset
+
+
+async def test_resume_retries_the_failed_record_and_skip_goes_past_it(cluster: Cluster, names) -> None:
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    streams = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndPauseExceptionHandler)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "a paused task")
+        assert not await streams.resume_async("0_1")  # not paused: no action
+        assert await streams.resume_async(TaskId(0, 0))  # the record is still bad: pauses again
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "paused again")
+        assert streams.metrics()  # metrics stay readable while paused
+        assert await streams.resume_async("0_0", skip=True)
+        output = await cluster.read(sink, 15)
+        assert values(output) == [0, 1, 2, 4, 5] + list(range(100, 110))
+        assert not streams.paused_local_tasks()
+        await eventually_async(
+            lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 6), 30, "commit past the end")
+
+
+async def test_a_restarted_app_starts_from_the_failed_record(cluster: Cluster, names) -> None:
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    config = {"default_deserialization_exception_handler": LogAndPauseExceptionHandler}
+    first = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app, **config)
+    async with first:
+        await eventually_async(lambda: first.paused_local_tasks(), 30, "a paused task")
+        await eventually_async(
+            lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 3), 30, "commit at offset 3")
+    second = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app, **config)
+    async with second:
+        await eventually_async(lambda: second.paused_local_tasks(), 30, "paused again after the restart")
+    assert values(await cluster.read_all(sink)) == [0, 1, 2] + list(range(100, 110))  # none processed twice
+
+
+async def test_continue_drops_the_bad_record_counts_it_and_commits_past_it(cluster: Cluster, names) -> None:
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    streams = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndContinueExceptionHandler)
+    async with streams:
+        output = await cluster.read(sink, 15)
+        assert values(output) == [0, 1, 2, 4, 5] + list(range(100, 110))
+        dropped = sum(m.value for m in streams.metrics() if m.name == "dropped-records-total")
+        assert dropped == 1
+        await eventually_async(
+            lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 6), 30, "commit past the end")
+
+
+async def test_processing_errors_go_to_the_processing_handler(cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await produce(cluster, source, [(0, 0, good(i)) for i in range(6)])
+    streams = make_streams(copy_topology(source, sink, fail_on=2), cluster.bootstrap, names.app,
+                           processing_exception_handler=LogAndPauseProcessingExceptionHandler)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "paused by the processing handler")
+        assert values(await cluster.read(sink, 2)) == [0, 1]
+        assert await streams.resume_async("0_0", skip=True)
+        assert values(await cluster.read(sink, 5)) == [0, 1, 3, 4, 5]
+    again = make_streams(copy_topology(source, sink, fail_on=4), cluster.bootstrap, names("other-app"),
+                         processing_exception_handler=LogAndContinueProcessingExceptionHandler)
+    async with again:
+        await eventually_async(lambda: _len_at_least(cluster, sink, 5 + 5), 30, "the second app's output")
+    assert values(await cluster.read_all(sink)) == sorted([0, 1, 3, 4, 5] + [0, 1, 2, 3, 5])
+
+
+async def _len_at_least(cluster: Cluster, topic: str, count: int) -> bool:
+    return len(await cluster.read_all(topic)) >= count
+
+
+async def test_failed_records_go_to_the_dead_letter_queue_with_error_headers(cluster: Cluster, names) -> None:
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    dlq = names("dlq")
+    await cluster.create_topics({dlq: 1})
+    streams = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndContinueExceptionHandler,
+                           errors_dead_letter_queue_topic_name=dlq)
+    async with streams:
+        (letter,) = await cluster.read(dlq, 1)
+    assert letter.value == BAD and INT.deserialize(letter.key) == 0
+    headers = dict(letter.headers)
+    assert headers["__streams.errors.topic"] == source.encode()
+    assert headers["__streams.errors.partition"] == b"0"
+    assert headers["__streams.errors.offset"] == b"3"
+    assert b"JSONDecodeError" in headers["__streams.errors.exception"]
