@@ -40,7 +40,7 @@ from anyio.from_thread import start_blocking_portal
 
 from engine import config as cfg
 from engine.clock import SYSTEM_CLOCK, Clock
-from engine.config import StreamsConfig
+from engine.config import StreamsConfig, load_handler
 from engine.errors import IllegalStateError, MissingSinkTopicError, MissingSourceTopicError, StreamsTimeoutError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
@@ -105,6 +105,9 @@ class KafkaStreams:
         if not isinstance(topology, Topology):
             raise TypeError(f"KafkaStreams needs a Topology (StreamsBuilder().build()), got {type(topology).__name__}")
         self.config = StreamsConfig(config)
+        # Load the handlers once here so a bad one is a ConfigError now, not a thread death later.
+        for key in (cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, cfg.PROCESSING_EXCEPTION_HANDLER):
+            load_handler(self.config, key)
         topology.validate()
         self.topology = topology
         self._clock = clock
@@ -480,6 +483,9 @@ class KafkaStreams:
                                  float(thread.processed)))
             result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
                                  float(thread.cache_size)))
+            for task_id, lag in thread.task_lag.items():
+                result.append(Metric("stream-task-metrics", "records-lag", {**thread_tags, "task-id": str(task_id)},
+                                     float(lag)))
             if thread.errors is not None:
                 result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags,
                                      float(thread.errors.dropped)))

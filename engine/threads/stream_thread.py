@@ -145,6 +145,8 @@ class StreamThread:
         self.processed = 0
         self._manager: TaskManager | None = None
         self.errors: ErrorHandling | None = None
+        self.task_lag: dict[TaskId, int] = {}
+        self._next_lag_ms = 0
 
     # -- control, from any thread -------------------------------------------------
     def start(self) -> None:
@@ -360,6 +362,35 @@ class StreamThread:
                 await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
                 break
+            await self._maybe_measure_lag(consumer, manager)
+
+    async def _maybe_measure_lag(self, consumer: object, manager: TaskManager) -> None:
+        """Consumer lag per task (log end minus next offset to process), at most once a second.
+
+        A paused task's lag keeps growing here, which is how operators see it.
+        """
+        now = self._clock.monotonic_ms()
+        if now < self._next_lag_ms or not manager.tasks:
+            return
+        self._next_lag_ms = now + max(1_000, self._config[cfg.COMMIT_INTERVAL_MS])
+        tasks = list(manager.tasks.values())
+        partitions = [tp for task in tasks for tp in task.partitions]
+        try:
+            ends = await consumer.end_offsets(partitions)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - a metric must never fail the thread
+            self.log.debug("Could not read end offsets for the lag metric: %r", exc)
+            return
+        lag: dict[TaskId, int] = {}
+        for task in tasks:
+            total = 0
+            for tp in task.partitions:
+                position = task.position(tp)
+                if position is None:
+                    committed = await consumer.committed(tp)  # type: ignore[attr-defined]
+                    position = committed.offset if committed is not None else 0
+                total += max(0, ends.get(tp, position) - position)
+            lag[task.id] = total
+        self.task_lag = lag
 
     async def _replace_producer(self) -> None:
         """Swap in a fresh producer; the failed one's unsent records are given up (they are re-made)."""

@@ -82,6 +82,14 @@ async def test_pause_stops_only_that_task_and_commits_up_to_the_failed_record(cl
         assert streams.state is ClientState.RUNNING
         assert streams.metric("failed-stream-threads") == 0
         assert len(await cluster.read_all(sink)) == 13  # nothing after the pause
+        await produce(cluster, source, [(0, 0, good(i)) for i in range(6, 9)])
+
+        def lag_of_paused_task() -> float:
+            return sum(m.value for m in streams.metrics()
+                       if m.name == "records-lag" and m.tags.get("task-id") == "0_0")
+
+        # The bad record, the two after it and the three new ones wait: the lag shows it.
+        await eventually_async(lambda: lag_of_paused_task() == 6, 30, "the paused task's lag grows to 6")
 
 
 async def _committed_is(cluster: Cluster, group: str, tp: TopicPartition, offset: int) -> bool:
@@ -170,3 +178,32 @@ async def test_failed_records_go_to_the_dead_letter_queue_with_error_headers(clu
     assert headers["__streams.errors.partition"] == b"0"
     assert headers["__streams.errors.offset"] == b"3"
     assert b"JSONDecodeError" in headers["__streams.errors.exception"]
+
+
+async def test_a_handler_that_raises_is_fatal(cluster: Cluster, names) -> None:
+    class Broken:
+        def configure(self, config: object) -> None:
+            pass
+
+        def handle(self, context, record, exception):
+            raise RuntimeError("handler bug")
+
+    source, sink = await two_partitions_with_a_bad_record(cluster, names)
+    errors: list[BaseException] = []
+    streams = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=Broken)
+    streams.set_uncaught_exception_handler(lambda exc: errors.append(exc) or _shutdown_client())
+    await streams.start_async()
+    try:
+        assert await streams.wait_for_state_async(ClientState.ERROR, timeout=30)
+    finally:
+        await streams.close_async()
+    assert "Fatal user code error in deserialization error callback" in str(errors[0])
+    assert isinstance(errors[0].__cause__, RuntimeError)
+
+
+def _shutdown_client():
+    from handlers import StreamThreadExceptionResponse
+
+    return StreamThreadExceptionResponse.SHUTDOWN_CLIENT
+
