@@ -249,13 +249,16 @@ class KafkaStreams:
             share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
             self.log.info("Adding %s; %d live threads, cache size per thread %d",
                           thread.name, len(self._threads.alive()), share)
-        if not self.state.is_running_or_rebalancing():
-            # The client stopped meanwhile: take the thread back out.
-            self._threads.remove(thread)
-            self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-            return None
-        thread.start()
-        return thread.name
+        with self._state.lock:
+            # close() changes the state under this lock before it lists the threads
+            # to shut down, so a thread started here is always on that list.
+            if self.state.is_running_or_rebalancing():
+                thread.start()
+                return thread.name
+        # The client stopped meanwhile: take the thread back out.
+        self._threads.remove(thread)
+        self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
+        return None
 
     async def add_stream_thread_async(self) -> str | None:
         return await anyio.to_thread.run_sync(self.add_stream_thread)

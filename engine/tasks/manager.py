@@ -222,8 +222,18 @@ class TaskManager:
         for task in tasks:
             if cause is not None and not task.timer.running:
                 task.timer.on_timeout(cause, "Produce", 0, cleared_by_processing=False)
+        started = self._monotonic_ms() if self._monotonic_ms is not None else 0
+        try:
+            await replace_producer()
+        except Exception as exc:
+            if not is_timeout(exc):
+                raise
+            # The broker is still out of reach: charge the timers and try again on the next loop.
+            backoff = max((t.timer.on_timeout(exc, "Starting a new producer", started, cleared_by_processing=False)
+                           for t in tasks if not t.is_paused), default=0.1)
+            await asyncio.sleep(backoff)
+            return
         await self.close_tasks(tasks, clean=False, timeout=timeout)
-        await replace_producer()
         self._committer.producer_failed = None
         for tp in partitions:
             committed = await self._consumer.committed(tp)

@@ -7,8 +7,9 @@ times out too, ``TaskTimeoutError`` goes to the uncaught-exception handler.
 ``task.timeout.ms = 0`` means no retry at all.
 
 Timeouts are: the builtin ``TimeoutError`` (so ``asyncio`` timeouts too),
-aiokafka's ``KafkaTimeoutError``, ``RequestTimedOutError``, ``NodeNotReadyError``
-and ``KafkaConnectionError``, and a ``TransportError`` caused by any of them.
+aiokafka's ``KafkaTimeoutError``, ``RequestTimedOutError``, ``NodeNotReadyError``,
+``KafkaConnectionError`` and ``UnknownTopicOrPartitionError`` (a metadata wait that
+ran out), and a ``TransportError`` caused by any of them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ _CLIENT_TIMEOUTS: tuple[type[BaseException], ...] = (
     kafka_errors.RequestTimedOutError,
     kafka_errors.NodeNotReadyError,
     kafka_errors.KafkaConnectionError,
+    # aiokafka's producer reports "no metadata for the topic within request.timeout.ms" so;
+    # the Java producer raises a TimeoutException for the same wait (max.block.ms).
+    kafka_errors.UnknownTopicOrPartitionError,
 )
 
 

@@ -145,6 +145,9 @@ class StreamThread:
         self.processed = 0
         self._manager: TaskManager | None = None
         self.errors: ErrorHandling | None = None
+        self._task_failure: BaseException | None = None
+        self._body_error: BaseException | None = None
+        self._failure_reported = False
         self.task_lag: dict[TaskId, int] = {}
         self._next_lag_ms = 0
 
@@ -213,17 +216,23 @@ class StreamThread:
             anyio.run(self._run, backend="asyncio")
         except BaseException as exc:  # noqa: BLE001 - every death is reported to the client
             self.error = _unwrap(exc)
-        if self.error is not None:
-            self.log.error("Encountered the following exception during processing and the thread is "
-                           "going to shut down: %r", self.error, exc_info=self.error)
-            self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
-            try:
-                self._on_failure(self, self.error)
-            except BaseException:  # noqa: BLE001
-                self.log.exception("The failure handler raised")
+        if self.error is not None and not self._failure_reported:
+            # Failed before its loop could report it (e.g. the loop itself broke).
+            self._report_failure(self.error)
         self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
         self.state.transition_to(StreamThreadState.DEAD)
         self.log.info("Shutdown complete")
+
+    def _report_failure(self, error: BaseException) -> None:
+        """Log the death and let the client's uncaught-exception handler decide (once)."""
+        self._failure_reported = True
+        self.log.error("Encountered the following exception during processing and the thread is "
+                       "going to shut down: %r", error, exc_info=error)
+        self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+        try:
+            self._on_failure(self, error)
+        except BaseException:  # noqa: BLE001
+            self.log.exception("The failure handler raised")
 
     async def _run(self) -> None:
         config = self._config
@@ -284,8 +293,18 @@ class StreamThread:
                 started.append(consumer)
                 await self._poll_loop(consumer, manager)
                 clean = True
+            except BaseException as exc:
+                self._body_error = exc
+                raise
             finally:
                 with CancelScope(shield=True):
+                    failure = self._task_failure or _real_error(self._body_error)
+                    if failure is not None:
+                        # As in Kafka Streams the handler runs on the failing thread before the
+                        # shutdown completes: this member still owns its tasks, so no one else
+                        # takes the failed record over meanwhile. It blocks this loop, which only
+                        # has a dying thread's clean-up left to do.
+                        self._report_failure(failure)
                     if producer in started and self._producer is not producer:
                         started[started.index(producer)] = self._producer
                         producer = self._producer
@@ -397,7 +416,11 @@ class StreamThread:
         collector = self._collector
         old = collector.producer
         new = self._transport.producer(self._producer_settings)
-        await new.start()
+        try:
+            await new.start()
+        except BaseException:
+            await new.close()
+            raise
         collector.producer = new
         self._producer = new
         try:
@@ -408,7 +431,12 @@ class StreamThread:
     async def _run_task(self, task: StreamTask) -> None:
         with CancelScope() as scope:
             task.cancel_scope = scope
-            await task.run()
+            try:
+                await task.run()
+            except Exception as exc:
+                if self._task_failure is None:
+                    self._task_failure = exc
+                raise
 
     async def _close(self, consumer: object, producer: object, admin: object,
                      started: list[object], clean: bool) -> None:
@@ -464,6 +492,14 @@ class StreamThread:
 
 def _serde(value: object, key: str) -> object:
     return BytesSerde() if value is None else as_serde(value, key)
+
+
+def _real_error(exc: BaseException | None) -> BaseException | None:
+    """The error that ended the loop, unless it was only cancellation (a task's failure or a shutdown)."""
+    if exc is None:
+        return None
+    exc = _unwrap(exc)
+    return None if isinstance(exc, asyncio.CancelledError) else exc
 
 
 def _unwrap(exc: BaseException) -> BaseException:

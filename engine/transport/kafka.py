@@ -691,8 +691,9 @@ class KafkaConsumer:
         tp = _aio_tp(partition)
         try:
             # Consumer.committed() drops the metadata; the coordinator keeps it.
-            found = await consumer._coordinator.fetch_committed_offsets([tp])
-        except aioerrors.KafkaError as exc:
+            found = await asyncio.wait_for(consumer._coordinator.fetch_committed_offsets([tp]),
+                                           self._settings.request_timeout_ms / 1000)
+        except (aioerrors.KafkaError, TimeoutError) as exc:
             raise _transport_error(exc, f"committed offset of {partition}") from exc
         entry = found.get(tp)
         if entry is None or entry.offset < 0:
@@ -709,7 +710,11 @@ class KafkaConsumer:
             _aio_tp(tp): AioOffsetAndMetadata(om.offset, om.metadata) for tp, om in offsets.items()
         }
         try:
-            await consumer.commit(payload)
+            # aiokafka retries a commit with no deadline of its own (a stalled coordinator
+            # hangs it for good); bound it like Java's commitSync is bounded by its API timeout.
+            await asyncio.wait_for(consumer.commit(payload), self._settings.request_timeout_ms / 1000)
+        except TimeoutError as exc:
+            raise _transport_error(exc, "commit") from exc
         except (aioerrors.CommitFailedError, aioerrors.IllegalStateError) as exc:
             # CommitFailedError: the group rebalanced (UnknownMemberId,
             # IllegalGeneration, RebalanceInProgress). IllegalStateError: the

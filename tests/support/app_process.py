@@ -1,0 +1,99 @@
+"""Run one streams client in its own process, for tests that need several processes.
+
+    python -m tests.support.app_process --bootstrap HOST:PORT --application-id APP \\
+        --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION]
+
+The app reads int keys and JSON values ``{"n": int}`` from ``--source`` and writes
+``{"n": n}`` to ``--sink``; a value with ``"poison": true`` makes it raise, every
+time. The uncaught-exception handler answers ``--response``. The process prints
+one JSON object per line on stdout and exits once the client is in a terminal
+state (ERROR or NOT_RUNNING), or on SIGTERM after closing it:
+
+    {"event": "state", "state": "RUNNING"}    each client state change
+    {"event": "tasks", "count": 1}            the number of local active tasks, when it changes
+    {"event": "processed", "n": 2}            each value the app saw (before it could fail)
+    {"event": "handler", "error": "..."}      each call of the handler
+    {"event": "final", "state": "ERROR"}      last line: the state the client ended in
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.serdes import IntegerSerde, JsonSerde
+from handlers import StreamThreadExceptionResponse
+from tests.support.apps import streams_config
+
+_print_lock = threading.Lock()
+
+
+def emit(event: str, **fields: Any) -> None:
+    with _print_lock:
+        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+class PoisonedValue(RuntimeError):
+    pass
+
+
+def see(_key: int, value: dict[str, Any]) -> None:
+    emit("processed", n=value["n"])
+    if value.get("poison"):
+        raise PoisonedValue(f"poison value {value['n']}")
+
+
+def build(args: argparse.Namespace) -> KafkaStreams:
+    builder = StreamsBuilder()
+    (builder.stream(args.source, key_serde=IntegerSerde(), value_serde=JsonSerde())
+            .peek(see)
+            .map_values(lambda value: {"n": value["n"]})
+            .to(args.sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
+    config = streams_config(args.bootstrap, args.application_id, num_stream_threads=args.threads)
+    streams = KafkaStreams(builder.build(), config)
+    response = StreamThreadExceptionResponse[args.response]
+
+    def handler(exc: BaseException) -> StreamThreadExceptionResponse:
+        emit("handler", error=repr(exc))
+        return response
+
+    streams.set_uncaught_exception_handler(handler)
+    streams.set_state_listener(lambda new, _old: emit("state", state=new.name))
+    return streams
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.support.app_process")
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--application-id", required=True)
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--sink", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--response", default="SHUTDOWN_APPLICATION",
+                        choices=[r.name for r in StreamThreadExceptionResponse])
+    args = parser.parse_args(argv)
+
+    streams = build(args)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    streams.start()
+    terminal = (ClientState.ERROR, ClientState.NOT_RUNNING)
+    tasks = -1
+    while not stop.is_set() and not streams.wait_for_state(*terminal, timeout=0.1):
+        count = sum(len(t.active_tasks) for t in streams.metadata_for_local_threads())
+        if count != tasks:
+            tasks = count
+            emit("tasks", count=count)
+    streams.close(timeout=60)
+    emit("final", state=streams.state.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
