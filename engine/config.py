@@ -241,3 +241,21 @@ def load_handler(config: StreamsConfig, key: str) -> Any:
     if callable(configure):
         configure(config)
     return value
+
+
+def reference_markdown() -> str:
+    """The configuration reference page (``docs/configuration.md``), made from ``KEYS``."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key `StreamsConfig` reads, with its default. Keys keep Kafka Streams' dotted names;",
+        "`consumer.*`, `producer.*`, `admin.*` and `spark.*` keys pass through to the clients.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    for key in KEYS:
+        default = "<tempdir>/streamloop" if key.name == STATE_DIR else key.default
+        note = f" *Deprecated: {key.deprecated}.*" if key.deprecated else ""
+        lines.append(f"| `{key.name}` | `{default!r}` | {key.doc}{note} |")
+    return "\n".join(lines) + "\n"
