@@ -24,6 +24,7 @@ stream thread (a processor or a handler) without deadlock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -51,6 +52,15 @@ from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport import open_transport
 from handlers.responses import StreamThreadExceptionResponse
+
+
+def _on_running_loop() -> bool:
+    """Whether the caller runs on an event loop (a coroutine's or a plain processor's code)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class ClientState(Enum):
@@ -267,8 +277,12 @@ class KafkaStreams:
         """Shut down one alive stream thread gracefully and return its name.
 
         Returns None when no thread is alive. A thread may remove itself (from a
-        processor or handler); then the call returns without waiting. Raises
-        ``StreamsTimeoutError`` if the thread is not dead within ``timeout`` seconds.
+        processor or handler); then the call returns without waiting. Called on a
+        stream thread's running loop (a plain processor), it does not wait either:
+        it returns once the shutdown has started, and the removed thread keeps its
+        index until it is DEAD (``remove_stream_thread_async`` waits without blocking).
+        Otherwise raises ``StreamsTimeoutError`` if the thread is not dead within
+        ``timeout`` seconds.
         """
         if not self.state.is_running_or_rebalancing():
             self.log.warning("Cannot remove a stream thread in state %s", self.state.name)
@@ -286,6 +300,12 @@ class KafkaStreams:
             self.log.info("Removing %s; cache size per thread %d", victim.name, share)
         if victim is current:
             return victim.name  # waiting for ourselves would deadlock
+        if current is not None and _on_running_loop():
+            # Waiting would block this stream thread's loop, and the victim may only be
+            # able to leave once this thread has rejoined a rebalance in progress (its
+            # consumer's close waits for its JoinGroup): it would hang until this thread
+            # is evicted from the group.
+            return victim.name
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not victim.join(remaining):
             raise StreamsTimeoutError(f"Thread {victim.name} did not stop within {timeout} s")
@@ -345,6 +365,11 @@ class KafkaStreams:
         Someone has to rejoin to carry the request: with no other live thread, add one.
         """
         carriers = [t for t in self._threads.alive() if t is not thread]
+        if not carriers and thread.can_carry_shutdown_request():
+            # The failing thread is still a member: it rejoins with the request itself before it
+            # leaves, so no rebalance can hand its task to another instance in between.
+            thread.carry_shutdown_request_on_exit()
+            return
         if not carriers:
             # As add_stream_thread, but flagged before it starts: a first join without the
             # request could win an ordinary assignment, the failed task included.

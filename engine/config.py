@@ -83,6 +83,8 @@ BATCH_SIZE = "batch.size"
 ACKS = "acks"
 RETRIES = "retries"
 ERROR_SHUTDOWN_TIMEOUT_MS = "error.shutdown.timeout.ms"
+NUM_THREADS_PER_TASK = "num.threads.per.task"
+PROCESSING_ORDERING = "processing.ordering"
 DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
 PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
@@ -131,6 +133,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(LINGER_MS, int, 5, "Producer linger.", _at_least(0)),
     ConfigKey(BATCH_SIZE, int, 64 * 1024, "Producer batch size in bytes.", _at_least(1)),
     ConfigKey(ACKS, str, "all", "Producer acks.", _one_of("all", "-1", "0", "1")),
+    ConfigKey(NUM_THREADS_PER_TASK, int, 1,
+              "Records of one task processed at the same time (async processors run as concurrent "
+              "coroutines); 1 processes them one by one.", _at_least(1)),
+    ConfigKey(PROCESSING_ORDERING, str, "partition",
+              "With num.threads.per.task > 1: 'partition' keeps output in offset order, 'key' keeps "
+              "each key's records in order, 'unordered' keeps none.", _one_of("partition", "key", "unordered")),
     ConfigKey(ERROR_SHUTDOWN_TIMEOUT_MS, int, 30_000,
               "How long a shutdown caused by the uncaught-exception handler may take.", _at_least(0)),
     ConfigKey(DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, object, "handlers.LogAndFailExceptionHandler",

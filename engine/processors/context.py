@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.processors.api import Cancellable, PunctuationType
@@ -12,6 +13,11 @@ from engine.topology.nodes import Forwarder, Node
 
 if TYPE_CHECKING:
     from engine.tasks.task_id import TaskId
+
+
+# The record in flight on this coroutine when a task runs several at once (see
+# engine.tasks.in_flight); None when records of a task are processed one by one.
+CURRENT: ContextVar[Any] = ContextVar("streamloop_record_in_flight", default=None)
 
 
 class TaskContext:
@@ -60,23 +66,28 @@ class NodeContext:
 
     @property
     def topic(self) -> str | None:
-        return self._task.topic
+        slot = CURRENT.get()
+        return self._task.topic if slot is None else slot.raw.topic
 
     @property
     def partition(self) -> int | None:
-        return self._task.partition
+        slot = CURRENT.get()
+        return self._task.partition if slot is None else slot.raw.partition
 
     @property
     def offset(self) -> int | None:
-        return self._task.offset
+        slot = CURRENT.get()
+        return self._task.offset if slot is None else slot.raw.offset
 
     @property
     def timestamp(self) -> int:
-        return self._task.timestamp
+        slot = CURRENT.get()
+        return self._task.timestamp if slot is None else slot.raw.timestamp
 
     @property
     def headers(self) -> Headers:
-        return self._task.headers
+        slot = CURRENT.get()
+        return self._task.headers if slot is None else slot.raw.headers
 
     def forward(self, record: Record, to: str | None = None) -> None:
         children = self._node.children

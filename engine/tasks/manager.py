@@ -26,6 +26,7 @@ from engine.transport.base import Consumer
 from .task import StreamTask
 from .task_id import TaskId
 from .error_handling import ErrorHandling
+from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
 from .timeouts import TaskTimer, is_timeout
 
 
@@ -49,6 +50,8 @@ class TaskManager:
         monotonic_ms: Callable[[], int] | None = None,
         errors: ErrorHandling | None = None,
         on_tasks_changed: Callable[[], None] = lambda: None,
+        threads_per_task: int = 1,
+        ordering: str = "partition",
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -63,6 +66,8 @@ class TaskManager:
         self._limit = buffered_per_partition
         self._timer_factory = timer_factory
         self._errors = errors
+        self._threads_per_task = threads_per_task
+        self._ordering = ordering
         self._on_tasks_changed = on_tasks_changed
         self._monotonic_ms = monotonic_ms
         self.tasks: dict[TaskId, StreamTask] = {}
@@ -97,11 +102,19 @@ class TaskManager:
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
         context = TaskContext(self._application_id, task_id, self._clock_ms)
+        collector: RecordCollector | HeldCollector = self._collector
+        if self._threads_per_task > 1:
+            # Each record in flight gets its own forwarding state and holds its output.
+            context.forwarder = ContextualForwarder()
+            collector = HeldCollector(self._collector)
         graph = self._topology.build_task_graph(
-            task_id.subtopology, context, self._collector, self._key_serde, self._value_serde
+            task_id.subtopology, context, collector, self._key_serde, self._value_serde  # type: ignore[arg-type]
         )
         task = StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
+        if isinstance(collector, HeldCollector):
+            task.window = InFlightWindow(task, self._threads_per_task, self._ordering, collector,
+                                         self._consumer.committed)
         task.errors = self._errors
         task.on_pause = self._on_pause
         return task

@@ -35,6 +35,7 @@ from engine.transport.base import OffsetAndMetadata
 
 from .task_id import TaskId
 from .error_handling import ErrorHandling, FailureAction
+from .in_flight import InFlightWindow, RecordSlot
 from .timeouts import TaskTimer, is_timeout
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,9 @@ class StreamTask:
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
         self.errors: ErrorHandling | None = None
+        # Set by the manager when num.threads.per.task > 1: records then run concurrently.
+        self.window: InFlightWindow | None = None
+        self._done_high: dict[TopicPartition, int] = {}
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
 
@@ -134,6 +138,9 @@ class StreamTask:
     async def run(self) -> None:
         self.state.transition_to(TaskState.RUNNING)
         try:
+            if self.window is not None:
+                await self.window.run()
+                return
             while not self._closing:
                 if self._buffered == 0:
                     await self._idle()
@@ -338,11 +345,119 @@ class StreamTask:
                 ctx.forwarder.reset()
                 raise ProcessingError(self.id, entry.node_name, None, None, None, exc) from exc
 
+    # -- records in flight (num.threads.per.task > 1); caller: InFlightWindow -----------
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def queues(self) -> dict[TopicPartition, deque[ConsumerRecord]]:
+        return self._queues
+
+    def take(self, tp: TopicPartition, index: int) -> ConsumerRecord:
+        queue = self._queues[tp]
+        if index == 0:
+            raw = queue.popleft()
+        else:
+            raw = queue[index]
+            del queue[index]
+        self._buffered -= 1
+        return raw
+
+    def clear_wakeup(self) -> None:
+        self._wakeup.clear()
+
+    async def wait_for_wakeup(self) -> None:
+        due = self.context.wall_clock_schedules.next_due()
+        if due is None:
+            await self._wakeup.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), max(0.0, (due - self._clock_ms()) / 1000.0))
+        except TimeoutError:
+            pass
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def flush_output(self) -> None:
+        await self._send_buffered()  # type: ignore[misc]
+
+    def advance_past(self, tp: TopicPartition, offset: int, lowest_in_flight: int | None) -> None:
+        """``offset`` is done: the committable position becomes the contiguous watermark."""
+        high = self._done_high.get(tp, -1)
+        if offset > high:
+            self._done_high[tp] = high = offset
+        queue = self._queues[tp]
+        bounds = [b for b in (lowest_in_flight, queue[0].offset if queue else None) if b is not None]
+        watermark = min(bounds) if bounds else high + 1
+        if self.paused_at is not None and self.paused_at[0] == tp:
+            watermark = min(watermark, self.paused_at[1])
+        self._next_offsets[tp] = watermark
+        self.processed += 1
+
+    async def process_in_flight(self, slot: RecordSlot) -> None:
+        """One record's whole graph, on its own coroutine; timeouts retry it in place."""
+        raw, ctx = slot.raw, self.context
+        source = self.graph.sources[raw.topic]
+        forwarder = ctx.forwarder
+        while True:
+            started = self._monotonic_ms() if self.timer.deadline_ms is not None else 0
+            what = "key"
+            try:
+                key = source.key_serde.deserialize(raw.key)
+                what = "value"
+                value = source.value_serde.deserialize(raw.value)
+            except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
+                error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
+                error.__cause__ = exc
+                if self.errors is None:
+                    raise error from exc
+                action = await self.errors.on_deserialization_error(self.id, raw, error)
+                if action is FailureAction.FAIL:
+                    raise error from exc
+                if action is FailureAction.PAUSE:
+                    self._pause(raw)
+                return
+            record = Record(key, value, raw.timestamp, raw.headers)
+            try:
+                if forwarder.start(source, record):
+                    await forwarder.drain()
+            except Exception as exc:
+                node = forwarder.node.name if forwarder.node is not None else source.name
+                forwarder.reset()
+                if is_timeout(exc):
+                    slot.outputs.clear()  # this attempt's output was never released: no duplicate
+                    self.timeouts += 1
+                    backoff = self.timer.on_timeout(
+                        exc, f"Processor '{node}' on {raw.topic}-{raw.partition} offset {raw.offset}", started)
+                    await asyncio.sleep(backoff)
+                    continue
+                if isinstance(exc, StreamsError):
+                    raise
+                failure = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
+                failure.__cause__ = exc
+                if self.errors is None:
+                    raise failure from exc
+                action = await self.errors.on_processing_error(self.id, raw, node, record, failure)
+                if action is FailureAction.FAIL:
+                    raise failure from exc
+                if action is FailureAction.PAUSE:
+                    self._pause(raw)
+                return
+            if self.timer.deadline_ms is not None and self.timer.cleared_by_processing:
+                self.timer.clear()
+            return
+
     # -- commit ----------------------------------------------------------------
     def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Positions that moved since the last commit: the next offset to read per partition."""
+        """Positions that moved since the last commit: the next offset to read per partition.
+
+        With records in flight, the metadata lists offsets done above the watermark.
+        """
+        window = self.window
         return {
-            TopicPartition(*tp): OffsetAndMetadata(offset)
+            TopicPartition(*tp): OffsetAndMetadata(
+                offset, "" if window is None else window.metadata(TopicPartition(*tp), offset))
             for tp, offset in self._next_offsets.items()
             if self._committed.get(tp) != offset
         }

@@ -148,6 +148,8 @@ class StreamThread:
         self._task_failure: BaseException | None = None
         self._body_error: BaseException | None = None
         self._failure_reported = False
+        self._carry_shutdown = False
+        self._failed_member = False
         self.task_lag: dict[TaskId, int] = {}
         self._next_lag_ms = 0
 
@@ -181,6 +183,31 @@ class StreamThread:
             self.commands.submit(self._rejoin)
         except CommandRejected:
             pass  # its first join carries the flag
+
+    def can_carry_shutdown_request(self) -> bool:
+        """Whether this (failing) thread's consumer is in the group and its loop still runs."""
+        return self._consumer is not None and self.commands.on_loop_thread
+
+    def carry_shutdown_request_on_exit(self) -> None:
+        self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
+        self._carry_shutdown = True
+
+    async def _carry_shutdown_request(self, consumer: object) -> None:
+        """Rejoin with the SHUTDOWN_APPLICATION request and wait for the leader's answer.
+
+        Caller: this thread's clean-up after a failure. Its tasks are closed dirty if
+        revoked meanwhile; the answer makes every instance shut down.
+        """
+        self._failed_member = True
+        consumer.request_rejoin()  # type: ignore[attr-defined]
+        deadline = self._clock.monotonic_ms() + self._config[cfg.ERROR_SHUTDOWN_TIMEOUT_MS]
+        while (self.assignor.error_code is not AssignorError.SHUTDOWN_REQUESTED
+               and self._clock.monotonic_ms() < deadline):
+            try:
+                await consumer.poll(100, 1)  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the request is best effort on a dying thread
+                self.log.warning("Could not carry the shutdown request: %r", exc)
+                return
 
     async def _rejoin(self) -> None:
         if self._consumer is not None:
@@ -286,6 +313,8 @@ class StreamThread:
                     monotonic_ms=self._clock.monotonic_ms,
                     errors=self.errors if self.errors is not None else self._error_handling(collector),
                     on_tasks_changed=self._refresh_metadata,
+                    threads_per_task=config[cfg.NUM_THREADS_PER_TASK],
+                    ordering=config[cfg.PROCESSING_ORDERING],
                 )
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
@@ -305,6 +334,8 @@ class StreamThread:
                         # takes the failed record over meanwhile. It blocks this loop, which only
                         # has a dying thread's clean-up left to do.
                         self._report_failure(failure)
+                        if self._carry_shutdown and consumer in started:
+                            await self._carry_shutdown_request(consumer)
                     if producer in started and self._producer is not producer:
                         started[started.index(producer)] = self._producer
                         producer = self._producer
@@ -465,7 +496,11 @@ class StreamThread:
         self.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
         if self._manager is not None and revoked:
             self.log.info("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
-            await self._manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            if self._failed_member:
+                # A failed thread still in the group (carrying a shutdown request): no commit.
+                await self._manager.shutdown(clean=False, timeout=0)
+            else:
+                await self._manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             self._refresh_metadata()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:

@@ -3,11 +3,12 @@ from the last commit, and every input is in the output (at-least-once)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ INT, JSON = IntegerSerde(), JsonSerde()
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(240)
 async def test_sigkill_mid_stream_then_restart_loses_nothing(kafka_bootstrap: str, names) -> None:
     from engine.transport import open_transport
 
@@ -33,26 +35,29 @@ async def test_sigkill_mid_stream_then_restart_loses_nothing(kafka_bootstrap: st
     await cluster.create_topics({source: 2, sink: 2})
     records = [(i, {"n": i}) for i in range(3000)]
     await cluster.produce(source, records, INT, JSON, partitions=2)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.app_process", "--bootstrap", kafka_bootstrap,
-         "--application-id", names.app, "--source", source, "--sink", sink],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        seen = 0
-        deadline = time.monotonic() + 60
-        assert process.stdout is not None
-        for line in process.stdout:  # the app prints a line per record it processes
-            if json.loads(line)["event"] == "processed":
-                seen += 1
-            if seen >= 1000 or time.monotonic() > deadline:
-                break
-        assert seen >= 1000, "the app did not get going"
-        os.kill(process.pid, signal.SIGKILL)  # no commit, no leave-group, no flush
-    finally:
-        process.kill()
-        process.wait(30)
-        if process.stdout is not None:
-            process.stdout.close()
+    with tempfile.TemporaryFile() as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.app_process", "--bootstrap", kafka_bootstrap,
+            "--application-id", names.app, "--source", source, "--sink", sink,
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=stderr)
+        try:
+            seen = 0
+            deadline = time.monotonic() + 90
+            assert process.stdout is not None
+            while seen < 1000:  # the app prints a line per record it processes
+                remaining = deadline - time.monotonic()
+                line = await asyncio.wait_for(process.stdout.readline(), max(remaining, 0.1)) if remaining > 0 else b""
+                if not line:
+                    stderr.seek(0)
+                    pytest.fail(f"the app processed {seen} records, then stopped or hung:\n"
+                                f"{stderr.read().decode(errors='replace')[-3000:]}")
+                if json.loads(line)["event"] == "processed":
+                    seen += 1
+            os.kill(process.pid, signal.SIGKILL)  # no commit, no leave-group, no flush
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
 
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)

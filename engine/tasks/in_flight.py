@@ -1,0 +1,261 @@
+"""Several records of one task in flight at once (``num.threads.per.task`` > 1).
+
+Each record runs as its own coroutine in the task's task group, with its own
+forwarding state (a ``ContextVar`` holds the record's ``RecordSlot``), so an
+``async def`` processor waiting on I/O for one record does not hold up the next.
+
+Ordering (``processing.ordering``):
+
+- ``partition``: output leaves in input offset order. A record's output waits in
+  its slot until every earlier record of its partition is done (a reorder buffer).
+- ``key``: at most one record per key in flight, so each key's output is in
+  order; different keys go in parallel and their output leaves as it is done.
+- ``unordered``: records go in parallel and output leaves as it is done.
+
+Commits never pass the lowest offset still in flight: the committed position of a
+partition is its contiguous watermark. Offsets completed above it are written
+into the commit metadata (``sl1:`` + their distances from the watermark), so a
+restarted task skips them instead of processing them again. The window is
+bounded: at most ``num.threads.per.task`` slots exist per task (in flight or
+waiting to be released), so a stuck record stops new ones and, once the task's
+buffer fills, fetching of its partitions (back-pressure).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from engine.processors.context import CURRENT
+from engine.records import ConsumerRecord, TopicPartition
+from engine.topology.nodes import Forwarder, Node
+
+if TYPE_CHECKING:
+    from engine.collector import RecordCollector
+
+    from .task import StreamTask
+
+ORDERINGS = ("partition", "key", "unordered")
+METADATA_PREFIX = "sl1:"
+METADATA_MAX_BYTES = 4096
+
+
+class RecordSlot:
+    """One record in flight: its forwarding state and the output it holds back."""
+
+    __slots__ = ("raw", "tp", "pending", "node", "outputs", "done")
+
+    def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
+        self.raw = raw
+        self.tp = tp
+        self.pending: deque[Any] = deque()
+        self.node: Node | None = None
+        self.outputs: list[tuple[Any, ...]] = []
+        self.done = False
+
+
+class ContextualForwarder(Forwarder):
+    """A ``Forwarder`` whose queue and current node belong to the record in flight."""
+
+    __slots__ = ("_own",)
+
+    def __init__(self) -> None:
+        self._own = RecordSlot.__new__(RecordSlot)  # used outside any record (punctuation)
+        self._own.pending = deque()
+        self._own.node = None
+
+    def _slot(self) -> RecordSlot:
+        slot = CURRENT.get()
+        return self._own if slot is None else slot
+
+    @property  # type: ignore[override]
+    def pending(self) -> deque[Any]:
+        return self._slot().pending
+
+    @pending.setter
+    def pending(self, value: deque[Any]) -> None:
+        self._slot().pending = value
+
+    @property  # type: ignore[override]
+    def node(self) -> Node | None:
+        return self._slot().node
+
+    @node.setter
+    def node(self, value: Node | None) -> None:
+        self._slot().node = value
+
+
+class HeldCollector:
+    """Wraps the thread's collector: inside a record in flight, output is held in its slot."""
+
+    def __init__(self, collector: RecordCollector) -> None:
+        self._collector = collector
+
+    def send(self, *args: Any) -> Awaitable[None] | None:
+        slot = CURRENT.get()
+        if slot is None:
+            return self._collector.send(*args)
+        slot.outputs.append(args)
+        return None
+
+    async def emit(self, slot: RecordSlot) -> None:
+        for args in slot.outputs:
+            pending = self._collector.send(*args)
+            if pending is not None:
+                await pending
+        slot.outputs.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collector, name)
+
+
+def encode_completed(watermark: int, completed: set[int]) -> str:
+    """Offsets done above the watermark, as distances, cut to fit Kafka's metadata limit.
+
+    What does not fit is simply processed again after a restart (at-least-once).
+    """
+    if not completed:
+        return ""
+    text = METADATA_PREFIX
+    for offset in sorted(completed):
+        item = f"{offset - watermark},"
+        if len(text) + len(item) > METADATA_MAX_BYTES:
+            break
+        text += item
+    return text.rstrip(",")
+
+
+def decode_completed(watermark: int, metadata: str) -> set[int]:
+    if not metadata.startswith(METADATA_PREFIX):
+        return set()
+    body = metadata[len(METADATA_PREFIX):]
+    return {watermark + int(part) for part in body.split(",") if part.strip().isdigit()}
+
+
+class InFlightWindow:
+    """The concurrent run loop of one task. Caller: ``StreamTask.run``."""
+
+    def __init__(self, task: StreamTask, limit: int, ordering: str, collector: HeldCollector,
+                 committed: Callable[[TopicPartition], Awaitable[Any]] | None) -> None:
+        self._task = task
+        self.limit = limit
+        self.ordering = ordering
+        self._collector = collector
+        self._committed = committed
+        self.slots: dict[TopicPartition, deque[RecordSlot]] = {tp: deque() for tp in task.partitions}
+        self.count = 0  # slots alive: in flight or holding output
+        self.max_seen = 0
+        self._busy_keys: set[Any] = set()
+        self._completed: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
+        self._skip: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
+
+    # -- commit ---------------------------------------------------------------------
+    def metadata(self, tp: TopicPartition, watermark: int) -> str:
+        return encode_completed(watermark, {o for o in self._completed[tp] if o >= watermark})
+
+    async def load_skips(self) -> None:
+        """Offsets a previous owner finished above its committed watermark are not redone."""
+        if self._committed is None:
+            return
+        for tp in self.slots:
+            committed = await self._committed(tp)
+            if committed is not None and committed.metadata:
+                self._skip[tp] = decode_completed(committed.offset, committed.metadata)
+
+    # -- the loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        task = self._task
+        await self.load_skips()
+        async with anyio.create_task_group() as group:
+            while not task.closing:
+                # Cleared before looking, so a wake-up that comes meanwhile is never lost.
+                task.clear_wakeup()
+                if not self._start_ready(group):
+                    await task.wait_for_wakeup()
+                    await task.maybe_punctuate_wall_clock()
+        await task.flush_output()
+
+    def _start_ready(self, group: anyio.abc.TaskGroup) -> bool:
+        """Start as many buffered records as the window and the ordering allow."""
+        task = self._task
+        started = False
+        while self.count < self.limit and task.buffered() and not task.closing and task.paused_at is None:
+            picked = self._pick()
+            if picked is None:
+                break
+            raw, tp = picked
+            if raw.offset in self._skip[tp]:
+                self._skip[tp].discard(raw.offset)
+                task.advance_past(tp, raw.offset, self._lowest_in_flight(tp))
+                continue
+            slot = RecordSlot(raw, tp)
+            self.slots[tp].append(slot)
+            self.count += 1
+            self.max_seen = max(self.max_seen, self.count)
+            if self.ordering == "key":
+                self._busy_keys.add((tp.topic, raw.key))
+            group.start_soon(self._process, slot)
+            started = True
+        return started
+
+    def _pick(self) -> tuple[ConsumerRecord, TopicPartition] | None:
+        task = self._task
+        for tp, queue in task.queues().items():
+            if not queue:
+                continue
+            if self.ordering != "key":
+                return task.take(tp, 0), tp
+            blocked: set[Any] = set()
+            for index, raw in enumerate(queue):
+                if index >= 2 * self.limit:
+                    break
+                key = (tp.topic, raw.key)
+                if key in self._busy_keys or key in blocked:
+                    blocked.add(key)  # a later record of a busy key must wait behind it
+                    continue
+                return task.take(tp, index), tp
+        return None
+
+    async def _process(self, slot: RecordSlot) -> None:
+        token = CURRENT.set(slot)
+        try:
+            await self._task.process_in_flight(slot)
+        finally:
+            CURRENT.reset(token)
+        await self._complete(slot)
+
+    async def _complete(self, slot: RecordSlot) -> None:
+        task, tp = self._task, slot.tp
+        slot.done = True
+        if self.ordering == "key":
+            self._busy_keys.discard((tp.topic, slot.raw.key))
+        queue = self.slots[tp]
+        if self.ordering == "partition":
+            # Release the done prefix, in offset order.
+            while queue and queue[0].done:
+                head = queue.popleft()
+                if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
+                    head.outputs.clear()  # after the record that paused the task: read again on resume
+                await self._collector.emit(head)
+                self.count -= 1
+                task.advance_past(tp, head.raw.offset, queue[0].raw.offset if queue else None)
+        else:
+            await self._collector.emit(slot)
+            queue.remove(slot)
+            self.count -= 1
+            lowest = self._lowest_in_flight(tp)
+            if lowest is not None and slot.raw.offset > lowest:
+                self._completed[tp].add(slot.raw.offset)
+            task.advance_past(tp, slot.raw.offset, lowest)
+            if lowest is None:
+                self._completed[tp].clear()
+            else:
+                self._completed[tp] = {o for o in self._completed[tp] if o > lowest}
+        task.wake()
+
+    def _lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        queue = self.slots[tp]
+        return min((s.raw.offset for s in queue), default=None)

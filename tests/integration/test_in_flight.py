@@ -1,0 +1,97 @@
+"""num.threads.per.task on both transports: commits stop at the lowest record in flight, and a
+restart skips the records completed above it (recorded in the commit metadata)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import pytest
+
+from engine import ClientState, StreamsBuilder
+from engine.records import TopicPartition
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.testing import eventually_async
+from handlers import StreamThreadExceptionResponse
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = pytest.mark.asyncio
+
+INT, JSON = IntegerSerde(), JsonSerde()
+
+
+def topology(source: str, sink: str, calls: Counter[int], stuck: int | None, release: threading.Event,
+             crash: threading.Event):
+    async def work(value: dict) -> dict:
+        calls[value["i"]] += 1
+        if value["i"] == stuck:
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            if crash.is_set():
+                raise RuntimeError("crash while the stuck record was in flight")
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
+    return builder.build()
+
+
+async def test_commits_stop_at_the_lowest_record_in_flight_and_a_restart_skips_completed_ones(
+        cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(20)], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+    release, crash = threading.Event(), threading.Event()
+    first = make_streams(topology(source, sink, calls, 5, release, crash), cluster.bootstrap, names.app,
+                         num_threads_per_task=32, processing_ordering="unordered")
+    first.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+    await first.start_async()
+    try:
+        await eventually_async(lambda: sum(calls.values()) == 20, 30, "all 20 records started")
+        tp = TopicPartition(source, 0)
+        # Everything but offset 5 is done; the commit must not pass it.
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 5), 30, "a commit at offset 5")
+        crash.set()
+        release.set()  # offset 5 now fails: the client dies without committing further
+        assert await first.wait_for_state_async(ClientState.ERROR, timeout=30)
+    finally:
+        release.set()
+        await first.close_async()
+    assert await committed_offset(cluster, names.app, tp) == 5
+
+    again: Counter[int] = Counter()
+    release2, no_crash = threading.Event(), threading.Event()
+    release2.set()
+    second = make_streams(topology(source, sink, again, None, release2, no_crash), cluster.bootstrap, names.app,
+                          num_threads_per_task=32, processing_ordering="unordered")
+    async with second:
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 20), 30, "everything committed")
+    assert set(again) == {5}  # the records done above the watermark were skipped, not redone
+
+
+async def _committed_is(cluster: Cluster, group: str, tp: TopicPartition, offset: int) -> bool:
+    return await committed_offset(cluster, group, tp) == offset
+
+
+async def test_a_record_stuck_in_flight_holds_back_later_output_under_partition_ordering(
+        cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(20)], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+    release, crash = threading.Event(), threading.Event()
+    streams = make_streams(topology(source, sink, calls, 3, release, crash), cluster.bootstrap, names.app,
+                           num_threads_per_task=4, processing_ordering="partition")
+    async with streams:
+        # 0..2 are done and released; 3 is stuck; 4..6 are done but held behind it: the window
+        # of 4 is full, so nothing after 6 starts (back-pressure instead of memory).
+        await eventually_async(lambda: len(calls) >= 7, 30, "records up to 6 started")
+        out = await cluster.read(sink, 3)
+        assert [JSON.deserialize(r.value)["i"] for r in out] == [0, 1, 2]
+        assert sorted(calls) == list(range(7))
+        release.set()
+        out = await cluster.read(sink, 20)
+    assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)] == list(range(20))
