@@ -323,6 +323,10 @@ class KafkaStreams:
         elif new in (StreamThreadState.RUNNING, StreamThreadState.DEAD, StreamThreadState.PENDING_SHUTDOWN):
             if new is StreamThreadState.DEAD:
                 self._threads.remove(thread)
+            elif new is StreamThreadState.PENDING_SHUTDOWN and not self._closing.is_set():
+                # A thread on its way out (removed, or failed whatever the handler answers)
+                # gives its cache share to the alive ones: they always split the total.
+                self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
             self._maybe_set_running()
 
     def _maybe_set_running(self) -> None:

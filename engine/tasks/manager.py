@@ -103,7 +103,10 @@ class TaskManager:
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
         context = TaskContext(self._application_id, task_id, self._clock_ms)
         collector: RecordCollector | HeldCollector = self._collector
-        if self._threads_per_task > 1:
+        concurrency, ordering = self._topology.concurrency_of(task_id.subtopology)
+        limit = self._threads_per_task if concurrency is None else concurrency
+        ordering = ordering or self._ordering
+        if limit > 1:
             # Each record in flight gets its own forwarding state and holds its output.
             context.forwarder = ContextualForwarder()
             collector = HeldCollector(self._collector)
@@ -113,8 +116,7 @@ class TaskManager:
         task = StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
         if isinstance(collector, HeldCollector):
-            task.window = InFlightWindow(task, self._threads_per_task, self._ordering, collector,
-                                         self._consumer.committed)
+            task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
         task.errors = self._errors
         task.on_pause = self._on_pause
         return task

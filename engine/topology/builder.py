@@ -64,54 +64,92 @@ class KStream:
         self._node = node
 
     def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node],
-              *functions: Callable[..., Any]) -> KStream:
+              *functions: Callable[..., Any], concurrency: int | None = None,
+              ordering: str | None = None) -> KStream:
         for fn in functions:
             if not callable(fn):
                 raise TypeError(f"{prefix.split('-', 1)[1].lower()}() needs a callable, got {fn!r}")
         node_name = self._builder._name(name, prefix)
         self._builder._topology.add_node(node_name, lambda: factory(node_name), self._node)
+        if concurrency is not None or ordering is not None:
+            self._builder._topology.set_concurrency(node_name, concurrency, ordering)
         return KStream(self._builder, node_name)
 
-    def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Keep the records for which ``predicate(key, value)`` is true."""
-        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate), predicate)
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate), predicate,
+                          concurrency=concurrency, ordering=ordering)
 
-    def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Drop the records for which ``predicate(key, value)`` is true."""
-        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True), predicate)
+        return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True), predicate,
+                          concurrency=concurrency, ordering=ordering)
 
-    def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Replace each record by ``mapper(key, value) -> (new_key, new_value)``."""
-        return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper), mapper)
+        return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper), mapper,
+                          concurrency=concurrency, ordering=ordering)
 
-    def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Give each record the key ``mapper(key, value)``."""
-        return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper), mapper)
+        return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper), mapper,
+                          concurrency=concurrency, ordering=ordering)
 
-    def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None) -> KStream:
+    def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Replace each value by ``mapper(value)``; the key stays."""
-        return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper), mapper)
+        return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper), mapper,
+                          concurrency=concurrency, ordering=ordering)
 
-    def flat_map(self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], *, name: str | None = None) -> KStream:
+    def flat_map(self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Replace each record by the ``(key, value)`` pairs of ``mapper(key, value)``."""
-        return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper), mapper)
+        return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper), mapper,
+                          concurrency=concurrency, ordering=ordering)
 
-    def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None) -> KStream:
+    def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Replace each record by one record per value of ``mapper(value)``."""
-        return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper), mapper)
+        return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper), mapper,
+                          concurrency=concurrency, ordering=ordering)
 
-    def peek(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def peek(self, action: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> KStream:
         """Call ``action(key, value)`` for each record and pass it on unchanged."""
-        return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action), action)
+        return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action), action,
+                          concurrency=concurrency, ordering=ordering)
 
-    def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None) -> None:
+    def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None,
+    ) -> None:
         """Call ``action(key, value)`` for each record; a terminal operation."""
-        self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action), action)
+        self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action), action,
+                          concurrency=concurrency, ordering=ordering)
 
-    def process(self, supplier: ProcessorSupplier, *, name: str | None = None) -> KStream:
-        """Run a Processor API processor; ``supplier()`` makes one per task."""
+    def process(self, supplier: ProcessorSupplier, *, name: str | None = None,
+                concurrency: int | None = None, ordering: str | None = None) -> KStream:
+        """Run a Processor API processor; ``supplier()`` makes one per task.
+
+        ``concurrency``/``ordering`` (on every function-taking method too) let records of the
+        tasks that run this processor be in flight at once, overriding ``num.threads.per.task``
+        and ``processing.ordering`` for its whole sub-topology.
+        """
         node_name = self._builder._name(name, "KSTREAM-PROCESSOR")
         self._builder._topology.add_processor(node_name, supplier, self._node)
+        if concurrency is not None or ordering is not None:
+            self._builder._topology.set_concurrency(node_name, concurrency, ordering)
         return KStream(self._builder, node_name)
 
     def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:

@@ -41,6 +41,11 @@ class NodeSpec:
     key_serde: Serde | None = None
     value_serde: Serde | None = None
     children: list[str] = field(default_factory=list)
+    concurrency: int | None = None
+    ordering: str | None = None
+
+
+ORDERINGS = ("partition", "key", "unordered")  # strictest first
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,26 @@ class Topology:
                            lambda: SinkNode(name, topic, BytesSerde(), BytesSerde(), partitioner),
                            sink_topic=topic, key_serde=ks, value_serde=vs))
         return self
+
+    def set_concurrency(self, name: str, concurrency: int | None, ordering: str | None) -> None:
+        """Records of the tasks running ``name`` in flight at once (a per-processor override of
+        ``num.threads.per.task`` / ``processing.ordering``, applied to its whole sub-topology)."""
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise TopologyError(f"concurrency of '{name}' must be an int >= 1, got {concurrency!r}")
+        if ordering is not None and ordering not in ORDERINGS:
+            raise TopologyError(f"ordering of '{name}' must be one of {list(ORDERINGS)}, got {ordering!r}")
+        spec = self._specs[name]
+        spec.concurrency = concurrency
+        spec.ordering = ordering
+
+    def concurrency_of(self, subtopology: int) -> tuple[int | None, str | None]:
+        """The largest concurrency and the strictest ordering its processors ask for (None: config)."""
+        specs = [self._specs[n] for n in self.subtopologies[subtopology].node_names]
+        counts = [s.concurrency for s in specs if s.concurrency is not None]
+        orders = [s.ordering for s in specs if s.ordering is not None]
+        ordering = min(orders, key=ORDERINGS.index) if orders else None
+        return (max(counts) if counts else None), ordering
 
     # -- structure ----------------------------------------------------------
     @property

@@ -95,3 +95,52 @@ async def test_a_record_stuck_in_flight_holds_back_later_output_under_partition_
         release.set()
         out = await cluster.read(sink, 20)
     assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)] == list(range(20))
+
+
+async def test_a_timed_out_record_is_retried_in_place_while_others_fly_and_order_holds(
+        cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(30)], INT, JSON, partitions=1)
+    attempts: Counter[int] = Counter()
+
+    async def flaky(value: dict) -> dict:
+        attempts[value["i"]] += 1
+        if value["i"] == 7 and attempts[7] <= 2:
+            raise asyncio.TimeoutError("the service did not answer")
+        await asyncio.sleep(0.001)
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(flaky).to(sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=8,
+                           retry_backoff_ms=5, retry_backoff_max_ms=10)
+    async with streams:
+        out = await cluster.read(sink, 30)
+        assert streams.metric("failed-stream-threads") == 0
+    assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)] == list(range(30))
+    assert attempts[7] == 3
+    assert len(await cluster.read_all(sink)) == 30  # the failed attempts left no output behind
+
+
+async def test_pause_with_records_in_flight_commits_at_the_failed_record_and_resume_skips_it(
+        cluster: Cluster, names) -> None:
+    from handlers import LogAndPauseExceptionHandler
+    from tests.integration.test_pause_resume import BAD, good, produce
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await produce(cluster, source, [(0, 0, good(i)) for i in range(3)] + [(0, 0, BAD)]
+                  + [(0, 0, good(i)) for i in range(4, 12)])
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).to(sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=8,
+                           default_deserialization_exception_handler=LogAndPauseExceptionHandler)
+    tp = TopicPartition(source, 0)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused")
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 3), 30, "a commit at the bad record")
+        assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 1, 2]
+        assert await streams.resume_async("0_0", skip=True)
+        out = await cluster.read(sink, 11)
+    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2] + list(range(4, 12))

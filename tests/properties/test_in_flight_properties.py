@@ -64,3 +64,35 @@ def test_output_order_loss_and_window_bound(layout, limit: int, ordering: str, p
             for target in {p for _, _, p in output}:
                 seen = [i for k, i, p in output if k % partitions == source and p == target]
                 assert seen == sorted(seen), f"input partition {source} out of order in output {target}"
+
+
+def test_a_per_processor_override_runs_records_in_flight_with_its_ordering() -> None:
+    async def scenario() -> tuple[int, list]:
+        bootstrap = f"memory://in-flight-{uuid.uuid4().hex[:8]}"
+        cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+        await cluster.create_topics({"in": 1, "out": 1})
+        records = [(i % 4, {"i": i, "delay": 2}) for i in range(40)]
+        await cluster.produce("in", records, INT, JSON, partitions=1)
+        now = {"in_flight": 0, "max": 0}
+
+        async def slow(value: dict) -> dict:
+            now["in_flight"] += 1
+            now["max"] = max(now["max"], now["in_flight"])
+            try:
+                await asyncio.sleep(0.002)
+                return value
+            finally:
+                now["in_flight"] -= 1
+
+        builder = StreamsBuilder()
+        (builder.stream("in", key_serde=INT, value_serde=JSON)
+                .map_values(slow, concurrency=16, ordering="key")
+                .to("out", key_serde=INT, value_serde=JSON))
+        async with make_streams(builder.build(), bootstrap, "override-app"):  # config says 1
+            out = await cluster.read("out", 40, timeout=30)
+        return now["max"], [(INT.deserialize(r.key), JSON.deserialize(r.value)["i"]) for r in out]
+
+    most, output = asyncio.run(scenario())
+    assert 1 < most <= 4  # four keys: at most one record per key in flight
+    for key in range(4):
+        assert [i for k, i in output if k == key] == [i for i in range(40) if i % 4 == key]

@@ -378,3 +378,21 @@ def test_non_callable_function_is_rejected_before_the_topology_runs() -> None:
     with pytest.raises(TypeError, match="needs a callable"):
         builder.stream("in").filter(42).to("out")  # type: ignore[arg-type]
         builder.build()
+
+
+@pytest.mark.parametrize(("concurrency", "ordering"), [(0, None), (2.5, None), (True, None), (4, "random")])
+def test_a_bad_per_processor_concurrency_is_a_topology_error_naming_the_processor(concurrency, ordering) -> None:
+    from engine.errors import TopologyError
+
+    builder = StreamsBuilder()
+    with pytest.raises(TopologyError, match="step"):
+        builder.stream("in").map_values(lambda v: v, name="step", concurrency=concurrency, ordering=ordering)
+
+
+def test_the_strictest_ordering_and_largest_concurrency_of_a_subtopology_apply() -> None:
+    builder = StreamsBuilder()
+    (builder.stream("in")
+            .map_values(lambda v: v, concurrency=8, ordering="unordered")
+            .filter(lambda k, v: True, concurrency=32, ordering="key")
+            .to("out"))
+    assert builder.build().concurrency_of(0) == (32, "key")
