@@ -173,7 +173,11 @@ class InFlightWindow:
             while not task.closing:
                 # Cleared before looking, so a wake-up that comes meanwhile is never lost.
                 task.clear_wakeup()
-                if not self._start_ready(group):
+                started = self._start_ready(group)
+                # Output released since the last turn goes on as one batch per partition, and
+                # partitions paused for back-pressure resume once the buffer drained.
+                await task.flush_output()
+                if not started:
                     await task.wait_for_wakeup()
                     await task.maybe_punctuate_wall_clock()
         await task.flush_output()

@@ -144,3 +144,22 @@ async def test_pause_with_records_in_flight_commits_at_the_failed_record_and_res
         assert await streams.resume_async("0_0", skip=True)
         out = await cluster.read(sink, 11)
     assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2] + list(range(4, 12))
+
+
+async def test_more_records_than_the_buffer_flow_through_with_records_in_flight(cluster: Cluster, names) -> None:
+    """Back-pressure pauses a partition whose task buffer is full; released output must resume it."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(3000)], INT, JSON, partitions=1)
+
+    async def io(value: dict) -> dict:
+        await asyncio.sleep(0)
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(io).to(sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=16,
+                           buffered_records_per_partition=100, commit_interval_ms=60_000)
+    async with streams:
+        out = await cluster.read(sink, 3000, timeout=60)
+    assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)][:3000] == list(range(3000))
