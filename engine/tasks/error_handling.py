@@ -45,28 +45,24 @@ class ErrorHandling:
         self.paused = 0
 
     async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> FailureAction:
-        context = _context(task_id, raw, None)
-        cause = error.__cause__ or error
-        try:
-            answer = self._deserialization.handle(context, raw, cause)
-        except Exception as exc:
-            raise HandlerError(f"Fatal user code error in deserialization error callback: {exc!r}") from exc
-        if not isinstance(answer, DeserializationHandlerResponse):
-            raise HandlerError(f"The deserialization exception handler answered {answer!r}, "
-                               "not a DeserializationHandlerResponse") from error
-        return await self._act(context, cause, FailureAction(answer.value))
+        return await self._ask(self._deserialization, DeserializationHandlerResponse, "deserialization",
+                               _context(task_id, raw, None), raw, error)
 
     async def on_processing_error(self, task_id: TaskId, raw: ConsumerRecord, node: str, record: Any,
                                   error: TaskError) -> FailureAction:
-        context = _context(task_id, raw, node)
+        return await self._ask(self._processing, ProcessingHandlerResponse, "processing",
+                               _context(task_id, raw, node), record, error)
+
+    async def _ask(self, handler: Any, answers: type[Enum], kind: str, context: ErrorContext, record: Any,
+                   error: TaskError) -> FailureAction:
         cause = error.__cause__ or error
         try:
-            answer = self._processing.handle(context, record, cause)
+            answer = handler.handle(context, record, cause)
         except Exception as exc:
-            raise HandlerError(f"Fatal user code error in processing error callback: {exc!r}") from exc
-        if not isinstance(answer, ProcessingHandlerResponse):
-            raise HandlerError(f"The processing exception handler answered {answer!r}, "
-                               "not a ProcessingHandlerResponse") from error
+            raise HandlerError(f"Fatal user code error in {kind} error callback: {exc!r}") from exc
+        if not isinstance(answer, answers):
+            raise HandlerError(f"The {kind} exception handler answered {answer!r}, "
+                               f"not a {answers.__name__}") from error
         return await self._act(context, cause, FailureAction(answer.value))
 
     async def _act(self, context: ErrorContext, cause: BaseException, action: FailureAction) -> FailureAction:

@@ -24,7 +24,7 @@ from enum import Enum
 
 from anyio import CancelScope
 
-from engine.errors import DeserializationError, ProcessingError, StreamsError
+from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.processors.context import TaskContext
@@ -199,15 +199,7 @@ class StreamTask:
                 what = "value"
                 value = source.value_serde.deserialize(raw.value)
             except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
-                error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
-                error.__cause__ = exc
-                if self.errors is None:
-                    raise error from exc
-                action = await self.errors.on_deserialization_error(self.id, raw, error)
-                if action is FailureAction.FAIL:
-                    raise error from exc
-                if action is FailureAction.PAUSE:
-                    self._pause(raw)
+                if await self._deserialization_failed(raw, what, exc) is FailureAction.PAUSE:
                     break
                 self._skip(queue, raw)
                 done += 1
@@ -229,15 +221,7 @@ class StreamTask:
                 node = forwarder.node.name if forwarder.node is not None else source.name
                 forwarder.reset()
                 if not is_timeout(exc):
-                    failure = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
-                    failure.__cause__ = exc
-                    if self.errors is None:
-                        raise failure from exc
-                    action = await self.errors.on_processing_error(self.id, raw, node, record, failure)
-                    if action is FailureAction.FAIL:
-                        raise failure from exc
-                    if action is FailureAction.PAUSE:
-                        self._pause(raw)
+                    if await self._processing_failed(raw, node, record, exc) is FailureAction.PAUSE:
                         break
                     self._skip(queue, raw)
                     done += 1
@@ -261,6 +245,33 @@ class StreamTask:
         self.processed += done
         if ctx.wall_clock_schedules.next_due() is not None:
             await self.maybe_punctuate_wall_clock()
+
+    async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> FailureAction:
+        """Ask the deserialization handler; FAIL raises, PAUSE pauses, CONTINUE is the caller's to do."""
+        error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
+        error.__cause__ = exc
+        if self.errors is None:
+            raise error from exc
+        action = await self.errors.on_deserialization_error(self.id, raw, error)
+        return self._act_on(action, raw, error, exc)
+
+    async def _processing_failed(self, raw: ConsumerRecord, node: str, record: Record,
+                                 exc: Exception) -> FailureAction:
+        """Ask the processing handler; FAIL raises, PAUSE pauses, CONTINUE is the caller's to do."""
+        error = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
+        error.__cause__ = exc
+        if self.errors is None:
+            raise error from exc
+        action = await self.errors.on_processing_error(self.id, raw, node, record, error)
+        return self._act_on(action, raw, error, exc)
+
+    def _act_on(self, action: FailureAction, raw: ConsumerRecord, error: TaskError,
+                exc: Exception) -> FailureAction:
+        if action is FailureAction.FAIL:
+            raise error from exc
+        if action is FailureAction.PAUSE:
+            self._pause(raw)
+        return action
 
     def _skip(self, queue: deque[ConsumerRecord], raw: ConsumerRecord) -> None:
         """A handler said CONTINUE: the record is dropped and its offset committed past."""
@@ -408,15 +419,7 @@ class StreamTask:
                 what = "value"
                 value = source.value_serde.deserialize(raw.value)
             except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
-                error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
-                error.__cause__ = exc
-                if self.errors is None:
-                    raise error from exc
-                action = await self.errors.on_deserialization_error(self.id, raw, error)
-                if action is FailureAction.FAIL:
-                    raise error from exc
-                if action is FailureAction.PAUSE:
-                    self._pause(raw)
+                await self._deserialization_failed(raw, what, exc)
                 return
             record = Record(key, value, raw.timestamp, raw.headers)
             try:
@@ -434,15 +437,7 @@ class StreamTask:
                     continue
                 if isinstance(exc, StreamsError):
                     raise
-                failure = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
-                failure.__cause__ = exc
-                if self.errors is None:
-                    raise failure from exc
-                action = await self.errors.on_processing_error(self.id, raw, node, record, failure)
-                if action is FailureAction.FAIL:
-                    raise failure from exc
-                if action is FailureAction.PAUSE:
-                    self._pause(raw)
+                await self._processing_failed(raw, node, record, exc)
                 return
             if self.timer.deadline_ms is not None and self.timer.cleared_by_processing:
                 self.timer.clear()
