@@ -278,7 +278,8 @@ class KafkaStreams:
 
         Returns None when no thread is alive. A thread may remove itself (from a
         processor or handler); then the call returns without waiting. Called on a
-        stream thread's running loop (a plain processor), it does not wait either:
+        stream thread's running loop (a plain processor, or an uncaught-exception
+        handler, which runs on the failing thread's loop), it does not wait either:
         it returns once the shutdown has started, and the removed thread keeps its
         index until it is DEAD (``remove_stream_thread_async`` waits without blocking).
         Otherwise raises ``StreamsTimeoutError`` if the thread is not dead within

@@ -567,13 +567,38 @@ async def test_static_member_keeps_its_partitions_across_a_restart(
         )
         owned_a = set(a.listener.owned)
         b_assigned = b.listener.count("assigned")
-        await a.close()  # a static member sends no LeaveGroup
+        await a.close(leave_group=False)  # a static member that stays: no LeaveGroup
         a2 = await Member(transport, group, topic, "member-a2", group_instance_id="instance-a").start()
         try:
             await wait_until(lambda: a2.listener.owned == owned_a, "the restarted member's partitions")
             assert b.listener.count("assigned") == b_assigned  # B saw no rebalance
         finally:
             await a2.close()
+    finally:
+        await b.close()
+        await a.close()
+
+
+async def test_static_member_closed_with_leave_group_leaves_at_once(
+    transport: KafkaTransport,
+) -> None:
+    """LeaveGroup v3 names the group.instance.id: B takes over long before A's session expires."""
+    topic = await create_topic(transport, 4)
+    group = _name("group")
+    session_ms = 30_000
+    a = await Member(transport, group, topic, "member-a", group_instance_id="instance-a",
+                     session_timeout_ms=session_ms).start()
+    b = await Member(transport, group, topic, "member-b", group_instance_id="instance-b",
+                     session_timeout_ms=session_ms).start()
+    try:
+        await wait_until(
+            lambda: len(a.listener.owned) == 2 and len(b.listener.owned) == 2, "a 2/2 split"
+        )
+        started = time.monotonic()
+        await a.close(leave_group=True)
+        await wait_until(lambda: len(b.listener.owned) == 4, "B to take over all partitions",
+                         timeout=session_ms / 1000 / 2)
+        assert time.monotonic() - started < session_ms / 1000 / 3
     finally:
         await b.close()
         await a.close()
