@@ -45,9 +45,13 @@ class ThreadRegistry:
             self._threads.append(thread)
 
     def remove(self, thread: StreamThread) -> None:
-        with self.lock:
-            if thread in self._threads:
-                self._threads.remove(thread)
+        """Lock-free on purpose: a dying thread calls it while it holds its own state lock, and a
+        caller holding this registry's lock may be waiting for that state lock (shutting it down).
+        ``list.remove`` is atomic; ``trim_dead`` drops the thread too should it miss the list."""
+        try:
+            self._threads.remove(thread)
+        except ValueError:
+            pass
 
     def alive(self) -> list[StreamThread]:
         return [t for t in self.snapshot() if t.is_alive]
