@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install kafka unit bench clean
+.PHONY: demo test install kafka check unit bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamloop needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
@@ -23,8 +23,13 @@ demo: $(STAMP)
 kafka: $(STAMP)
 	$(BIN)/python -m tests.support.kafka_broker fetch
 
+# Static checks: the typed public API stays typed, and no name is left unused or undefined.
+check: $(STAMP)
+	$(BIN)/python -m mypy engine handlers
+	$(BIN)/python -m ruff check engine handlers tests benchmarks
+
 # The session fixture starts the Kafka broker (fetched above) and stops it at the end.
-test: kafka
+test: kafka check
 	$(BIN)/python -m pytest -q
 
 unit: $(STAMP)

@@ -168,7 +168,7 @@ class StreamsConfig(Mapping[str, Any]):
             settings = settings._given
         if not isinstance(settings, Mapping):
             raise ConfigError("<config>", f"expected a mapping of keys to values, got {type(settings).__name__}")
-        self._given = dict(settings)
+        self._given: dict[str, Any] = dict(settings)
         values: dict[str, Any] = {}
         for key in KEYS:
             if key.name in settings:

@@ -14,6 +14,7 @@ import random
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
 from engine.records import TopicPartition
@@ -44,7 +45,8 @@ async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> li
     customers = [f"customer-{i}" for i in range(20)]
     started = time.monotonic()
     for i in range(count):
-        order = {"id": i, "customer": rng.choice(customers), "amount": round(rng.expovariate(1 / 200), 2)}
+        order: dict[str, Any] = {"id": i, "customer": rng.choice(customers),
+                                 "amount": round(rng.expovariate(1 / 200), 2)}
         orders.append(order)
         key = order["customer"].encode()
         producer.append(ORDERS, hash(order["customer"]) % 4, key, JsonSerde().serialize(order), None, ())

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import anyio
+import anyio.abc
 from anyio import CancelScope, create_task_group
 from anyio.from_thread import BlockingPortal
 
@@ -38,7 +39,7 @@ from engine.errors import MissingSinkTopicError, MissingSourceTopicError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext, thread_log
 from engine.records import TopicPartition
-from engine.serdes import BytesSerde, as_serde
+from engine.serdes import BytesSerde, Serde, as_serde
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask
@@ -304,7 +305,7 @@ class StreamThread:
                                       self._clock.monotonic_ms, self.log)
                 self._manager = manager = TaskManager(
                     config[cfg.APPLICATION_ID], self._topology, consumer, collector, committer,
-                    lambda task: group.start_soon(self._run_task, task, name=f"{self.name} task {task.id}"),
+                    lambda task: self._spawn(group, task),
                     self.log, self._clock.wall_ms,
                     _serde(config[cfg.DEFAULT_KEY_SERDE], "default.key.serde"),
                     _serde(config[cfg.DEFAULT_VALUE_SERDE], "default.value.serde"),
@@ -459,6 +460,9 @@ class StreamThread:
         except Exception:  # noqa: BLE001 - the old producer failed already; its close may too
             self.log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
+    def _spawn(self, group: anyio.abc.TaskGroup, task: StreamTask) -> None:
+        group.start_soon(self._run_task, task, name=f"{self.name} task {task.id}")
+
     async def _run_task(self, task: StreamTask) -> None:
         with CancelScope() as scope:
             task.cancel_scope = scope
@@ -525,7 +529,7 @@ class StreamThread:
             self.assignor.owned_tasks = sorted(manager.tasks)
 
 
-def _serde(value: object, key: str) -> object:
+def _serde(value: object, key: str) -> Serde:
     return BytesSerde() if value is None else as_serde(value, key)
 
 

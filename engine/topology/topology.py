@@ -185,7 +185,7 @@ class Topology:
         groups: dict[str, list[str]] = {}
         for name in self._specs:  # insertion order = creation order
             groups.setdefault(root(name), []).append(name)
-        result = []
+        result: list[SubTopology] = []
         for names in groups.values():
             sources = [n for n in names if self._specs[n].kind is NodeKind.SOURCE]
             if not sources:

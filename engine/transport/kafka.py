@@ -210,7 +210,7 @@ def _coerce(value: object, default: object) -> object:
 
 def _client_kwargs(cls: type, raw: Mapping[str, object]) -> dict[str, object]:
     """Turn pass-through keys (``fetch.max.wait.ms`` or ``fetch_max_wait_ms``) into kwargs of ``cls``."""
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
     out: dict[str, object] = {}
     for key, value in raw.items():
         name = key.replace(".", "_").replace("-", "_")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 

@@ -1,0 +1,7 @@
+"""``python -m engine``: the ``streamloop`` command."""
+
+import sys
+
+from engine.cli import main
+
+sys.exit(main())

@@ -1,0 +1,96 @@
+"""``streamloop`` (also ``python -m engine``): run an application, or the demo.
+
+    streamloop run package.module:streams     # a KafkaStreams, or a function returning one
+    streamloop demo [--orders N]
+
+``run`` starts the client, waits until SIGINT/SIGTERM or until the client stops by
+itself, closes it gracefully (finish in-flight records, commit, leave the group),
+and exits 0 after a clean stop, 1 when the client ended in ERROR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from engine.client import ClientState, KafkaStreams
+
+log = logging.getLogger("streamloop")
+
+
+class AppLoadError(Exception):
+    """The ``module:attribute`` given to ``run`` does not name a KafkaStreams (or a factory)."""
+
+
+def load_app(target: str) -> KafkaStreams:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise AppLoadError(f"Expected 'package.module:attribute', got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AppLoadError(f"Cannot import module {module_name!r}: {exc}") from exc
+    try:
+        app = getattr(module, attribute)
+    except AttributeError as exc:
+        raise AppLoadError(f"Module {module_name!r} has no attribute {attribute!r}") from exc
+    if callable(app) and not isinstance(app, KafkaStreams):
+        app = app()
+    if not isinstance(app, KafkaStreams):
+        raise AppLoadError(f"{target} is a {type(app).__name__}, not a KafkaStreams (or a function returning one)")
+    return app
+
+
+def run(target: str, close_timeout: float) -> int:
+    streams = load_app(target)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("Received %s: closing", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+    streams.set_state_listener(lambda new, _old: stop.set() if new in (
+        ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR) else None)
+    streams.start()
+    log.info("Started %s (%s)", target, streams.client_id)
+    stop.wait()
+    streams.close(timeout=close_timeout)
+    final = streams.state
+    log.info("Stopped in state %s", final.name)
+    return 1 if final is ClientState.ERROR else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="streamloop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run an application until SIGINT/SIGTERM")
+    run_parser.add_argument("app", help="package.module:attribute naming a KafkaStreams or a factory")
+    run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
+    run_parser.add_argument("--log-level", default="INFO")
+    demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker")
+    demo_parser.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from engine.demo import main as demo_main
+
+        return demo_main(args.args)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    try:
+        return run(args.app, args.close_timeout)
+    except AppLoadError as exc:
+        print(f"streamloop: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""``streamloop run`` as a real subprocess: graceful close on SIGTERM, exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+APP = textwrap.dedent('''
+    import asyncio
+    from engine import KafkaStreams, StreamsBuilder
+    from engine.serdes import IntegerSerde, JsonSerde
+    from engine.transport import open_transport
+    from engine.transport.base import ProducerSettings
+
+    BOOTSTRAP = "memory://cli-test"
+
+    async def _input(poison):
+        transport = open_transport({"bootstrap.servers": BOOTSTRAP})
+        admin = transport.admin("a")
+        await admin.start()
+        await admin.create_topics({"in": 1, "out": 1})
+        await admin.close()
+        producer = transport.producer(ProducerSettings("p"))
+        await producer.start()
+        for i in range(5):
+            producer.append("in", 0, None, JsonSerde().serialize({"i": i, "poison": poison and i == 3}), None, ())
+        await producer.flush()
+        await producer.close()
+
+    def check(value):
+        if value["poison"]:
+            raise ValueError("poison")
+        print("processed", value["i"], flush=True)
+        return value
+
+    def make(poison=False):
+        asyncio.run(_input(poison))
+        builder = StreamsBuilder()
+        builder.stream("in", value_serde=JsonSerde()).map_values(check).to("out", value_serde=JsonSerde())
+        return KafkaStreams(builder.build(), {"application.id": "cli", "bootstrap.servers": BOOTSTRAP,
+                                              "commit.interval.ms": 100})
+
+    def healthy():
+        return make()
+
+    def poisoned():
+        return make(poison=True)
+
+    not_an_app = 42
+''')
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "cli_test_app.py").write_text(APP)
+    return tmp_path
+
+
+def start(app_dir: Path, target: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
+    return subprocess.Popen([sys.executable, "-m", "engine", "run", target], cwd=app_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_until(process: subprocess.Popen[str], needle: str, timeout: float = 30) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout
+    assert process.stdout is not None
+    for line in process.stdout:
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"{needle!r} not printed within {timeout} s:\n{''.join(seen)}")
+
+
+def test_sigterm_closes_gracefully_and_exits_zero(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:healthy")
+    try:
+        read_until(process, "processed 4")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert "Stopped in state NOT_RUNNING" in rest
+
+
+def test_a_client_that_ends_in_error_exits_non_zero(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:poisoned")
+    try:
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1
+    assert "Stopped in state ERROR" in output
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("cli_test_app", "Expected 'package.module:attribute'"),
+    ("no_such_module:app", "Cannot import module"),
+    ("cli_test_app:missing", "has no attribute"),
+    ("cli_test_app:not_an_app", "not a KafkaStreams"),
+])
+def test_a_bad_target_is_a_clear_error(app_dir: Path, target: str, message: str) -> None:
+    process = start(app_dir, target)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert message in output
