@@ -76,13 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("app", help="package.module:attribute naming a KafkaStreams or a factory")
     run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
     run_parser.add_argument("--log-level", default="INFO")
-    demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker")
-    demo_parser.add_argument("args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    commands.add_parser("demo", help="the order pipeline on the embedded broker (its own options follow)")
+    args, extra = parser.parse_known_args(argv)
     if args.command == "demo":
         from engine.demo import main as demo_main
 
-        return demo_main(args.args)
+        return demo_main(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
     try:

@@ -117,3 +117,15 @@ def test_a_bad_target_is_a_clear_error(app_dir: Path, target: str, message: str)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 2
     assert message in output
+
+
+def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+    from engine.transport.memory import MemoryBroker
+
+    MemoryBroker.reset("demo")
+    try:
+        assert main(["demo", "--orders", "300", "--rate", "100000"]) == 0
+    finally:
+        MemoryBroker.reset("demo")
+    assert "Check: every kept order is in the output" in capsys.readouterr().out
