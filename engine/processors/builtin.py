@@ -11,6 +11,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio.to_thread
+
 from engine.records import Record
 from engine.topology.nodes import Node
 
@@ -31,7 +33,7 @@ def _as_pair(result: Any, node: str) -> tuple[Any, Any]:
 class FunctionNode(Node):
     """A node around one user function; subclasses say how to call it and what to emit."""
 
-    __slots__ = ("fn", "is_async")
+    __slots__ = ("fn", "is_async", "blocking")
 
     def __init__(self, name: str, fn: Callable[..., Any]) -> None:
         if not callable(fn):
@@ -39,6 +41,14 @@ class FunctionNode(Node):
         super().__init__(name)
         self.fn = fn
         self.is_async = is_async_callable(fn)
+        self.blocking = False
+
+    def mark_blocking(self) -> None:
+        """Run the (plain) function on anyio's bounded worker-thread pool, off the loop."""
+        if self.is_async:
+            raise TypeError(f"'{self.name}': blocking=True is for plain functions, not async ones")
+        self.blocking = True
+        self.is_async = True
 
     def process(self, record: Record) -> Awaitable[None] | None:
         if self.is_async:
@@ -48,7 +58,11 @@ class FunctionNode(Node):
 
     async def _finish(self, record: Record) -> None:
         # The user's coroutine is made here, so dropping an unstarted _finish leaks nothing.
-        self._emit(record, await self._call(record))
+        if self.blocking:
+            # anyio's default limiter bounds the pool; the loop (and its heartbeats) stays free.
+            self._emit(record, await anyio.to_thread.run_sync(self._call, record))
+        else:
+            self._emit(record, await self._call(record))
 
     def _call(self, record: Record) -> Any:
         return self.fn(record.key, record.value)

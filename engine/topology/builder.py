@@ -65,78 +65,81 @@ class KStream:
 
     def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node],
               *functions: Callable[..., Any], concurrency: int | None = None,
-              ordering: str | None = None) -> KStream:
+              ordering: str | None = None, blocking: bool = False) -> KStream:
         for fn in functions:
             if not callable(fn):
                 raise TypeError(f"{prefix.split('-', 1)[1].lower()}() needs a callable, got {fn!r}")
         node_name = self._builder._name(name, prefix)
-        self._builder._topology.add_node(node_name, lambda: factory(node_name), self._node)
+        if blocking:
+            # Checked now, not when the first task is built on a stream thread.
+            factory(node_name).mark_blocking()  # type: ignore[attr-defined]
+        self._builder._topology.add_node(node_name, lambda: _made(factory(node_name), blocking), self._node)
         if concurrency is not None or ordering is not None:
             self._builder._topology.set_concurrency(node_name, concurrency, ordering)
         return KStream(self._builder, node_name)
 
     def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Keep the records for which ``predicate(key, value)`` is true."""
         return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate), predicate,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Drop the records for which ``predicate(key, value)`` is true."""
         return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True), predicate,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Replace each record by ``mapper(key, value) -> (new_key, new_value)``."""
         return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Give each record the key ``mapper(key, value)``."""
         return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Replace each value by ``mapper(value)``; the key stays."""
         return self._then("KSTREAM-MAPVALUES", name, lambda n: MapValuesNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def flat_map(self, mapper: Callable[[Any, Any], Iterable[tuple[Any, Any]]], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Replace each record by the ``(key, value)`` pairs of ``mapper(key, value)``."""
         return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Replace each record by one record per value of ``mapper(value)``."""
         return self._then("KSTREAM-FLATMAPVALUES", name, lambda n: FlatMapValuesNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def peek(self, action: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Call ``action(key, value)`` for each record and pass it on unchanged."""
         return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action), action,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None,
-            concurrency: int | None = None, ordering: str | None = None,
+            concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> None:
         """Call ``action(key, value)`` for each record; a terminal operation."""
         self._then("KSTREAM-FOREACH", name, lambda n: ForeachNode(n, action), action,
-                          concurrency=concurrency, ordering=ordering)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def process(self, supplier: ProcessorSupplier, *, name: str | None = None,
                 concurrency: int | None = None, ordering: str | None = None) -> KStream:
@@ -144,7 +147,8 @@ class KStream:
 
         ``concurrency``/``ordering`` (on every function-taking method too) let records of the
         tasks that run this processor be in flight at once, overriding ``num.threads.per.task``
-        and ``processing.ordering`` for its whole sub-topology.
+        and ``processing.ordering`` for its whole sub-topology. On the function-taking methods,
+        ``blocking=True`` runs a plain function on a bounded worker-thread pool, off the loop.
         """
         node_name = self._builder._name(name, "KSTREAM-PROCESSOR")
         self._builder._topology.add_processor(node_name, supplier, self._node)
@@ -222,6 +226,12 @@ class BranchedKStream:
         self._done = True
         streams = self._stream.branch(*self._predicates, name=f"{self._prefix}split" if self._prefix else None)
         return {f"{self._prefix}{n}": s for n, s in zip(self._names, streams, strict=True)}
+
+
+def _made(node: Node, blocking: bool) -> Node:
+    if blocking:
+        node.mark_blocking()  # type: ignore[attr-defined]
+    return node
 
 
 def _pass_through(name: str) -> Callable[[], Node]:

@@ -163,3 +163,34 @@ async def test_more_records_than_the_buffer_flow_through_with_records_in_flight(
     async with streams:
         out = await cluster.read(sink, 3000, timeout=60)
     assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)][:3000] == list(range(3000))
+
+
+async def test_blocking_functions_run_off_the_loop_on_a_bounded_pool(cluster: Cluster, names) -> None:
+    import time
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(40)], INT, JSON, partitions=1)
+    lock = threading.Lock()
+    seen = {"now": 0, "max": 0, "threads": set()}
+
+    def lookup(value: dict) -> dict:  # a blocking client call
+        with lock:
+            seen["now"] += 1
+            seen["max"] = max(seen["max"], seen["now"])
+            seen["threads"].add(threading.current_thread().name)
+        time.sleep(0.02)
+        with lock:
+            seen["now"] -= 1
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(lookup, blocking=True, concurrency=8)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_streams(builder.build(), cluster.bootstrap, names.app):
+        out = await cluster.read(sink, 40)
+    assert [JSON.deserialize(r.value)["i"] for r in sorted(out, key=lambda r: r.offset)] == list(range(40))
+    assert 1 < seen["max"] <= 8
+    assert not any("StreamThread" in name for name in seen["threads"])
+

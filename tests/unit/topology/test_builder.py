@@ -396,3 +396,11 @@ def test_the_strictest_ordering_and_largest_concurrency_of_a_subtopology_apply()
             .filter(lambda k, v: True, concurrency=32, ordering="key")
             .to("out"))
     assert builder.build().concurrency_of(0) == (32, "key")
+
+
+def test_blocking_is_for_plain_functions() -> None:
+    async def already_async(value: object) -> object:
+        return value
+
+    with pytest.raises(TypeError, match="blocking=True is for plain functions"):
+        StreamsBuilder().stream("in").map_values(already_async, blocking=True)
