@@ -250,14 +250,12 @@ class InFlightWindow:
             await self._collector.emit(slot)
             queue.remove(slot)
             self.count -= 1
-            lowest = self._lowest_in_flight(tp)
-            if lowest is not None and slot.raw.offset > lowest:
-                self._completed[tp].add(slot.raw.offset)
-            task.advance_past(tp, slot.raw.offset, lowest)
-            if lowest is None:
-                self._completed[tp].clear()
-            else:
-                self._completed[tp] = {o for o in self._completed[tp] if o > lowest}
+            watermark = task.advance_past(tp, slot.raw.offset, self._lowest_in_flight(tp))
+            # Done above the watermark (a lower record still in flight or waiting behind a busy
+            # key): remembered for the commit metadata so a new owner does not redo it.
+            completed = self._completed[tp]
+            completed.add(slot.raw.offset)
+            self._completed[tp] = {o for o in completed if o >= watermark}
         task.wake()
 
     def _lowest_in_flight(self, tp: TopicPartition) -> int | None:

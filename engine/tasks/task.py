@@ -93,6 +93,7 @@ class StreamTask:
         # Offset of the next record to process per partition, once one was processed.
         self._next_offsets: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
+        self._committed_meta: dict[TopicPartition, OffsetAndMetadata] = {}
         self.stream_time = -1
         self.processed = 0
         self.finished = asyncio.Event()
@@ -393,8 +394,8 @@ class StreamTask:
     async def flush_output(self) -> None:
         await self._send_buffered()  # type: ignore[misc]
 
-    def advance_past(self, tp: TopicPartition, offset: int, lowest_in_flight: int | None) -> None:
-        """``offset`` is done: the committable position becomes the contiguous watermark."""
+    def advance_past(self, tp: TopicPartition, offset: int, lowest_in_flight: int | None) -> int:
+        """``offset`` is done: the committable position becomes the contiguous watermark (returned)."""
         high = self._done_high.get(tp, -1)
         if offset > high:
             self._done_high[tp] = high = offset
@@ -405,6 +406,7 @@ class StreamTask:
             watermark = min(watermark, self.paused_at[1])
         self._next_offsets[tp] = watermark
         self.processed += 1
+        return watermark
 
     async def process_in_flight(self, slot: RecordSlot) -> None:
         """One record's whole graph, on its own coroutine; timeouts retry it in place."""
@@ -450,17 +452,24 @@ class StreamTask:
         With records in flight, the metadata lists offsets done above the watermark.
         """
         window = self.window
-        return {
-            TopicPartition(*tp): OffsetAndMetadata(
-                offset, "" if window is None else window.metadata(TopicPartition(*tp), offset))
+        if window is None:
+            return {
+                TopicPartition(*tp): OffsetAndMetadata(offset)
+                for tp, offset in self._next_offsets.items()
+                if self._committed.get(tp) != offset
+            }
+        # With records in flight the metadata may change while the watermark stays.
+        positions = {
+            TopicPartition(*tp): OffsetAndMetadata(offset, window.metadata(TopicPartition(*tp), offset))
             for tp, offset in self._next_offsets.items()
-            if self._committed.get(tp) != offset
         }
+        return {tp: om for tp, om in positions.items() if self._committed_meta.get(tp) != om}
 
     def mark_committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         for tp, om in offsets.items():
             if tp in self._queues:
                 self._committed[tp] = om.offset
+                self._committed_meta[tp] = om
 
     def commit_needed(self) -> bool:
         return self.context.commit_requested

@@ -19,7 +19,8 @@ INT, JSON = IntegerSerde(), JsonSerde()
 layouts = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=60)  # (key, delay ms)
 
 
-async def run(layout: list[tuple[int, int]], limit: int, ordering: str, partitions: int) -> tuple[list, int]:
+async def run(layout: list[tuple[int, int]], limit: int, ordering: str, partitions: int,
+              threads: int = 1) -> tuple[list, int]:
     bootstrap = f"memory://in-flight-{uuid.uuid4().hex[:8]}"
     cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
     await cluster.create_topics({"in": partitions, "out": partitions})
@@ -39,7 +40,7 @@ async def run(layout: list[tuple[int, int]], limit: int, ordering: str, partitio
     builder = StreamsBuilder()
     builder.stream("in", key_serde=INT, value_serde=JSON).map_values(slow).to("out", key_serde=INT, value_serde=JSON)
     streams = make_streams(builder.build(), bootstrap, "in-flight-app", num_threads_per_task=limit,
-                           processing_ordering=ordering)
+                           processing_ordering=ordering, num_stream_threads=threads)
     async with streams:
         await cluster.read("out", len(records), timeout=30)
     output = sorted(await cluster.read_all("out"), key=lambda r: (r.partition, r.offset))
@@ -48,9 +49,10 @@ async def run(layout: list[tuple[int, int]], limit: int, ordering: str, partitio
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts, limit=st.integers(2, 16), ordering=st.sampled_from(["partition", "key", "unordered"]),
-       partitions=st.integers(1, 3))
-def test_output_order_loss_and_window_bound(layout, limit: int, ordering: str, partitions: int) -> None:
-    output, most_in_flight = asyncio.run(run(layout, limit, ordering, partitions))
+       partitions=st.integers(1, 3), threads=st.integers(1, 2))
+def test_output_order_loss_and_window_bound(layout, limit: int, ordering: str, partitions: int,
+                                            threads: int) -> None:
+    output, most_in_flight = asyncio.run(run(layout, limit, ordering, partitions, threads))
     # Nothing lost, nothing doubled (a clean run).
     assert sorted(i for _, i, _ in output) == list(range(len(layout)))
     # Input partition = key % partitions; one task per partition, so the bound is per task.
