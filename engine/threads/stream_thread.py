@@ -19,7 +19,6 @@ States, as in Kafka Streams::
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -231,7 +230,9 @@ class StreamThread:
         return threading.current_thread() is self._os_thread
 
     def resize_cache(self, size: int) -> None:
-        """A plain attribute swap: the loop reads it at the top of its next iteration."""
+        """This thread's share of ``cache.max.bytes.buffering``; an atomic attribute swap, safe from
+        any thread. (The record cache that will use it comes with state stores; today the share is
+        reported in the thread's metadata and metrics.)"""
         self.cache_size = size
 
     def metadata(self) -> ThreadMetadata:
@@ -547,6 +548,3 @@ def _unwrap(exc: BaseException) -> BaseException:
         inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
         exc = inner[0] if inner else exc.exceptions[0]
     return exc
-
-
-log = logging.getLogger(__name__)
