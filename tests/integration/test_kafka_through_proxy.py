@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from aiokafka.structs import TopicPartition
 
+from engine.testing import eventually_async
 from tests.support.fault_proxy import Mode, ProxiedKafka, proxied_kafka
 
 pytestmark = pytest.mark.kafka
@@ -42,11 +43,7 @@ def _passing_through(kafka: ProxiedKafka) -> Iterator[None]:
 
 
 async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE} s waiting for {what}")
-        await asyncio.sleep(0.02)
+    await eventually_async(condition, DEADLINE, what, interval=0.02)
 
 
 @pytest_asyncio.fixture

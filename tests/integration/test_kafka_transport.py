@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import pytest
 
+from engine.testing import eventually_async
 from engine.errors import CommitFailedError, ProduceError
 from engine.records import TopicPartition
 from engine.transport.base import (
@@ -37,11 +38,7 @@ def _name(prefix: str) -> str:
 async def wait_until(
     condition: Callable[[], bool], what: str, timeout: float = DEADLINE
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
+    await eventually_async(condition, timeout, what, interval=0.02)
 
 
 async def create_topic(transport: KafkaTransport, partitions: int = 4) -> str:
