@@ -207,3 +207,30 @@ def _shutdown_client():
 
     return StreamThreadExceptionResponse.SHUTDOWN_CLIENT
 
+
+
+async def test_resume_called_from_inside_a_stream_thread_does_not_deadlock(cluster: Cluster, names) -> None:
+    """A processor of another task resumes the paused one (same thread or another): no waiting on itself."""
+    source, sink = names("in"), names("out")
+    control = names("control")
+    await cluster.create_topics({source: 1, sink: 1, control: 1})
+    await produce(cluster, source, [(0, 0, good(0)), (0, 0, BAD), (0, 0, good(2))])
+    holder: dict[str, object] = {}
+    answers: list[bool] = []
+
+    def resume_from_processor(_key: int, value: dict) -> None:
+        answers.append(holder["streams"].resume("0_0", skip=True))  # type: ignore[attr-defined]
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).to(sink, key_serde=INT, value_serde=JSON)
+    builder.stream(control, key_serde=INT, value_serde=JSON).foreach(resume_from_processor)
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndPauseExceptionHandler)
+    holder["streams"] = streams
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "task 0_0 paused")
+        await produce(cluster, control, [(0, 0, good(99))])
+        await eventually_async(lambda: answers, 30, "the processor's resume call returned")
+        assert answers == [True]
+        out = await cluster.read(sink, 2)
+    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 2]
