@@ -512,8 +512,12 @@ class KafkaStreams:
             if thread.state.state is StreamThreadState.DEAD:
                 continue
             thread_tags = {"thread-id": thread.name}
-            result.append(Metric("stream-thread-metrics", "records-polled-total", thread_tags,
-                                 float(thread.processed)))
+            for name, value in thread.counters().items():
+                result.append(Metric("stream-thread-metrics", name, thread_tags, value))
+            for task_id, values in thread.task_counters():
+                task_tags = {**thread_tags, "task-id": str(task_id)}
+                for name, value in values.items():
+                    result.append(Metric("stream-task-metrics", name, task_tags, value))
             result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
                                  float(thread.cache_size)))
             for task_id, lag in thread.task_lag.items():

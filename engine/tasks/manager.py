@@ -71,6 +71,9 @@ class TaskManager:
         self._on_tasks_changed = on_tasks_changed
         self._monotonic_ms = monotonic_ms
         self.tasks: dict[TaskId, StreamTask] = {}
+        # Counts of tasks already closed, so the thread's totals survive rebalances.
+        self.closed_processed = 0
+        self.closed_timeouts = 0
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
 
@@ -180,6 +183,8 @@ class TaskManager:
                 pass  # the new owner starts from the last successful commit
         for task in tasks:
             task.close()
+            self.closed_processed += task.processed
+            self.closed_timeouts += task.timeouts
             self.tasks.pop(task.id, None)
             for tp in task.partitions:
                 self._by_partition.pop(tp, None)
@@ -217,6 +222,10 @@ class TaskManager:
                     raise
                 # Output is lost: the stream thread revives every task from its last commit.
                 self._committer.producer_failed = exc
+
+    @property
+    def commits(self) -> int:
+        return self._committer.commits
 
     @property
     def producer_failed(self) -> BaseException | None:
@@ -258,6 +267,7 @@ class TaskManager:
                 task.timer = timers[task.id]
         self._log.warning("Revived tasks %s from their last commit after a producer timeout",
                           [str(t.id) for t in tasks])
+        self._on_tasks_changed()
 
     async def maybe_commit(self) -> int:
         return await self._committer.maybe_commit(self.tasks.values())

@@ -142,8 +142,11 @@ class StreamThread:
         self.consumer_client_id = f"{self.name}-consumer"
         self.producer_client_id = f"{self.name}-producer"
         self._active: frozenset[TaskMetadata] = frozenset()
-        self.processed = 0
+        self.records_polled = 0
+        self.polls = 0
         self._manager: TaskManager | None = None
+        # The tasks as of the last change, for readers on other threads (metrics).
+        self._tasks_view: tuple[StreamTask, ...] = ()
         self.errors: ErrorHandling | None = None
         self._task_failure: BaseException | None = None
         self._body_error: BaseException | None = None
@@ -234,6 +237,25 @@ class StreamThread:
         any thread. (The record cache that will use it comes with state stores; today the share is
         reported in the thread's metadata and metrics.)"""
         self.cache_size = size
+
+    def counters(self) -> dict[str, float]:
+        """Running totals for metrics; safe to read from any thread (plain int reads)."""
+        manager = self._manager
+        tasks = self._tasks_view
+        closed_processed = manager.closed_processed if manager is not None else 0
+        closed_timeouts = manager.closed_timeouts if manager is not None else 0
+        return {
+            "records-polled-total": float(self.records_polled),
+            "poll-total": float(self.polls),
+            "process-total": float(closed_processed + sum(t.processed for t in tasks)),
+            "commit-total": float(manager.commits if manager is not None else 0),
+            "timeout-retries-total": float(closed_timeouts + sum(t.timeouts for t in tasks)),
+        }
+
+    def task_counters(self) -> list[tuple[TaskId, dict[str, float]]]:
+        return [(t.id, {"records-processed-total": float(t.processed),
+                        "timeout-retries-total": float(t.timeouts),
+                        "paused": float(t.is_paused)}) for t in self._tasks_view]
 
     def metadata(self) -> ThreadMetadata:
         return ThreadMetadata(self.name, self.state.state, self._active, self.consumer_client_id,
@@ -407,7 +429,8 @@ class StreamThread:
                     break
                 records = await consumer.poll(poll_ms, max_records)  # type: ignore[attr-defined]
                 if records:
-                    self.processed += manager.add_records(records)
+                    self.records_polled += manager.add_records(records)
+                self.polls += 1
             self._poll_scope = None
             await manager.maybe_commit()
             if manager.producer_failed is not None:
@@ -527,6 +550,7 @@ class StreamThread:
         if manager is not None:
             self._active = frozenset(TaskMetadata(t.id, t.partitions, not t.is_paused)
                                      for t in manager.tasks.values())
+            self._tasks_view = tuple(manager.tasks.values())
             self.assignor.owned_tasks = sorted(manager.tasks)
 
 

@@ -190,3 +190,25 @@ async def test_unreadable_record_fails_the_thread_naming_topic_partition_offset(
     assert isinstance(error, DeserializationError)
     assert (error.topic, error.partition, error.offset) == (source, 0, 1)
     assert f"{source}-0 offset 1" in str(error)
+
+
+async def test_metrics_count_a_known_workload(cluster: Cluster, names) -> None:
+    source, sink = await setup_topics(cluster, names, partitions=2)
+    records = [(i, {"n": i}) for i in range(100)]
+    await cluster.produce(source, records, INT, JSON, partitions=2)
+    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
+    async with streams:
+        await cluster.read(sink, 50)
+
+        def thread_metric(name: str) -> float:
+            return sum(m.value for m in streams.metrics() if m.group == "stream-thread-metrics" and m.name == name)
+
+        await eventually_async(lambda: thread_metric("process-total") == 100, 30, "100 records processed")
+        await eventually_async(lambda: thread_metric("commit-total") >= 1, 30, "a commit")
+        assert thread_metric("records-polled-total") >= 100
+        assert thread_metric("poll-total") >= 1
+        assert thread_metric("timeout-retries-total") == 0
+        per_task = {m.tags["task-id"]: m.value for m in streams.metrics()
+                    if m.group == "stream-task-metrics" and m.name == "records-processed-total"}
+        assert per_task == {"0_0": 50, "0_1": 50}
+        assert streams.metric("alive-stream-threads") == 1
