@@ -85,4 +85,5 @@ def test_only_the_task_timing_out_past_its_deadline_fails(records: list, partiti
     output, errors = asyncio.run(run(records, partitions, timeouts_of, 300, expect_failure=True))
     assert errors and all(isinstance(e, TaskTimeoutError) for e in errors)
     assert {e.task_id for e in errors} == {TaskId(0, 0)}
-    assert sorted(v["i"] for _, v in output) == sorted(v["i"] for k, v in records if k % partitions != 0)
+    # A thread died, so records after its last commit may come out twice (at-least-once): compare sets.
+    assert {v["i"] for _, v in output} == {v["i"] for k, v in records if k % partitions != 0}
