@@ -15,7 +15,8 @@ from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams
-from tests.support.cluster import Cluster, committed_offset
+from engine.tasks.in_flight import decode_completed
+from tests.support.cluster import Cluster, committed_offset, committed_position
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,8 +53,15 @@ async def test_commits_stop_at_the_lowest_record_in_flight_and_a_restart_skips_c
     try:
         await eventually_async(lambda: sum(calls.values()) == 20, 30, "all 20 records started")
         tp = TopicPartition(source, 0)
-        # Everything but offset 5 is done; the commit must not pass it.
+        # Everything but offset 5 is done; the commit must not pass it, and its metadata lists the rest.
         await eventually_async(lambda: _committed_is(cluster, names.app, tp, 5), 30, "a commit at offset 5")
+        done_above = set(range(6, 20))
+
+        async def metadata_lists_the_rest() -> bool:
+            position = await committed_position(cluster, names.app, tp)
+            return position is not None and decode_completed(position[0], position[1]) == done_above
+
+        await eventually_async(metadata_lists_the_rest, 30, "offsets 6..19 in the commit metadata")
         crash.set()
         release.set()  # offset 5 now fails: the client dies without committing further
         assert await first.wait_for_state_async(ClientState.ERROR, timeout=30)

@@ -130,17 +130,27 @@ def by_partition(records: Iterable[ConsumerRecord]) -> dict[int, list[ConsumerRe
 
 async def committed_offset(cluster: Cluster, group: str, tp: TopicPartition) -> int | None:
     """The group's committed offset of ``tp`` as the broker has it (no group membership needed)."""
+    committed = await committed_position(cluster, group, tp)
+    return None if committed is None else committed[0]
+
+
+async def committed_position(cluster: Cluster, group: str, tp: TopicPartition) -> tuple[int, str] | None:
+    """The group's committed ``(offset, metadata)`` of ``tp``."""
     if cluster.bootstrap.startswith("memory://"):
         from engine.transport.memory import MemoryBroker
 
         committed = MemoryBroker.for_url(cluster.bootstrap).committed(group, tp)
-        return None if committed is None else committed.offset
+        return None if committed is None else (committed.offset, committed.metadata)
     from aiokafka import AIOKafkaConsumer
     from aiokafka import TopicPartition as KafkaTopicPartition
 
     consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(KafkaTopicPartition(tp.topic, tp.partition))
+        ktp = KafkaTopicPartition(tp.topic, tp.partition)
+        # consumer.committed() drops the metadata; the coordinator's answer keeps it.
+        found = await consumer._coordinator.fetch_committed_offsets([ktp])
+        entry = found.get(ktp)
+        return None if entry is None or entry.offset < 0 else (entry.offset, entry.metadata or "")
     finally:
         await consumer.stop()
