@@ -84,7 +84,7 @@ import asyncio
 import inspect
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -164,6 +164,19 @@ def _transport_error(exc: BaseException, what: str) -> TransportError:
     err = TransportError(f"{what} failed: {_describe(exc)}")
     err.retriable = bool(getattr(exc, "retriable", False)) or is_timeout(exc)
     return err
+
+
+async def _start_or_clean_up(
+    start: Callable[[], Awaitable[Any]], stop: Callable[[], Awaitable[Any]], what: str
+) -> None:
+    """Start an aiokafka client; if that fails, release what it opened and report a TransportError."""
+    try:
+        await start()
+    except BaseException as exc:
+        await stop()
+        if isinstance(exc, aioerrors.KafkaError):
+            raise _transport_error(exc, what) from exc
+        raise
 
 
 def _aio_tp(tp: tuple[str, int]) -> AioTopicPartition:
@@ -503,13 +516,7 @@ class KafkaConsumer:
                 _AssignorAdapter(self._settings.assignor, self),
             )
         consumer = AIOKafkaConsumer(**kwargs)
-        try:
-            await consumer.start()
-        except BaseException as exc:
-            await consumer.stop()
-            if isinstance(exc, aioerrors.KafkaError):
-                raise _transport_error(exc, "starting the consumer") from exc
-            raise
+        await _start_or_clean_up(consumer.start, consumer.stop, "starting the consumer")
         self._consumer = consumer
         # Applied after start so that start() does not wait for the first
         # rebalance (aiokafka's start() would when subscribed before it).
@@ -858,13 +865,7 @@ class KafkaProducer:
         if self._closed:
             raise IllegalStateError("the producer is closed")
         producer = AIOKafkaProducer(**self._kwargs)
-        try:
-            await producer.start()
-        except BaseException as exc:
-            await producer.stop()
-            if isinstance(exc, aioerrors.KafkaError):
-                raise _transport_error(exc, "starting the producer") from exc
-            raise
+        await _start_or_clean_up(producer.start, producer.stop, "starting the producer")
         self._producer = producer
         self._fast = _Slot.can_write_directly(producer.create_batch())
 
@@ -1002,13 +1003,7 @@ class KafkaAdmin:
         if self._admin is not None:
             return
         admin = AIOKafkaAdminClient(**self._kwargs)
-        try:
-            await admin.start()
-        except BaseException as exc:
-            await admin.close()
-            if isinstance(exc, aioerrors.KafkaError):
-                raise _transport_error(exc, "starting the admin client") from exc
-            raise
+        await _start_or_clean_up(admin.start, admin.close, "starting the admin client")
         self._admin = admin
 
     async def close(self) -> None:
