@@ -10,10 +10,12 @@ from engine.errors import (
     ConfigError,
     DeserializationError,
     IllegalStateError,
+    InvalidStateStoreError,
     MissingSinkTopicError,
     MissingSourceTopicError,
     ProcessingError,
     ProduceError,
+    StateStoreError,
     StreamsError,
     StreamsTimeoutError,
     TaskError,
@@ -24,7 +26,9 @@ from engine.processors.api import BaseProcessor, Processor, ProcessorContext, Pu
 from engine.records import Record, TopicPartition
 from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import StreamThreadState, TaskMetadata, ThreadMetadata
+from engine.state import Materialized, Stores, TimeWindows, Windowed
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
 
 __all__ = [
@@ -35,28 +39,37 @@ __all__ = [
     "ConfigError",
     "DeserializationError",
     "IllegalStateError",
-    "KStream",
+    "InvalidStateStoreError",
     "KafkaStreams",
+    "KGroupedStream",
+    "KStream",
+    "KTable",
+    "Materialized",
     "Metric",
     "MissingSinkTopicError",
     "MissingSourceTopicError",
     "ProcessingError",
-    "ProduceError",
     "Processor",
     "ProcessorContext",
+    "ProduceError",
     "PunctuationType",
     "Record",
-    "StreamThreadState",
+    "StateStoreError",
+    "Stores",
     "StreamsBuilder",
     "StreamsConfig",
     "StreamsError",
     "StreamsTimeoutError",
+    "StreamThreadState",
     "TaskError",
     "TaskId",
     "TaskMetadata",
     "ThreadMetadata",
+    "TimeWindowedKStream",
+    "TimeWindows",
     "TopicPartition",
     "Topology",
     "TopologyError",
     "TransportError",
+    "Windowed",
 ]

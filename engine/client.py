@@ -42,9 +42,20 @@ from anyio.from_thread import start_blocking_portal
 from engine import config as cfg
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import StreamsConfig, load_handler
-from engine.errors import IllegalStateError, MissingSinkTopicError, MissingSourceTopicError, StreamsTimeoutError
+from engine.errors import (
+    IllegalStateError,
+    InvalidStateStoreError,
+    MissingSinkTopicError,
+    MissingSourceTopicError,
+    StreamsTimeoutError,
+)
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.state.cleaner import StateDirCleaner
+from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from engine.state.restore import StateRestoreListener
+from engine.state.store import StateStore
+from engine.state.stores import StoreType
 from engine.threads.registry import ThreadRegistry
 from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import StreamThread, StreamThreadState, TaskMetadata, ThreadMetadata
@@ -119,7 +130,10 @@ class KafkaStreams:
         for key in (cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, cfg.PROCESSING_EXCEPTION_HANDLER):
             load_handler(self.config, key)
         topology.validate()
+        topology.set_application_id(self.config[cfg.APPLICATION_ID])
         self.topology = topology
+        self._restore_listener: StateRestoreListener | None = None
+        self._cleaner: StateDirCleaner | None = None
         self._clock = clock
         self.client_id: str = self.config[cfg.CLIENT_ID]
         self.process_id = str(uuid.uuid4())
@@ -141,6 +155,7 @@ class KafkaStreams:
             backoff=ReplacementBackoff(self.config.seconds(cfg.RETRY_BACKOFF_MS) or 0.1, _BACKOFF_CAP_S),
         )
         self._state.add_listener(self._notify_user)
+        self._state.add_listener(self._stop_cleaner_when_done)
 
     # -- state -------------------------------------------------------------------
     @property
@@ -165,6 +180,41 @@ class KafkaStreams:
 
     async def wait_for_state_async(self, *states: ClientState, timeout: float | None = None) -> bool:
         return await self._state.wait_for_async(states, timeout)
+
+    def set_global_state_restore_listener(self, listener: StateRestoreListener | None) -> None:
+        """Told when each task's stores start, progress and end restoring; only allowed in CREATED."""
+        if self.state is not ClientState.CREATED:
+            raise IllegalStateError(
+                f"The restore listener can only be set in state CREATED, not {self.state.name}")
+        self._restore_listener = listener
+
+    # -- interactive queries -------------------------------------------------------------
+    def store(self, name: str) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
+        """A read-only view of store ``name`` over all of this client's tasks (safe from any thread).
+
+        Raises ``InvalidStateStoreError`` for a name the topology lacks or a client
+        that is not running; a view's reads see only tasks that are running now.
+        """
+        if name not in self.topology.store_names:
+            raise InvalidStateStoreError(name, f"is not in the topology (stores: {self.topology.store_names})")
+        if not self.state.is_running_or_rebalancing():
+            raise InvalidStateStoreError(name, f"cannot be queried while the client is {self.state.name}")
+        if self.topology.store_builder(name).type is StoreType.WINDOW:
+            return ReadOnlyWindowStore(name, lambda: self._local_stores(name))
+        return ReadOnlyKeyValueStore(name, lambda: self._local_stores(name))
+
+    def _local_stores(self, name: str) -> list[StateStore]:
+        return [s for t in self._threads.snapshot() if t.is_alive for s in t.local_stores(name)]
+
+    def _owned_task_dirs(self) -> set[str] | None:
+        threads = [t for t in self._threads.snapshot() if t.is_alive]
+        if not threads:
+            return None
+        return {str(task.task_id) for t in threads for task in t.metadata().active_tasks}
+
+    def _stop_cleaner_when_done(self, _old: ClientState, new: ClientState) -> None:
+        if new in (ClientState.NOT_RUNNING, ClientState.ERROR) and self._cleaner is not None:
+            self._cleaner.stop()
 
     def set_uncaught_exception_handler(
         self, handler: Callable[[BaseException], StreamThreadExceptionResponse]
@@ -200,6 +250,12 @@ class KafkaStreams:
                 return
             for thread in threads:
                 thread.start()
+        if self.topology.store_names:
+            import os
+            self._cleaner = StateDirCleaner(
+                os.path.join(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID]),
+                self.config[cfg.STATE_CLEANUP_DELAY_MS], self._owned_task_dirs)
+            self._cleaner.start(f"{self.client_id}-CleanupThread")
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         self._maybe_set_running()
 
@@ -208,13 +264,23 @@ class KafkaStreams:
         await anyio.to_thread.run_sync(self.start)
 
     def _check_topics(self) -> None:
-        source, sink = self.topology.source_topics, self.topology.sink_topics
+        """Check the user's topics exist and create the internal ones (repartition, changelog)."""
+        internal = set(self.topology.repartition_topics())
+        source = [t for t in self.topology.source_topics if t not in internal]
+        sink = [t for t in self.topology.sink_topics if t not in internal]
+        replication = self.config[cfg.REPLICATION_FACTOR]
 
         async def counts() -> dict[str, int]:
             admin = self._transport.admin(f"{self.client_id}-admin")
             await admin.start()
             try:
-                return await admin.partition_counts(source + sink)
+                existing = await admin.partition_counts(source + sink)
+                if all(t in existing for t in source) and (internal or self.topology.store_names):
+                    wanted = self.topology.internal_topics(existing)
+                    await admin.create_topics({t: n for t, (n, _) in wanted.items()},
+                                              replication if replication > 0 else 1,
+                                              configs={t: c for t, (_, c) in wanted.items()})
+                return existing
             finally:
                 await admin.close()
 
@@ -241,6 +307,7 @@ class KafkaStreams:
                 on_failure=self._on_thread_failure,
                 on_shutdown_requested=lambda _thread: self._close_to_error(),
                 clock=self._clock,
+                restore_listener=self._restore_listener,
             )
             self._threads.add(thread)
         return thread

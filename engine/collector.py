@@ -89,6 +89,11 @@ class RecordCollector:
             self._partitions[topic] = count
         self.producer.append(topic, self.default_partition(topic, key, count), key, value, timestamp, headers)
 
+    def append_raw(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int,
+                   headers: Headers) -> None:
+        """Bytes to a known partition (a changelog update goes to its task's partition)."""
+        self.producer.append(topic, partition, key, value, timestamp, headers)
+
     def default_partition(self, topic: str, key: bytes | None, count: int) -> int:
         """Kafka's default: murmur2 of the key bytes; records without key go round-robin."""
         if key is None:

@@ -58,6 +58,10 @@ class Committer:
         """
         tasks = list(tasks)
         self._last_commit = self._clock_ms()
+        for task in tasks:
+            # State updates held in the record caches go down first, so that no offset is
+            # committed without its updates on the changelog.
+            await task.prepare_commit()
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         by_task: list[tuple[StreamTask, dict[TopicPartition, OffsetAndMetadata]]] = []
         for task in tasks:
@@ -91,8 +95,20 @@ class Committer:
             task.mark_committed(task_offsets)
         self._clear_commit_timers(tasks)
         self.commits += 1
+        await self.checkpoint([t for t in tasks if t.state_manager is not None and t.state_manager.checkpoint_due()])
         self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
         return len(offsets)
+
+    async def checkpoint(self, tasks: Iterable[StreamTask]) -> None:
+        """Write the checkpoint files of tasks with persistent stores (after their commit)."""
+        managers = [t.state_manager for t in tasks if t.state_manager is not None and t.state_manager.persistent
+                    and t.state_manager.changelogs]
+        if not managers:
+            return
+        partitions = [tp for m in managers for tp in m.changelogs.values()]
+        ends = await self._consumer.end_offsets(partitions)
+        for manager in managers:
+            await manager.write_checkpoint(ends)
 
     @staticmethod
     def _clear_commit_timers(tasks: list[StreamTask]) -> None:

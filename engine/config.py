@@ -88,6 +88,8 @@ PROCESSING_ORDERING = "processing.ordering"
 DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
 PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
+DEFAULT_DSL_STORE = "default.dsl.store"
+STATE_CLEANUP_DELAY_MS = "state.cleanup.delay.ms"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -129,7 +131,15 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(DEFAULT_VALUE_SERDE, object, None, "Serde for values where the topology names none (bytes)."),
     ConfigKey(REPLICATION_FACTOR, int, -1,
               "Replication factor of internal topics (-1: the broker default).", _at_least(-1)),
-    ConfigKey(STATE_DIR, str, os.path.join(tempfile.gettempdir(), "streamloop"), "Directory for local state."),
+    ConfigKey(STATE_DIR, str, os.path.join(tempfile.gettempdir(), "streamloop"),
+              "Directory for local state: persistent stores and checkpoints under <application.id>/<task id>/."),
+    ConfigKey(DEFAULT_DSL_STORE, str, "rocksDB",
+              "Store of the DSL's tables unless Materialized says otherwise: 'rocksDB' (persistent, "
+              "restores only the changelog's tail after a clean stop) or 'in_memory'.",
+              _one_of("rocksDB", "in_memory")),
+    ConfigKey(STATE_CLEANUP_DELAY_MS, int, 600_000,
+              "A task directory in state.dir that no local thread owns is deleted after this long.",
+              _at_least(0)),
     ConfigKey(LINGER_MS, int, 5, "Producer linger.", _at_least(0)),
     ConfigKey(BATCH_SIZE, int, 64 * 1024, "Producer batch size in bytes.", _at_least(1)),
     ConfigKey(ACKS, str, "all", "Producer acks.", _one_of("all", "-1", "0", "1")),

@@ -9,6 +9,8 @@
     ├── MissingSourceTopicError      source topics do not exist (names them)
     ├── MissingSinkTopicError        sink topics do not exist (names them)
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
+    ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
+    │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
     ├── TaskError                    something went wrong in one task (carries task_id)
     │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
     │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
@@ -136,6 +138,18 @@ class TaskTimeoutError(TaskError):
         super().__init__(message, task_id)
         self.timeout_ms = timeout_ms
         self.what = what
+
+
+class StateStoreError(StreamsError):
+    """A state store cannot be opened, restored or used as asked."""
+
+    def __init__(self, store: str, message: str) -> None:
+        super().__init__(f"State store '{store}': {message}")
+        self.store = store
+
+
+class InvalidStateStoreError(StateStoreError):
+    """An interactive query names a store this client does not (currently) host, or the wrong kind."""
 
 
 class TransportError(StreamsError):

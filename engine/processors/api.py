@@ -60,6 +60,9 @@ class ProcessorContext(Protocol):
     def commit(self) -> None:
         """Ask for a commit as soon as possible (after this record)."""
 
+    def get_state_store(self, name: str) -> Any:
+        """The task's instance of the store ``name``; the processor must be connected to it."""
+
     def schedule(
         self, interval_ms: int, kind: PunctuationType, punctuator: Punctuator
     ) -> Cancellable:

@@ -29,7 +29,7 @@ class TaskContext:
     __slots__ = (
         "application_id", "task_id", "forwarder", "topic", "partition", "offset",
         "timestamp", "headers", "commit_requested", "stream_time_schedules",
-        "wall_clock_schedules", "wall_clock_ms",
+        "wall_clock_schedules", "wall_clock_ms", "stores",
     )
 
     def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int]) -> None:
@@ -45,16 +45,18 @@ class TaskContext:
         self.stream_time_schedules = PunctuationQueue(PunctuationType.STREAM_TIME)
         self.wall_clock_schedules = PunctuationQueue(PunctuationType.WALL_CLOCK_TIME)
         self.wall_clock_ms = wall_clock_ms
+        self.stores: dict[str, Any] = {}
 
 
 class NodeContext:
     """The ``ProcessorContext`` of one processor node: ``forward`` reaches that node's children."""
 
-    __slots__ = ("_task", "_node")
+    __slots__ = ("_task", "_node", "_stores")
 
-    def __init__(self, task: TaskContext, node: Node) -> None:
+    def __init__(self, task: TaskContext, node: Node, stores: tuple[str, ...] = ()) -> None:
         self._task = task
         self._node = node
+        self._stores = stores
 
     @property
     def application_id(self) -> str:
@@ -100,6 +102,13 @@ class NodeContext:
 
     def commit(self) -> None:
         self._task.commit_requested = True
+
+    def get_state_store(self, name: str) -> Any:
+        if name not in self._stores:
+            from engine.errors import StateStoreError
+            raise StateStoreError(name, f"processor '{self._node.name}' has no access to it: connect it with "
+                                        f"add_state_store(builder, '{self._node.name}') or process(..., stores=[...])")
+        return self._task.stores[name]
 
     def schedule(self, interval_ms: int, kind: PunctuationType, punctuator: Callable[[int], Any]) -> Cancellable:
         if kind is PunctuationType.STREAM_TIME:

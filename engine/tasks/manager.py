@@ -19,7 +19,9 @@ from engine.errors import CommitFailedError, ProduceError
 from engine.logcontext import LogContext
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
+from engine.processors.context import CURRENT
 from engine.serdes import Serde
+from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
 from engine.transport.base import Consumer
 
@@ -52,6 +54,7 @@ class TaskManager:
         on_tasks_changed: Callable[[], None] = lambda: None,
         threads_per_task: int = 1,
         ordering: str = "partition",
+        state: StateSettings | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -70,6 +73,7 @@ class TaskManager:
         self._ordering = ordering
         self._on_tasks_changed = on_tasks_changed
         self._monotonic_ms = monotonic_ms
+        self._state = state
         self.tasks: dict[TaskId, StreamTask] = {}
         # Counts of tasks already closed, so the thread's totals survive rebalances.
         self.closed_processed = 0
@@ -113,16 +117,55 @@ class TaskManager:
             # Each record in flight gets its own forwarding state and holds its output.
             context.forwarder = ContextualForwarder()
             collector = HeldCollector(self._collector)
-        graph = self._topology.build_task_graph(
-            task_id.subtopology, context, collector, self._key_serde, self._value_serde  # type: ignore[arg-type]
-        )
+        state = self._state_manager(task_id, context, in_flight=limit > 1)
+        try:
+            graph = self._topology.build_task_graph(
+                task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]
+                state,
+            )
+        except BaseException:
+            if state is not None:
+                state.close(clean=False)
+            raise
         task = StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
+        if state is not None:
+            task.state_manager = state
+            listener = self._state.restore_listener if self._state is not None else None
+            reader_factory = self._state.reader_factory if self._state is not None else None
+            inputs = sorted(partitions)
+            task.restore = lambda: state.restore(self._consumer, reader_factory, inputs, listener)  # type: ignore[arg-type]
         if isinstance(collector, HeldCollector):
             task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
         task.errors = self._errors
         task.on_pause = self._on_pause
         return task
+
+    def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool) -> TaskStateManager | None:
+        builders = self._topology.stores_of(task_id.subtopology)
+        if not builders:
+            return None
+        if self._state is None:
+            raise RuntimeError("the topology has state stores but the task manager has no state settings")
+        settings = self._state
+
+        def timestamp() -> int:
+            slot = CURRENT.get()
+            return context.timestamp if slot is None else slot.raw.timestamp
+
+        def source() -> tuple[str, int] | None:
+            slot = CURRENT.get()
+            if slot is not None:
+                return slot.raw.topic, slot.raw.offset
+            if context.topic is None or context.offset is None:
+                return None
+            return context.topic, context.offset
+
+        return TaskStateManager(
+            str(task_id), self._application_id, settings.state_dir, task_id.partition, builders,
+            settings.default_persistent, self._key_serde, self._value_serde, self._collector.append_raw,
+            # Records in flight finish out of order: their updates go down at once, uncached.
+            None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "))
 
     # -- PAUSE / resume ------------------------------------------------------------
     def _on_pause(self, task: StreamTask) -> None:
@@ -179,10 +222,11 @@ class TaskManager:
         if clean:
             try:
                 await self._committer.commit(tasks)
+                await self._committer.checkpoint(tasks)
             except CommitFailedError:
-                pass  # the new owner starts from the last successful commit
+                clean = False  # the new owner starts from the last successful commit
         for task in tasks:
-            task.close()
+            task.close(clean)
             self.closed_processed += task.processed
             self.closed_timeouts += task.timeouts
             self.tasks.pop(task.id, None)

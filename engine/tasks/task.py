@@ -5,13 +5,18 @@ The stream thread buffers fetched records into the task; the task's coroutine
 await where a processor is async. The committable position of each partition
 advances only after a record's whole graph has finished.
 
+A task with logged state stores first restores them (RESTORING). With a record
+cache, its stores' updates go down when the task flushes them between records;
+a commit covers only the positions of records whose updates went down.
+
 States::
 
-    CREATED ──> RUNNING ──> CLOSED
-       │           ^ │
-       │           │ v
-       │         PAUSED ──> CLOSED
-       └──────────────────> CLOSED
+    CREATED ──> RESTORING ──> RUNNING ──> CLOSED
+       │            │  ┌────────^ │
+       │            │  │          v
+       │            │  │        PAUSED ──> CLOSED
+       │            └──┼──────────────────> CLOSED
+       └───────────────┴──────────────────> CLOSED
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from anyio import CancelScope
 
@@ -38,6 +44,9 @@ from .error_handling import ErrorHandling, FailureAction
 from .in_flight import InFlightWindow, RecordSlot
 from .timeouts import TaskTimer, is_timeout
 
+if TYPE_CHECKING:
+    from engine.state.task_state import TaskStateManager
+
 log = logging.getLogger(__name__)
 
 # Records processed before the task yields to the loop's other coroutines.
@@ -46,13 +55,15 @@ _CHUNK = 512
 
 class TaskState(Enum):
     CREATED = "CREATED"
+    RESTORING = "RESTORING"
     RUNNING = "RUNNING"
     PAUSED = "PAUSED"
     CLOSED = "CLOSED"
 
 
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.CREATED: frozenset({TaskState.RUNNING, TaskState.CLOSED}),
+    TaskState.CREATED: frozenset({TaskState.RESTORING, TaskState.RUNNING, TaskState.CLOSED}),
+    TaskState.RESTORING: frozenset({TaskState.RUNNING, TaskState.CLOSED}),
     TaskState.RUNNING: frozenset({TaskState.PAUSED, TaskState.CLOSED}),
     TaskState.PAUSED: frozenset({TaskState.RUNNING, TaskState.CLOSED}),
     TaskState.CLOSED: frozenset(),
@@ -105,6 +116,13 @@ class StreamTask:
         self._done_high: dict[TopicPartition, int] = {}
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
+        # State stores (set by the manager when the sub-topology has any) and how to restore them.
+        self.state_manager: TaskStateManager | None = None
+        self.restore: Callable[[], Awaitable[object]] | None = None
+        # Held while a chunk of records runs: a commit flushes the caches only between records.
+        self.processing = asyncio.Lock()
+        self._flush_requested = False
+        self._flushed_offsets: dict[TopicPartition, int] = {}
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
@@ -137,23 +155,65 @@ class StreamTask:
         self._closed_event.set()
 
     async def run(self) -> None:
-        self.state.transition_to(TaskState.RUNNING)
         try:
+            if self.restore is not None:
+                self.state.transition_to(TaskState.RESTORING)
+                await self.restore()
+                if self._closing:
+                    return
+            self.state.transition_to(TaskState.RUNNING)
             if self.window is not None:
                 await self.window.run()
                 return
+            caching = self.state_manager is not None and self.state_manager.caching
             while not self._closing:
                 if self._buffered == 0:
                     await self._idle()
                     # Punctuations may have produced output; hand it on now, not at the next chunk.
                     await self._send_buffered()  # type: ignore[misc]
                     continue
-                await self._process_chunk()
+                async with self.processing:
+                    await self._process_chunk()
+                    if caching and self._flush_requested:
+                        await self.flush_state()
                 # Output of this chunk goes to the network together: one batch per partition.
                 await self._send_buffered()  # type: ignore[misc]
                 await asyncio.sleep(0)
         finally:
             self.finished.set()
+
+    # -- state stores -------------------------------------------------------------
+    async def flush_state(self) -> None:
+        """Send the caches' updates down (forwarding them) and remember the positions they cover.
+
+        Caller: this task's coroutine or the committer, holding ``processing``.
+        """
+        self._flush_requested = False
+        manager = self.state_manager
+        if manager is None:
+            return
+        forwarder = self.context.forwarder
+        try:
+            manager.flush_caches()
+            if forwarder.pending:
+                await forwarder.drain()
+        except Exception as exc:
+            forwarder.reset()
+            if isinstance(exc, StreamsError):
+                raise
+            node = forwarder.node.name if forwarder.node is not None else "cache flush"
+            raise ProcessingError(self.id, node, None, None, None, exc) from exc
+        self._flushed_offsets = dict(self._next_offsets)
+
+    async def prepare_commit(self) -> None:
+        """Before a commit: flush the caches now if no record is running, else after the current chunk."""
+        if self.state_manager is None or not self.state_manager.caching or self.window is not None:
+            return
+        if self.processing.locked():
+            self._flush_requested = True
+            return
+        async with self.processing:
+            await self.flush_state()
 
     async def _idle(self) -> None:
         self._wakeup.clear()
@@ -166,7 +226,9 @@ class StreamTask:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
             except TimeoutError:
                 pass
-        await self.maybe_punctuate_wall_clock()
+        if self.context.wall_clock_schedules.next_due() is not None:
+            async with self.processing:
+                await self.maybe_punctuate_wall_clock()
 
     def _next_partition(self) -> deque[ConsumerRecord] | None:
         """The partition whose head has the lowest timestamp (Kafka Streams' choice)."""
@@ -449,21 +511,25 @@ class StreamTask:
     def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
         """Positions that moved since the last commit: the next offset to read per partition.
 
-        With records in flight, the metadata lists offsets done above the watermark.
+        With a record cache, only positions whose state updates went down (the last
+        flush). With records in flight, the metadata lists offsets done above the watermark.
         """
         window = self.window
         if window is None:
+            positions = self._next_offsets
+            if self.state_manager is not None and self.state_manager.caching:
+                positions = self._flushed_offsets
             return {
                 TopicPartition(*tp): OffsetAndMetadata(offset)
-                for tp, offset in self._next_offsets.items()
+                for tp, offset in positions.items()
                 if self._committed.get(tp) != offset
             }
         # With records in flight the metadata may change while the watermark stays.
-        positions = {
+        with_meta = {
             TopicPartition(*tp): OffsetAndMetadata(offset, window.metadata(TopicPartition(*tp), offset))
             for tp, offset in self._next_offsets.items()
         }
-        return {tp: om for tp, om in positions.items() if self._committed_meta.get(tp) != om}
+        return {tp: om for tp, om in with_meta.items() if self._committed_meta.get(tp) != om}
 
     def mark_committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         for tp, om in offsets.items():
@@ -475,8 +541,8 @@ class StreamTask:
         return self.context.commit_requested
 
     # -- closing --------------------------------------------------------------
-    def close(self) -> None:
-        """Close the processors; idempotent."""
+    def close(self, clean: bool = False) -> None:
+        """Close the processors and stores; idempotent. ``clean``: everything processed is committed."""
         if self.state.state is TaskState.CLOSED:
             return
         self.state.transition_to(TaskState.CLOSED)
@@ -488,6 +554,8 @@ class StreamTask:
             self.graph.close()
         except Exception:  # noqa: BLE001 - a failing close must not stop the others closing
             self.log.exception("Error closing the processors")
+        if self.state_manager is not None:
+            self.state_manager.close(clean)
 
 
 def _no_retry_timer(task_id: TaskId, log: LogContext) -> TaskTimer:

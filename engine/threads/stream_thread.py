@@ -39,6 +39,10 @@ from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext, thread_log
 from engine.records import TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
+from engine.state.cache import ThreadCache
+from engine.state.restore import StateRestoreListener
+from engine.state.store import StateStore
+from engine.state.task_state import StateSettings
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask
@@ -116,6 +120,7 @@ class StreamThread:
         on_failure: FailureHandler,
         on_shutdown_requested: Callable[[StreamThread], None] = lambda _thread: None,
         clock: Clock = SYSTEM_CLOCK,
+        restore_listener: StateRestoreListener | None = None,
     ) -> None:
         self.index = index
         self.name = f"{client_id}-StreamThread-{index}"
@@ -137,6 +142,9 @@ class StreamThread:
         self._leave_group = True
         self._poll_scope: CancelScope | None = None
         self.cache_size = cache_size
+        # The record cache of this thread's tasks' stores: its share of cache.max.bytes.buffering.
+        self.cache = ThreadCache(cache_size)
+        self._restore_listener = restore_listener
         self.error: BaseException | None = None
         self.assignor = StreamsAssignor(topology, process_id, self.name)
         self.consumer_client_id = f"{self.name}-consumer"
@@ -237,6 +245,16 @@ class StreamThread:
         any thread. (The record cache that will use it comes with state stores; today the share is
         reported in the thread's metadata and metrics.)"""
         self.cache_size = size
+        self.cache.resize(size)
+
+    def local_stores(self, name: str) -> list[StateStore]:
+        """This thread's running tasks' instances of store ``name`` (for interactive queries)."""
+        stores = []
+        for task in self._tasks_view:
+            manager = task.state_manager
+            if manager is not None and name in manager.stores and task.state.state.name == "RUNNING":
+                stores.append(manager.stores[name])
+        return stores
 
     def counters(self) -> dict[str, float]:
         """Running totals for metrics; safe to read from any thread (plain int reads)."""
@@ -339,6 +357,9 @@ class StreamThread:
                     on_tasks_changed=self._refresh_metadata,
                     threads_per_task=config[cfg.NUM_THREADS_PER_TASK],
                     ordering=config[cfg.PROCESSING_ORDERING],
+                    state=StateSettings(
+                        config[cfg.STATE_DIR], config[cfg.DEFAULT_DSL_STORE] == "rocksDB", self.cache,
+                        lambda: self._transport.reader(f"{self.name}-restore-consumer"), self._restore_listener),
                 )
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer

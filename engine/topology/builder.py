@@ -22,8 +22,16 @@ from engine.processors.builtin import (
     PeekNode,
     SelectKeyNode,
 )
-from engine.serdes import Serde
+from engine.serdes import Serde, as_serde
+from engine.state.stores import Materialized, StoreBuilder
 from engine.topology.nodes import Node, Partitioner
+from engine.topology.tables import (
+    KGroupedStream,
+    KTable,
+    store_name_from,
+    stream_table_join,
+    table_source,
+)
 from engine.topology.topology import Topology
 
 
@@ -48,7 +56,33 @@ class StreamsBuilder:
         """A stream of the records of ``topics`` (one or several)."""
         source = self._name(name, "KSTREAM-SOURCE")
         self._topology.add_source(source, topics, key_serde, value_serde)  # type: ignore[arg-type]
-        return KStream(self, source)
+        spec = self._topology.spec(source)
+        return KStream(self, source, key_serde=spec.key_serde, value_serde=spec.value_serde)
+
+    def table(
+        self,
+        topic: str,
+        *,
+        key_serde: Serde | type | None = None,
+        value_serde: Serde | type | None = None,
+        materialized: Materialized | str | None = None,
+        name: str | None = None,
+    ) -> KTable:
+        """The topic as a table: the latest value per key (a None value deletes the key)."""
+        source = self._name(name, "KSTREAM-SOURCE")
+        self._topology.add_source(source, topic, key_serde, value_serde)  # type: ignore[arg-type]
+        ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{source}'")
+        vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{source}'")
+        return table_source(self, source, materialized, ks, vs)
+
+    def add_state_store(self, builder: StoreBuilder) -> StreamsBuilder:
+        """A store for Processor API processors; connect it with ``process(..., stores=[name])``."""
+        self._topology.add_state_store(builder)
+        return self
+
+    def _store_name(self, materialized: Materialized | str | None, prefix: str) -> str:
+        given = store_name_from(materialized)
+        return given if given is not None else self._name(None, prefix)
 
     def build(self) -> Topology:
         """The topology built so far; raises ``TopologyError`` if it is not usable."""
@@ -59,13 +93,25 @@ class StreamsBuilder:
 class KStream:
     """A stream of records; each method returns the stream after the new node."""
 
-    def __init__(self, builder: StreamsBuilder, node: str) -> None:
+    def __init__(self, builder: StreamsBuilder, node: str, key_changed: bool = False,
+                 key_serde: Serde | None = None, value_serde: Serde | None = None) -> None:
         self._builder = builder
         self._node = node
+        # Set after an operation that may change keys: grouping then repartitions first.
+        self._key_changed = key_changed
+        # The serdes known to fit the keys and values here (from the source, while unchanged);
+        # grouping and tables use them where none are given, as Kafka Streams does.
+        self._key_serde = key_serde
+        self._value_serde = value_serde
+
+    def _after(self, node: str, changes_key: bool, keeps_value: bool) -> KStream:
+        return KStream(self._builder, node, self._key_changed or changes_key,
+                       None if changes_key else self._key_serde, self._value_serde if keeps_value else None)
 
     def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node],
               *functions: Callable[..., Any], concurrency: int | None = None,
-              ordering: str | None = None, blocking: bool = False) -> KStream:
+              ordering: str | None = None, blocking: bool = False, changes_key: bool = False,
+              keeps_value: bool = False) -> KStream:
         for fn in functions:
             if not callable(fn):
                 raise TypeError(f"{prefix.split('-', 1)[1].lower()}() needs a callable, got {fn!r}")
@@ -76,35 +122,36 @@ class KStream:
         self._builder._topology.add_node(node_name, lambda: _made(factory(node_name), blocking), self._node)
         if concurrency is not None or ordering is not None:
             self._builder._topology.set_concurrency(node_name, concurrency, ordering)
-        return KStream(self._builder, node_name)
+        return self._after(node_name, changes_key, keeps_value)
 
     def filter(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Keep the records for which ``predicate(key, value)`` is true."""
         return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate), predicate,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, keeps_value=True)
 
     def filter_not(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Drop the records for which ``predicate(key, value)`` is true."""
         return self._then("KSTREAM-FILTER", name, lambda n: FilterNode(n, predicate, negate=True), predicate,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, keeps_value=True)
 
     def map(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Replace each record by ``mapper(key, value) -> (new_key, new_value)``."""
         return self._then("KSTREAM-MAP", name, lambda n: MapNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, changes_key=True)
 
     def select_key(self, mapper: Callable[[Any, Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
     ) -> KStream:
         """Give each record the key ``mapper(key, value)``."""
         return self._then("KSTREAM-KEY-SELECT", name, lambda n: SelectKeyNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, changes_key=True,
+                          keeps_value=True)
 
     def map_values(self, mapper: Callable[[Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
@@ -118,7 +165,7 @@ class KStream:
     ) -> KStream:
         """Replace each record by the ``(key, value)`` pairs of ``mapper(key, value)``."""
         return self._then("KSTREAM-FLATMAP", name, lambda n: FlatMapNode(n, mapper), mapper,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, changes_key=True)
 
     def flat_map_values(self, mapper: Callable[[Any], Iterable[Any]], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
@@ -132,7 +179,7 @@ class KStream:
     ) -> KStream:
         """Call ``action(key, value)`` for each record and pass it on unchanged."""
         return self._then("KSTREAM-PEEK", name, lambda n: PeekNode(n, action), action,
-                          concurrency=concurrency, ordering=ordering, blocking=blocking)
+                          concurrency=concurrency, ordering=ordering, blocking=blocking, keeps_value=True)
 
     def foreach(self, action: Callable[[Any, Any], Any], *, name: str | None = None,
             concurrency: int | None = None, ordering: str | None = None, blocking: bool = False,
@@ -142,19 +189,60 @@ class KStream:
                           concurrency=concurrency, ordering=ordering, blocking=blocking)
 
     def process(self, supplier: ProcessorSupplier, *, name: str | None = None,
-                concurrency: int | None = None, ordering: str | None = None) -> KStream:
+                concurrency: int | None = None, ordering: str | None = None,
+                stores: Sequence[str] = ()) -> KStream:
         """Run a Processor API processor; ``supplier()`` makes one per task.
 
         ``concurrency``/``ordering`` (on every function-taking method too) let records of the
         tasks that run this processor be in flight at once, overriding ``num.threads.per.task``
         and ``processing.ordering`` for its whole sub-topology. On the function-taking methods,
         ``blocking=True`` runs a plain function on a bounded worker-thread pool, off the loop.
+        ``stores`` names the state stores (``StreamsBuilder.add_state_store``) the processor uses.
         """
         node_name = self._builder._name(name, "KSTREAM-PROCESSOR")
-        self._builder._topology.add_processor(node_name, supplier, self._node)
+        topology = self._builder._topology
+        for store in stores:
+            if store not in topology.store_names:
+                raise TopologyError(f"Processor '{node_name}' uses state store '{store}', which is not added "
+                                    "(StreamsBuilder.add_state_store)")
+        topology.add_processor(node_name, supplier, self._node, stores=stores)
         if concurrency is not None or ordering is not None:
-            self._builder._topology.set_concurrency(node_name, concurrency, ordering)
-        return KStream(self._builder, node_name)
+            topology.set_concurrency(node_name, concurrency, ordering)
+        return self._after(node_name, False, False)
+
+    # -- grouping and joins (the stateful DSL, see engine.topology.tables) ----------------
+    def group_by_key(self, *, key_serde: Serde | type | None = None,
+                     value_serde: Serde | type | None = None) -> KGroupedStream:
+        """Group by the current key; after a key-changing operation the records are repartitioned."""
+        ks = self._key_serde if key_serde is None else as_serde(key_serde, "key serde of group_by_key()")
+        vs = self._value_serde if value_serde is None else as_serde(value_serde, "value serde of group_by_key()")
+        stream = self._repartition(ks, vs) if self._key_changed else self
+        return KGroupedStream(self._builder, stream._node, ks, vs)
+
+    def group_by(self, selector: Callable[[Any, Any], Any], *, key_serde: Serde | type | None = None,
+                 value_serde: Serde | type | None = None, name: str | None = None) -> KGroupedStream:
+        """Group by ``selector(key, value)``: records are repartitioned by the new key."""
+        return self.select_key(selector, name=name).group_by_key(key_serde=key_serde, value_serde=value_serde)
+
+    def join(self, table: KTable, joiner: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """``joiner(value, table_value)`` for each record whose key the table has (the table's
+        topic must have as many partitions as this stream's: they are read by the same tasks)."""
+        return stream_table_join(self, table, joiner, False, name)
+
+    def left_join(self, table: KTable, joiner: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+        """As ``join``, but a record whose key the table lacks is joined with None."""
+        return stream_table_join(self, table, joiner, True, name)
+
+    def _repartition(self, key_serde: Serde | None, value_serde: Serde | None) -> KStream:
+        builder = self._builder
+        base = builder._name(None, "KSTREAM-REPARTITION")
+        topic = f"{base}-repartition"
+        sink = builder._name(None, "KSTREAM-SINK")
+        builder._topology.add_sink(sink, topic, self._node, key_serde=key_serde, value_serde=value_serde,
+                                   internal=True)
+        source = builder._name(None, "KSTREAM-SOURCE")
+        builder._topology.add_source(source, topic, key_serde, value_serde, internal=True)
+        return KStream(builder, source)
 
     def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:
         """One stream per predicate; each record goes to the first that matches."""
@@ -165,7 +253,7 @@ class KStream:
         for i in range(len(predicates)):
             child = self._builder._name(None if name is None else f"{name}-{i}", "KSTREAM-BRANCHCHILD")
             self._builder._topology.add_node(child, _pass_through(child), branch_node._node)
-            streams.append(KStream(self._builder, child))
+            streams.append(self._after(child, False, True))
         return streams
 
     def split(self, *, name: str | None = None) -> BranchedKStream:
@@ -176,7 +264,9 @@ class KStream:
         """A stream of the records of both streams."""
         node_name = self._builder._name(name, "KSTREAM-MERGE")
         self._builder._topology.add_node(node_name, _pass_through(node_name), self._node, other._node)
-        return KStream(self._builder, node_name)
+        both = self._key_serde if self._key_serde is other._key_serde else None
+        return KStream(self._builder, node_name, self._key_changed or other._key_changed, both,
+                       self._value_serde if self._value_serde is other._value_serde else None)
 
     def to(
         self,

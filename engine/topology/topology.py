@@ -18,10 +18,13 @@ from engine.errors import TopologyError
 from engine.processors.api import ProcessorSupplier
 from engine.processors.context import NodeContext, TaskContext
 from engine.serdes import BytesSerde, Serde, as_serde
+from engine.state.changelog import changelog_topic, topic_configs
+from engine.state.stores import StoreBuilder, StoreType
 from engine.topology.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
+    from engine.state.task_state import TaskStateManager
 
 
 class NodeKind(Enum):
@@ -43,6 +46,9 @@ class NodeSpec:
     children: list[str] = field(default_factory=list)
     concurrency: int | None = None
     ordering: str | None = None
+    stores: tuple[str, ...] = ()
+    # Internal (repartition) topics are named relative to the application id until it is set.
+    internal: bool = False
 
 
 ORDERINGS = ("partition", "key", "unordered")  # strictest first
@@ -75,6 +81,8 @@ class Topology:
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
         self._subtopologies: list[SubTopology] | None = None
+        self._stores: dict[str, StoreBuilder] = {}
+        self.application_id: str | None = None
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:
@@ -96,6 +104,7 @@ class Topology:
         topics: Sequence[str] | str,
         key_serde: Serde | None = None,
         value_serde: Serde | None = None,
+        internal: bool = False,
     ) -> Topology:
         topics = (topics,) if isinstance(topics, str) else tuple(topics)
         if not topics:
@@ -107,21 +116,123 @@ class Topology:
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{name}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
         self._add(NodeSpec(name, NodeKind.SOURCE, (), lambda: SourceNode(name, topics, BytesSerde(), BytesSerde()),
-                           topics=topics, key_serde=ks, value_serde=vs))
+                           topics=topics, key_serde=ks, value_serde=vs, internal=internal))
         return self
 
-    def add_processor(self, name: str, supplier: ProcessorSupplier, *parents: str) -> Topology:
+    def add_processor(self, name: str, supplier: ProcessorSupplier, *parents: str,
+                      stores: Sequence[str] = ()) -> Topology:
+        """Add a processor; ``stores`` names the state stores it may use (added with ``add_state_store``)."""
         if not parents:
             raise TopologyError(f"Processor '{name}' needs at least one parent")
         if not callable(supplier):
             raise TopologyError(f"Processor '{name}' needs a supplier (a callable returning a Processor)")
-        self._add(NodeSpec(name, NodeKind.PROCESSOR, parents, lambda: ProcessorNode(name, supplier())))
+        self._add(NodeSpec(name, NodeKind.PROCESSOR, parents, lambda: ProcessorNode(name, supplier()),
+                           stores=tuple(stores)))
         return self
 
     def add_node(self, name: str, factory: Callable[[], Node], *parents: str) -> Topology:
         """Add a built-in node (used by the DSL)."""
         self._add(NodeSpec(name, NodeKind.PROCESSOR, parents, factory))
         return self
+
+    # -- state stores ---------------------------------------------------------------
+    def add_state_store(self, builder: StoreBuilder, *processor_names: str) -> Topology:
+        """Add a store (one instance per task) and give the named processors access to it."""
+        if not isinstance(builder, StoreBuilder):
+            raise TopologyError(f"add_state_store needs a StoreBuilder (from Stores), got {builder!r}")
+        if builder.name in self._stores:
+            raise TopologyError(f"State store '{builder.name}' is already added to the topology")
+        self._stores[builder.name] = builder
+        self.connect_processor_and_state_stores_all(processor_names, builder.name)
+        return self
+
+    def connect_processor_and_state_stores(self, processor_name: str, *store_names: str) -> Topology:
+        """Give an existing processor access to existing stores."""
+        spec = self._specs.get(processor_name)
+        if spec is None or spec.kind is not NodeKind.PROCESSOR:
+            raise TopologyError(f"Processor '{processor_name}' is not in the topology")
+        for store in store_names:
+            if store not in self._stores:
+                raise TopologyError(f"State store '{store}' of processor '{processor_name}' is not added "
+                                    "to the topology (add_state_store)")
+            if store not in spec.stores:
+                spec.stores = spec.stores + (store,)
+        self._subtopologies = None
+        return self
+
+    def connect_processor_and_state_stores_all(self, processor_names: Iterable[str], store: str) -> None:
+        for name in processor_names:
+            self.connect_processor_and_state_stores(name, store)
+
+    def store_builder(self, name: str) -> StoreBuilder:
+        return self._stores[name]
+
+    @property
+    def store_names(self) -> list[str]:
+        return list(self._stores)
+
+    def stores_of(self, subtopology: int) -> list[StoreBuilder]:
+        """The stores the sub-topology's processors use, in the order they were added."""
+        names = {s for n in self.subtopologies[subtopology].node_names for s in self._specs[n].stores}
+        return [b for name, b in self._stores.items() if name in names]
+
+    def subtopology_of_store(self, store: str) -> SubTopology:
+        for sub in self.subtopologies:
+            if any(store in self._specs[n].stores for n in sub.node_names):
+                return sub
+        raise TopologyError(f"State store '{store}' is not used by any processor")
+
+    # -- internal topics ------------------------------------------------------------
+    def set_application_id(self, application_id: str) -> None:
+        """Name the internal topics after the application (done by ``KafkaStreams``)."""
+        if self.application_id == application_id:
+            return
+        if self.application_id is not None:
+            raise TopologyError(f"This topology is already used by application '{self.application_id}'; "
+                                f"build another one for '{application_id}'")
+        self.application_id = application_id
+        for spec in self._specs.values():
+            if spec.internal:
+                spec.topics = tuple(f"{application_id}-{t}" for t in spec.topics)
+                if isinstance(spec.sink_topic, str):
+                    spec.sink_topic = f"{application_id}-{spec.sink_topic}"
+        self._subtopologies = None
+
+    def repartition_topics(self) -> list[str]:
+        return [t for spec in self._specs.values() if spec.internal and spec.kind is NodeKind.SOURCE
+                for t in spec.topics]
+
+    def internal_topics(self, source_partitions: Mapping[str, int]) -> dict[str, tuple[int, dict[str, str]]]:
+        """Repartition and changelog topics to create: name -> (partitions, topic configs).
+
+        A repartition topic gets the partition count of the sub-topology that writes it,
+        a changelog that of the sub-topology that owns the store. Sub-topologies are
+        numbered upstream first, so one pass resolves chains of repartitions.
+        """
+        if self.application_id is None:
+            raise TopologyError("The topology has no application id yet (it is set by KafkaStreams)")
+        counts = dict(source_partitions)
+        result: dict[str, tuple[int, dict[str, str]]] = {}
+        repartition = set(self.repartition_topics())
+        tasks: dict[int, int] = {}
+        for sub in self.subtopologies:
+            known = [counts[t] for t in sub.source_topics if t in counts]
+            if not known:
+                raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
+                                    "are not known")
+            tasks[sub.id] = max(known)
+            for topic in sub.sink_topics:
+                if topic in repartition:
+                    counts[topic] = max(counts.get(topic, 0), tasks[sub.id])
+                    result[topic] = (counts[topic], {"cleanup.policy": "delete"})
+        for name, builder in self._stores.items():
+            if not builder.logging:
+                continue
+            sub = self.subtopology_of_store(name)
+            windowed = builder.type is StoreType.WINDOW
+            result[changelog_topic(self.application_id, name)] = (
+                tasks[sub.id], topic_configs(windowed, builder.supplier.retention_ms))
+        return result
 
     def add_sink(
         self,
@@ -131,6 +242,7 @@ class Topology:
         key_serde: Serde | None = None,
         value_serde: Serde | None = None,
         partitioner: Partitioner | None = None,
+        internal: bool = False,
     ) -> Topology:
         if not parents:
             raise TopologyError(f"Sink '{name}' needs at least one parent")
@@ -140,7 +252,7 @@ class Topology:
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
         self._add(NodeSpec(name, NodeKind.SINK, parents,
                            lambda: SinkNode(name, topic, BytesSerde(), BytesSerde(), partitioner),
-                           sink_topic=topic, key_serde=ks, value_serde=vs))
+                           sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal))
         return self
 
     def set_concurrency(self, name: str, concurrency: int | None, ordering: str | None) -> None:
@@ -182,6 +294,14 @@ class Topology:
         for spec in self._specs.values():
             for parent in spec.parents:
                 parent_of[root(spec.name)] = root(parent)
+        # Processors that share a store run in the same task, so they share the one instance.
+        first_user: dict[str, str] = {}
+        for spec in self._specs.values():
+            for store in spec.stores:
+                if store in first_user:
+                    parent_of[root(spec.name)] = root(first_user[store])
+                else:
+                    first_user[store] = spec.name
         groups: dict[str, list[str]] = {}
         for name in self._specs:  # insertion order = creation order
             groups.setdefault(root(name), []).append(name)
@@ -209,6 +329,14 @@ class Topology:
     def validate(self) -> None:
         if not self._specs:
             raise TopologyError("The topology is empty: add at least one source")
+        for spec in self._specs.values():
+            for store in spec.stores:
+                if store not in self._stores:
+                    raise TopologyError(f"Processor '{spec.name}' uses state store '{store}', which is not "
+                                        "added to the topology")
+        unused = [name for name in self._stores if not any(name in s.stores for s in self._specs.values())]
+        if unused:
+            raise TopologyError(f"State stores {unused} are not connected to any processor")
         _ = self.subtopologies
 
     def subtopology_of(self, topic: str) -> SubTopology:
@@ -224,17 +352,26 @@ class Topology:
         collector: RecordCollector,
         default_key_serde: Serde,
         default_value_serde: Serde,
+        state: TaskStateManager | None = None,
     ) -> TaskGraph:
-        """Fresh node instances for one task, wired, initialised and bound to its context."""
+        """Fresh node instances for one task, wired, initialised and bound to its context.
+
+        ``state`` holds the task's stores (see ``stores_of``); each processor sees only
+        the stores it was connected to.
+        """
         sub = self.subtopologies[subtopology]
+        context.stores = state.stores if state is not None else {}
         nodes: dict[str, Node] = {}
         for name in sub.node_names:
             spec = self._specs[name]
             node = spec.factory()
             if isinstance(node, SourceNode):
+                node.topics = spec.topics  # internal topics are renamed after the factory was made
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = spec.value_serde or default_value_serde
             elif isinstance(node, SinkNode):
+                if spec.sink_topic is not None:
+                    node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = spec.value_serde or default_value_serde
                 node.collector = collector
@@ -244,7 +381,7 @@ class Topology:
             node.init(context.forwarder)
         for node in nodes.values():
             if isinstance(node, ProcessorNode):
-                node.processor.init(NodeContext(context, node))
+                node.processor.init(NodeContext(context, node, self._specs[node.name].stores))
         sources = {t: n for n in nodes.values() if isinstance(n, SourceNode) for t in n.topics}
         sinks = [n for n in nodes.values() if isinstance(n, SinkNode)]
         return TaskGraph(sources, list(nodes.values()), sinks)
@@ -263,7 +400,7 @@ class Topology:
                     topic = spec.sink_topic if isinstance(spec.sink_topic, str) else "<extractor>"
                     lines.append(f"    Sink: {name} (topic: {topic})")
                 else:
-                    lines.append(f"    Processor: {name} (stores: [])")
+                    lines.append(f"    Processor: {name} (stores: [{', '.join(spec.stores)}])")
                 if spec.kind is not NodeKind.SINK:
                     lines.append(f"      --> {', '.join(spec.children) or 'none'}")
                 if spec.parents:

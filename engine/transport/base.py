@@ -199,9 +199,10 @@ class Admin(Protocol):
     async def close(self) -> None: ...
 
     async def create_topics(
-        self, partitions: Mapping[str, int], replication_factor: int = 1
+        self, partitions: Mapping[str, int], replication_factor: int = 1,
+        configs: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
-        """Create missing topics; existing ones are left as they are."""
+        """Create missing topics (with per-topic ``configs``); existing ones are left as they are."""
 
     async def delete_topics(self, topics: Sequence[str]) -> None: ...
 

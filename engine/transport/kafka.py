@@ -1017,12 +1017,15 @@ class KafkaAdmin:
         return self._admin
 
     async def create_topics(
-        self, partitions: Mapping[str, int], replication_factor: int = 1
+        self, partitions: Mapping[str, int], replication_factor: int = 1,
+        configs: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         admin = self._require()
         if not partitions:
             return
-        new = [NewTopic(name, int(count), int(replication_factor)) for name, count in partitions.items()]
+        configs = configs or {}
+        new = [NewTopic(name, int(count), int(replication_factor), topic_configs=dict(configs.get(name, {})))
+               for name, count in partitions.items()]
         try:
             response = await admin.create_topics(new)
         except aioerrors.KafkaError as exc:

@@ -23,11 +23,14 @@ class MemoryAdmin:
     async def close(self) -> None:
         pass
 
-    async def create_topics(self, partitions: Mapping[str, int], replication_factor: int = 1) -> None:
+    async def create_topics(self, partitions: Mapping[str, int], replication_factor: int = 1,
+                            configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
         """Create missing topics; existing ones are left as they are.
 
-        The memory broker keeps one copy of each partition: ``replication_factor`` is
-        accepted and ignored. Members subscribed to a created topic rebalance.
+        The memory broker keeps one copy of each partition and every record:
+        ``replication_factor`` and ``configs`` (compaction, retention) are accepted and
+        ignored, which restoring tolerates (it applies updates in order, the last wins).
+        Members subscribed to a created topic rebalance.
         """
         self._broker.create_topics(partitions)
 

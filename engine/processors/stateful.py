@@ -1,0 +1,137 @@
+"""The processors behind the DSL's tables: aggregations (plain and windowed), table sources,
+and the stream-table join.
+
+A table forwards an update when it goes down from its store: at once without a
+cache, or coalesced per key when the cache flushes (before a commit) or evicts.
+Records without a key cannot be aggregated or joined; they are dropped and
+counted, as in Kafka Streams.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from engine.processors.api import BaseProcessor, ProcessorContext
+from engine.records import Record
+from engine.state.store import KeyValueStore, WindowStore
+from engine.state.windows import TimeWindows
+
+log = logging.getLogger(__name__)
+
+
+class _TableProcessor(BaseProcessor):
+    """Forwards whatever goes down from its store: the table's changelog stream."""
+
+    def __init__(self, store_name: str) -> None:
+        self.store_name = store_name
+        self.dropped = 0
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        self.store: Any = context.get_state_store(self.store_name)
+        self.store.set_flush_listener(self._forward)
+
+    def _forward(self, key: Any, value: Any, timestamp: int) -> None:
+        self.context.forward(Record(key, value, timestamp))
+
+    def _drop(self, record: Record, why: str) -> None:
+        self.dropped += 1
+        log.warning("Dropping a record of %s-%s offset %s in store '%s': %s", self.context.topic,
+                    self.context.partition, self.context.offset, self.store_name, why)
+
+
+class AggregateProcessor(_TableProcessor):
+    def __init__(self, store_name: str, initializer: Callable[[], Any],
+                 aggregator: Callable[[Any, Any, Any], Any]) -> None:
+        super().__init__(store_name)
+        self.initializer = initializer
+        self.aggregator = aggregator
+
+    def process(self, record: Record) -> None:
+        if record.key is None:
+            self._drop(record, "it has no key")
+            return
+        store: KeyValueStore = self.store
+        old = store.get(record.key)
+        store.put(record.key, self.aggregator(record.key, record.value, self.initializer() if old is None else old))
+
+
+class ReduceProcessor(_TableProcessor):
+    def __init__(self, store_name: str, reducer: Callable[[Any, Any], Any]) -> None:
+        super().__init__(store_name)
+        self.reducer = reducer
+
+    def process(self, record: Record) -> None:
+        if record.key is None or record.value is None:
+            self._drop(record, "it has no key" if record.key is None else "it has no value")
+            return
+        store: KeyValueStore = self.store
+        old = store.get(record.key)
+        store.put(record.key, record.value if old is None else self.reducer(old, record.value))
+
+
+class WindowedAggregateProcessor(_TableProcessor):
+    """Updates every window a record falls in; records for windows closed by the grace period are late."""
+
+    def __init__(self, store_name: str, windows: TimeWindows, initializer: Callable[[], Any],
+                 aggregator: Callable[[Any, Any, Any], Any]) -> None:
+        super().__init__(store_name)
+        self.windows = windows
+        self.initializer = initializer
+        self.aggregator = aggregator
+        self.observed_time = -1
+
+    def process(self, record: Record) -> None:
+        if record.key is None:
+            self._drop(record, "it has no key")
+            return
+        if record.timestamp < 0:
+            self._drop(record, f"its timestamp {record.timestamp} is negative")
+            return
+        store: WindowStore = self.store
+        windows = self.windows
+        if record.timestamp > self.observed_time:
+            self.observed_time = record.timestamp
+        closed_before = self.observed_time - windows.size_ms - windows.grace_ms
+        for start in windows.windows_for(record.timestamp):
+            if start <= closed_before:
+                self._drop(record, f"late: window [{start}, {start + windows.size_ms}) closed "
+                                   f"(stream time {self.observed_time}, grace {windows.grace_ms} ms)")
+                continue
+            old = store.fetch(record.key, start)
+            store.put(record.key, self.aggregator(record.key, record.value,
+                                                  self.initializer() if old is None else old), start)
+
+
+class TableSourceProcessor(_TableProcessor):
+    """Materializes a topic as a table: each record is the key's latest value; a None value deletes it."""
+
+    def process(self, record: Record) -> None:
+        if record.key is None:
+            self._drop(record, "it has no key")
+            return
+        self.store.put(record.key, record.value)
+
+
+class StreamTableJoinProcessor(BaseProcessor):
+    """Joins each stream record with the table's current value for its key (inner or left join)."""
+
+    def __init__(self, store_name: str, joiner: Callable[[Any, Any], Any], left: bool) -> None:
+        self.store_name = store_name
+        self.joiner = joiner
+        self.left = left
+
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        self.store: KeyValueStore = context.get_state_store(self.store_name)
+
+    def process(self, record: Record) -> None:
+        if record.key is None:
+            return
+        other = self.store.get(record.key)
+        if other is None and not self.left:
+            return
+        self.context.forward(Record(record.key, self.joiner(record.value, other), record.timestamp,
+                                    record.headers))

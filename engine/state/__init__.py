@@ -1,0 +1,23 @@
+"""State stores: what tables are made of, with changelogs, the record cache and queries."""
+
+from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from engine.state.restore import StateRestoreListener
+from engine.state.store import KeyValueStore, StateStore, WindowStore
+from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
+from engine.state.windows import TimeWindows, Windowed
+
+__all__ = [
+    "KeyValueStore",
+    "Materialized",
+    "ReadOnlyKeyValueStore",
+    "ReadOnlyWindowStore",
+    "StateRestoreListener",
+    "StateStore",
+    "StoreBuilder",
+    "StoreSupplier",
+    "StoreType",
+    "Stores",
+    "TimeWindows",
+    "WindowStore",
+    "Windowed",
+]

@@ -1,0 +1,77 @@
+"""Restoring a task's stores from their changelogs before the task processes a record.
+
+For each logged store: read its changelog partition from the checkpointed offset
+(persistent stores with a valid checkpoint) or from the start (after wiping the
+store) up to the end offset seen when restoring began, and apply each update to
+the bytes store directly (no cache, no changelog, no forwarding). Updates caused
+by input records at or past the task's committed offsets are left out: those
+records are processed again next (see ``engine.state.changelog``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from engine.records import TopicPartition
+from engine.state.changelog import decode_source
+from engine.state.store import StateStore
+from engine.transport.base import Consumer
+
+log = logging.getLogger(__name__)
+
+class StateRestoreListener(Protocol):
+    """Told about each store restore (Kafka Streams' ``StateRestoreListener``); runs on the stream thread."""
+
+    def on_restore_start(self, partition: TopicPartition, store: str, start_offset: int, end_offset: int) -> None: ...
+
+    def on_batch_restored(self, partition: TopicPartition, store: str, batch_end_offset: int,
+                          restored: int) -> None: ...
+
+    def on_restore_end(self, partition: TopicPartition, store: str, total_restored: int) -> None: ...
+
+async def restore_store(
+    store: StateStore,
+    partition: TopicPartition,
+    start: int,
+    end: int,
+    reader_factory: Callable[[], Consumer],
+    committed: Mapping[str, int],
+    listener: StateRestoreListener | None,
+    poll_ms: int = 100,
+) -> int:
+    """Apply ``partition``'s records from ``start`` to ``end``; returns how many were applied."""
+    if listener is not None:
+        listener.on_restore_start(partition, store.name, start, end)
+    applied = 0
+    if start < end:
+        reader = reader_factory()
+        await reader.start()
+        try:
+            reader.assign([partition])
+            reader.seek(partition, start)
+            put = store.inner.put
+            position = start
+            while position < end:
+                batch = await reader.poll(poll_ms)
+                count = 0
+                for record in batch.get(partition, ()):
+                    if record.offset >= end:
+                        break
+                    source = decode_source(record.headers)
+                    if source is None or source[1] < committed.get(source[0], 1 << 62):
+                        put(record.key, record.value)  # type: ignore[arg-type]
+                        count += 1
+                    position = record.offset + 1
+                if not batch:
+                    # A compacted topic may have no record at end - 1; the reader's position tells.
+                    position = max(position, await reader.position(partition))
+                applied += count
+                if listener is not None and count:
+                    listener.on_batch_restored(partition, store.name, position, count)
+        finally:
+            await reader.close(leave_group=False)
+    if listener is not None:
+        listener.on_restore_end(partition, store.name, applied)
+    return applied

@@ -1,0 +1,251 @@
+"""The stores processors use: typed key-value and window stores over a bytes store,
+with the thread's record cache and the changelog in between.
+
+A write goes into the cache when the store caches and the thread's cache has
+room (``cache.max.bytes.buffering`` > 0); otherwise, and when the cache flushes
+or evicts it, it goes *down*: into the bytes store, onto the changelog (to the
+task's partition, tagged with the input record that caused it), and to the flush
+listener, which is how a table forwards its updates downstream.
+
+Reads never change the cache, so interactive queries may read from any thread.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from engine.state.bytes_stores import BytesStore
+from engine.state.cache import CacheEntry, NamedCache, ThreadCache
+from engine.state.changelog import Changelogger
+from engine.state.windows import Windowed
+from engine.serdes import Serde
+
+Source = Callable[[], "tuple[str, int] | None"]
+FlushListener = Callable[[Any, Any, int], None]
+
+
+class StateStore:
+    """The layers every store shares; ``KeyValueStore`` and ``WindowStore`` add the typed API."""
+
+    def __init__(self, name: str, inner: BytesStore, key_serde: Serde, value_serde: Serde,
+                 changelog: Changelogger | None, cache: ThreadCache | None, cache_name: str,
+                 timestamp: Callable[[], int], source: Source) -> None:
+        self.name = name
+        self.inner = inner
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.changelog = changelog
+        self._cache = cache
+        self._ns: NamedCache | None = cache.namespace(cache_name, self._flushed) if cache is not None else None
+        self._timestamp = timestamp
+        self._source = source
+        self._listener: FlushListener | None = None
+        self.writes = 0
+        self.open = True
+
+    @property
+    def persistent(self) -> bool:
+        return self.inner.persistent
+
+    @property
+    def caching(self) -> bool:
+        return self._ns is not None
+
+    def set_flush_listener(self, listener: FlushListener) -> None:
+        """``listener(key, value, timestamp)`` for each update as it goes down (a table forwards it)."""
+        self._listener = listener
+
+    # -- the write path ------------------------------------------------------------
+    def _write(self, key: bytes, value: bytes | None) -> None:
+        cache, ns = self._cache, self._ns
+        if ns is not None and cache is not None and cache.enabled:
+            cache.put(ns, key, CacheEntry(value, self._timestamp(), self._source()))
+        else:
+            self._down(key, value, self._timestamp(), self._source())
+
+    def _down(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None) -> None:
+        self.inner.put(key, value)
+        if self.changelog is not None:
+            self.changelog.log(key, value, timestamp, source)
+        self.writes += 1
+        if self._listener is not None:
+            self._listener(self._decode_key(key), self.value_serde.deserialize(value), timestamp)
+
+    def _flushed(self, entries: list[tuple[bytes, CacheEntry]]) -> None:
+        for key, entry in entries:
+            self._down(key, entry.value, entry.timestamp, entry.source)
+
+    def _decode_key(self, key: bytes) -> Any:
+        return self.key_serde.deserialize(key)
+
+    # -- the read path -------------------------------------------------------------
+    def _get(self, key: bytes) -> bytes | None:
+        ns = self._ns
+        if ns is not None:
+            entry = ThreadCache.peek(ns, key)
+            if entry is not None:
+                return entry.value
+        return self.inner.get(key)
+
+    def _range(self, low: bytes | None, high: bytes | None) -> list[tuple[bytes, bytes]]:
+        """Store entries overlaid with the cache's, in key order (deleted keys left out)."""
+        ns = self._ns
+        if ns is None or not ns.entries:
+            return list(self.inner.range(low, high))
+        merged: dict[bytes, bytes | None] = dict(self.inner.range(low, high))
+        for key, entry in list(ns.entries.items()):
+            if (low is None or key >= low) and (high is None or key <= high):
+                merged[key] = entry.value
+        return sorted((k, v) for k, v in merged.items() if v is not None)
+
+    # -- task life cycle -------------------------------------------------------------
+    def flush_cache(self) -> int:
+        """Send the dirty cached updates down; caller: the task, between records."""
+        if self._ns is None or self._cache is None:
+            return 0
+        return self._cache.flush(self._ns)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if self._ns is not None and self._cache is not None:
+            self._cache.close(self._ns)
+        self.inner.close()
+
+    def _check_open(self) -> None:
+        if not self.open:
+            from engine.errors import InvalidStateStoreError
+            raise InvalidStateStoreError(self.name, "is closed (its task moved or the client stopped)")
+
+
+class KeyValueStore(StateStore):
+    """A task's key-value store (Kafka Streams' ``KeyValueStore``); ``None`` values mean absent."""
+
+    def get(self, key: Any) -> Any:
+        self._check_open()
+        return self.value_serde.deserialize(self._get(self._key(key)))
+
+    def put(self, key: Any, value: Any) -> None:
+        """Store ``value`` under ``key``; ``None`` deletes it."""
+        self._write(self._key(key), None if value is None else self.value_serde.serialize(value))
+
+    def put_if_absent(self, key: Any, value: Any) -> Any:
+        """Store ``value`` unless the key has one; returns the value it had (None if none)."""
+        old = self.get(key)
+        if old is None:
+            self.put(key, value)
+        return old
+
+    def delete(self, key: Any) -> Any:
+        """Remove ``key``; returns the value it had."""
+        old = self.get(key)
+        if old is not None:
+            self.put(key, None)
+        return old
+
+    def range(self, low: Any, high: Any) -> Iterator[tuple[Any, Any]]:
+        """Entries with keys from ``low`` to ``high`` (inclusive; None is open) in serialized-key order."""
+        self._check_open()
+        lo = None if low is None else self._key(low)
+        hi = None if high is None else self._key(high)
+        decode_key, decode_value = self.key_serde.deserialize, self.value_serde.deserialize
+        for key, value in self._range(lo, hi):
+            yield decode_key(key), decode_value(value)
+
+    def all(self) -> Iterator[tuple[Any, Any]]:
+        return self.range(None, None)
+
+    def approximate_num_entries(self) -> int:
+        return self.inner.approximate_num_entries()
+
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        return self._range(None, None)
+
+    def _key(self, key: Any) -> bytes:
+        if key is None:
+            raise ValueError(f"State store '{self.name}': keys must not be None")
+        data = self.key_serde.serialize(key)
+        if data is None:
+            raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
+        return data
+
+
+_START = struct.Struct(">q")
+
+
+class WindowStore(StateStore):
+    """A task's window store: values per (key, window start), kept for ``retention_ms``.
+
+    A stored key is the serialized key followed by the window start as 8 bytes
+    big-endian, so one key's windows are adjacent and in time order.
+    """
+
+    def __init__(self, *args: Any, window_size_ms: int, retention_ms: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.window_size_ms = window_size_ms
+        self.retention_ms = retention_ms
+        self.observed_time = -1
+
+    def put(self, key: Any, value: Any, window_start: int) -> None:
+        if window_start > self.observed_time:
+            self.observed_time = window_start
+        self._write(self._composite(key, window_start), None if value is None else self.value_serde.serialize(value))
+
+    def fetch(self, key: Any, window_start: int) -> Any:
+        """The value of ``key`` in the window starting at ``window_start`` (None if none)."""
+        self._check_open()
+        return self.value_serde.deserialize(self._get(self._composite(key, window_start)))
+
+    def fetch_range(self, key: Any, time_from: int, time_to: int) -> Iterator[tuple[int, Any]]:
+        """``(window_start, value)`` of ``key``'s windows starting within ``[time_from, time_to]``."""
+        self._check_open()
+        raw_key = self._raw(key)
+        low = raw_key + _START.pack(max(time_from, 0))
+        high = raw_key + _START.pack(max(time_to, 0))
+        for stored, value in self._range(low, high):
+            if len(stored) == len(raw_key) + 8:
+                yield _START.unpack(stored[-8:])[0], self.value_serde.deserialize(value)
+
+    def fetch_all(self, time_from: int, time_to: int) -> Iterator[tuple[Windowed, Any]]:
+        """Every ``(Windowed(key, start, end), value)`` with a start within ``[time_from, time_to]``."""
+        self._check_open()
+        for stored, value in self._range(None, None):
+            start = _START.unpack(stored[-8:])[0]
+            if time_from <= start <= time_to:
+                yield self._decode_key(stored), self.value_serde.deserialize(value)
+
+    def all(self) -> Iterator[tuple[Windowed, Any]]:
+        return self.fetch_all(0, 2**63 - 1)
+
+    def expire(self) -> int:
+        """Drop windows older than the retention (locally; the changelog's retention drops them there)."""
+        horizon = self.observed_time - self.retention_ms
+        if horizon <= 0:
+            return 0
+        stale = [k for k, _ in self._range(None, None) if _START.unpack(k[-8:])[0] + self.window_size_ms <= horizon]
+        for key in stale:
+            self.inner.put(key, None)
+        return len(stale)
+
+    def _decode_key(self, key: bytes) -> Windowed:
+        start = _START.unpack(key[-8:])[0]
+        return Windowed(self.key_serde.deserialize(key[:-8]), start, start + self.window_size_ms)
+
+    def _raw(self, key: Any) -> bytes:
+        if key is None:
+            raise ValueError(f"State store '{self.name}': keys must not be None")
+        data = self.key_serde.serialize(key)
+        if data is None:
+            raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
+        return data
+
+    def _composite(self, key: Any, window_start: int) -> bytes:
+        if window_start < 0:
+            raise ValueError(f"State store '{self.name}': window start must be >= 0, got {window_start}")
+        return self._raw(key) + _START.pack(window_start)

@@ -1,0 +1,153 @@
+"""How a user describes a state store: ``Stores`` makes suppliers and builders, ``Materialized``
+names and tunes the store of a DSL aggregation.
+
+Kafka Streams spells these ``Stores.persistentKeyValueStore("counts")`` and
+``Stores.keyValueStoreBuilder(supplier, keySerde, valueSerde)``; here they are
+snake_case with the same meaning. A builder is a description: every task that
+runs a processor connected to it gets its own store instance.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from engine.errors import TopologyError
+from engine.serdes import Serde, as_serde
+
+_LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+class StoreType(Enum):
+    KEY_VALUE = "key-value"
+    WINDOW = "window"
+
+
+@dataclass(frozen=True)
+class StoreSupplier:
+    """What kind of bytes store to open: ``persistent`` (RocksDB) or in memory (None: the config's
+    ``default.dsl.store``)."""
+
+    name: str
+    persistent: bool | None
+    type: StoreType = StoreType.KEY_VALUE
+    retention_ms: int | None = None
+    window_size_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class StoreBuilder:
+    """A store with its serdes and layers; ``None`` serdes take the defaults from the config.
+
+    Caching is off by default (as for Kafka Streams' builders) and on for the DSL's
+    stores; logging (a changelog topic ``<application.id>-<name>-changelog``) is on.
+    """
+
+    supplier: StoreSupplier
+    key_serde: Serde | None = None
+    value_serde: Serde | None = None
+    caching: bool = False
+    logging: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.supplier.name
+
+    @property
+    def type(self) -> StoreType:
+        return self.supplier.type
+
+    def with_caching_enabled(self) -> StoreBuilder:
+        return replace(self, caching=True)
+
+    def with_caching_disabled(self) -> StoreBuilder:
+        return replace(self, caching=False)
+
+    def with_logging_enabled(self) -> StoreBuilder:
+        return replace(self, logging=True)
+
+    def with_logging_disabled(self) -> StoreBuilder:
+        return replace(self, logging=False)
+
+
+def check_store_name(name: object) -> str:
+    if not isinstance(name, str) or not _LEGAL_NAME.match(name):
+        raise TopologyError(f"Store name {name!r} is not legal: use letters, digits, '.', '_' and '-' "
+                            "(it becomes part of a topic name)")
+    return name
+
+
+def _positive(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TopologyError(f"{what} must be an int > 0, got {value!r}")
+    return value
+
+
+class Stores:
+    """Factory of store suppliers and builders (Kafka Streams' ``Stores``)."""
+
+    @staticmethod
+    def persistent_key_value_store(name: str) -> StoreSupplier:
+        return StoreSupplier(check_store_name(name), persistent=True)
+
+    @staticmethod
+    def in_memory_key_value_store(name: str) -> StoreSupplier:
+        return StoreSupplier(check_store_name(name), persistent=False)
+
+    @staticmethod
+    def persistent_window_store(name: str, retention_ms: int, window_size_ms: int) -> StoreSupplier:
+        return _window_supplier(name, True, retention_ms, window_size_ms)
+
+    @staticmethod
+    def in_memory_window_store(name: str, retention_ms: int, window_size_ms: int) -> StoreSupplier:
+        return _window_supplier(name, False, retention_ms, window_size_ms)
+
+    @staticmethod
+    def key_value_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
+                                value_serde: Serde | type | None = None) -> StoreBuilder:
+        if supplier.type is not StoreType.KEY_VALUE:
+            raise TopologyError(f"Store '{supplier.name}' is a {supplier.type.value} store, not a key-value store")
+        return _builder(supplier, key_serde, value_serde)
+
+    @staticmethod
+    def window_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
+                             value_serde: Serde | type | None = None) -> StoreBuilder:
+        if supplier.type is not StoreType.WINDOW:
+            raise TopologyError(f"Store '{supplier.name}' is a {supplier.type.value} store, not a window store")
+        return _builder(supplier, key_serde, value_serde)
+
+
+def _window_supplier(name: str, persistent: bool, retention_ms: int, window_size_ms: int) -> StoreSupplier:
+    _positive(retention_ms, f"retention_ms of window store '{name}'")
+    _positive(window_size_ms, f"window_size_ms of window store '{name}'")
+    if retention_ms < window_size_ms:
+        raise TopologyError(f"retention_ms of window store '{name}' ({retention_ms}) must not be smaller "
+                            f"than its window size ({window_size_ms})")
+    return StoreSupplier(check_store_name(name), persistent, StoreType.WINDOW, retention_ms, window_size_ms)
+
+
+def _builder(supplier: StoreSupplier, key_serde: Serde | type | None,
+             value_serde: Serde | type | None) -> StoreBuilder:
+    ks = None if key_serde is None else as_serde(key_serde, f"key serde of store '{supplier.name}'")
+    vs = None if value_serde is None else as_serde(value_serde, f"value serde of store '{supplier.name}'")
+    return StoreBuilder(supplier, ks, vs)
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """The store behind a DSL table: its name (queryable with ``KafkaStreams.store``), kind and serdes.
+
+    ``persistent=None`` follows the config key ``default.dsl.store``.
+    """
+
+    name: str | None = None
+    persistent: bool | None = None
+    key_serde: Serde | type | None = None
+    value_serde: Serde | type | None = None
+    caching: bool = True
+    logging: bool = True
+
+    @classmethod
+    def as_(cls, name: str) -> Materialized:
+        return cls(name=check_store_name(name))

@@ -1,0 +1,207 @@
+"""``TaskStateManager``: the state stores of one task — open, restore, flush, checkpoint, close.
+
+Persistent stores live under ``state.dir/<application.id>/<task id>/<store>``
+with the task's checkpoint file beside them. Caller: the task's coroutine and
+the task manager, both on the stream thread's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from engine.errors import StateStoreError
+from engine.logcontext import LogContext
+from engine.records import TopicPartition
+from engine.serdes import Serde
+from engine.state import checkpoint
+from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore, StoreLockedError
+from engine.state.cache import ThreadCache
+from engine.state.changelog import Append, Changelogger, changelog_topic
+from engine.state.restore import StateRestoreListener, restore_store
+from engine.state.store import KeyValueStore, Source, StateStore, WindowStore
+from engine.state.stores import StoreBuilder, StoreType
+from engine.transport.base import Consumer
+
+log = logging.getLogger(__name__)
+
+# Changelog records written since the last checkpoint before a commit writes a new one.
+CHECKPOINT_AFTER_WRITES = 10_000
+
+
+@dataclass
+class StateSettings:
+    """What a stream thread's task manager needs to give its tasks state stores."""
+
+    state_dir: str
+    default_persistent: bool
+    cache: ThreadCache
+    reader_factory: Callable[[], Consumer]
+    restore_listener: StateRestoreListener | None = None
+
+
+class TaskStateManager:
+    def __init__(
+        self,
+        task_id: str,
+        application_id: str,
+        state_dir: str,
+        partition: int,
+        builders: Iterable[StoreBuilder],
+        default_persistent: bool,
+        default_key_serde: Serde,
+        default_value_serde: Serde,
+        append: Append,
+        cache: ThreadCache | None,
+        timestamp: Callable[[], int],
+        source: Source,
+        logger: LogContext,
+    ) -> None:
+        self.task_id = task_id
+        self.directory = os.path.join(state_dir, application_id, task_id)
+        self.partition = partition
+        self._log = logger
+        self.stores: dict[str, StateStore] = {}
+        self.changelogs: dict[str, TopicPartition] = {}
+        self.restored = 0
+        self._writes_at_checkpoint = 0
+        try:
+            for builder in builders:
+                self.stores[builder.name] = self._open(
+                    builder, default_persistent, default_key_serde, default_value_serde, application_id, append,
+                    cache, timestamp, source)
+        except BaseException:
+            self.close(clean=False)
+            raise
+
+    def _open(self, builder: StoreBuilder, default_persistent: bool, default_key_serde: Serde,
+              default_value_serde: Serde, application_id: str, append: Append, cache: ThreadCache | None,
+              timestamp: Callable[[], int], source: Source) -> StateStore:
+        name = builder.name
+        persistent = default_persistent if builder.supplier.persistent is None else builder.supplier.persistent
+        inner: BytesStore
+        if persistent:
+            inner = RocksDBBytesStore(name, os.path.join(self.directory, name))
+        else:
+            inner = InMemoryBytesStore(name)
+        changelog = None
+        if builder.logging:
+            tp = TopicPartition(changelog_topic(application_id, name), self.partition)
+            self.changelogs[name] = tp
+            changelog = Changelogger(tp.topic, tp.partition, append)
+        value_serde = builder.value_serde or default_value_serde
+        args = (name, inner, builder.key_serde or default_key_serde, value_serde, changelog,
+                cache if builder.caching else None, f"{self.task_id}/{name}", timestamp, source)
+        if builder.type is StoreType.WINDOW:
+            supplier = builder.supplier
+            return WindowStore(*args, window_size_ms=supplier.window_size_ms or 1,
+                               retention_ms=supplier.retention_ms or 1)
+        return KeyValueStore(*args)
+
+    @property
+    def persistent(self) -> bool:
+        return any(s.persistent for s in self.stores.values())
+
+    @property
+    def caching(self) -> bool:
+        return any(s.caching for s in self.stores.values())
+
+    def store(self, name: str) -> StateStore:
+        try:
+            return self.stores[name]
+        except KeyError:
+            raise StateStoreError(name, f"is not a store of task {self.task_id}") from None
+
+    # -- restore ---------------------------------------------------------------------
+    async def restore(self, consumer: Consumer, reader_factory: Callable[[], Consumer],
+                      inputs: Iterable[TopicPartition], listener: StateRestoreListener | None) -> int:
+        """Bring every logged store up to its changelog's end; returns the updates applied."""
+        await self._open_stores()
+        if not self.changelogs:
+            return 0
+        offsets = checkpoint.read(self.directory) if self.persistent else {}
+        ends = await consumer.end_offsets(list(self.changelogs.values()))
+        committed: dict[str, int] = {}
+        for tp in inputs:
+            om = await consumer.committed(tp)
+            if om is not None:
+                committed[tp.topic] = om.offset
+            else:
+                committed[tp.topic] = 0
+        total = 0
+        for name, tp in self.changelogs.items():
+            store = self.stores[name]
+            end = ends.get(tp, 0)
+            start = offsets.get(tp) if store.persistent else None
+            if start is None or start > end:
+                if start is not None:
+                    self._log.warning("Checkpoint of store '%s' is past its changelog's end (%d > %d): "
+                                      "restoring in full", name, start, end)
+                store.inner.wipe()
+                start = 0
+            total += await restore_store(store, tp, start, end, reader_factory, committed, listener)
+            if end > start:
+                self._log.info("Restored store '%s' from %s offsets %d..%d", name, tp, start, end)
+        # From here on the local state moves ahead of any checkpoint: a crash must restore in full.
+        checkpoint.remove(self.directory)
+        self.restored = total
+        return total
+
+    async def _open_stores(self, patience_s: float = 60.0) -> None:
+        """Open the stores; a store still held by the task's previous owner here is retried."""
+        deadline = time.monotonic() + patience_s
+        for store in self.stores.values():
+            while True:
+                try:
+                    store.inner.open()
+                    break
+                except StoreLockedError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+
+    # -- commit ---------------------------------------------------------------------
+    def flush_caches(self) -> int:
+        """Send the caches' dirty updates down (forwarding them); caller: the task, between records."""
+        flushed = 0
+        for store in self.stores.values():
+            flushed += store.flush_cache()
+            if isinstance(store, WindowStore):
+                store.expire()
+        return flushed
+
+    def checkpoint_due(self) -> bool:
+        writes = sum(s.writes for s in self.stores.values())
+        return self.persistent and bool(self.changelogs) and writes - self._writes_at_checkpoint >= CHECKPOINT_AFTER_WRITES
+
+    async def write_checkpoint(self, end_offsets: Mapping[TopicPartition, int]) -> None:
+        """After a commit: the persistent stores hold everything up to these changelog offsets."""
+        if not self.persistent:
+            return
+        for store in self.stores.values():
+            store.flush()
+        offsets = {tp: end_offsets[tp] for name, tp in self.changelogs.items()
+                   if self.stores[name].persistent and tp in end_offsets}
+        checkpoint.write(self.directory, offsets)
+        self._writes_at_checkpoint = sum(s.writes for s in self.stores.values())
+
+    # -- close --------------------------------------------------------------------
+    def close(self, clean: bool) -> None:
+        """Close every store. After a dirty close the local state may be ahead of the commit: no checkpoint."""
+        for store in self.stores.values():
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - one store failing to close must not keep the others open
+                self._log.exception("Error closing store '%s'", store.name)
+        if not clean:
+            checkpoint.remove(self.directory)
+
+    def wipe(self) -> None:
+        """Delete the task's local state (after a corrupted store or under exactly-once)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+

@@ -1,0 +1,191 @@
+"""The stateful part of the DSL: grouped streams, windowed streams and tables.
+
+``stream.group_by_key().count()`` is a ``KTable``: a store per task (queryable by
+its name) whose updates flow on with ``to_stream()``. Grouping by a new key goes
+through a repartition topic ``<application.id>-<store>-repartition`` so that all
+records of a key meet in one task, as in Kafka Streams.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import TopologyError
+from engine.processors.stateful import (
+    AggregateProcessor,
+    ReduceProcessor,
+    StreamTableJoinProcessor,
+    TableSourceProcessor,
+    WindowedAggregateProcessor,
+)
+from engine.serdes import LongSerde, Serde, as_serde
+from engine.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
+from engine.state.windows import TimeWindows
+
+if TYPE_CHECKING:
+    from engine.topology.builder import KStream, StreamsBuilder
+
+
+def _sync(fn: Any, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{what} needs a callable, got {fn!r}")
+    if inspect.iscoroutinefunction(fn):
+        raise TopologyError(f"{what} must be a plain function: a store update cannot wait (got async {fn!r})")
+
+
+def _serde(value: Serde | type | None, what: str) -> Serde | None:
+    return None if value is None else as_serde(value, what)
+
+
+class KGroupedStream:
+    """Records grouped by key, ready to aggregate (``count``, ``reduce``, ``aggregate``, ``windowed_by``)."""
+
+    def __init__(self, builder: StreamsBuilder, node: str, key_serde: Serde | None,
+                 value_serde: Serde | None) -> None:
+        self._builder = builder
+        self._node = node
+        self._key_serde = key_serde
+        self._value_serde = value_serde
+
+    def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """The number of records per key (values are ignored)."""
+        return self._aggregate("count", lambda: 0, lambda _k, _v, n: n + 1, materialized, name, LongSerde())
+
+    def reduce(self, reducer: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
+               name: str | None = None) -> KTable:
+        """``reducer(aggregate, value)`` over each key's values; the first value starts it."""
+        _sync(reducer, "reduce()")
+        store = self._builder._store_name(materialized, "KSTREAM-REDUCE-STATE-STORE")
+        return self._table(store, materialized, None, lambda: ReduceProcessor(store, reducer), "KSTREAM-REDUCE",
+                           name)
+
+    def aggregate(self, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any], *,
+                  materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """``aggregator(key, value, aggregate)`` over each key's values, starting from ``initializer()``."""
+        return self._aggregate("aggregate", initializer, aggregator, materialized, name, None)
+
+    def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream:
+        if not isinstance(windows, TimeWindows):
+            raise TopologyError(f"windowed_by() needs TimeWindows, got {windows!r}")
+        return TimeWindowedKStream(self, windows)
+
+    def _aggregate(self, what: str, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any],
+                   materialized: Materialized | str | None, name: str | None,
+                   value_serde: Serde | None) -> KTable:
+        _sync(initializer, f"{what}() initializer")
+        _sync(aggregator, f"{what}() aggregator")
+        store = self._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+        return self._table(store, materialized, value_serde,
+                           lambda: AggregateProcessor(store, initializer, aggregator), "KSTREAM-AGGREGATE", name)
+
+    def _table(self, store: str, materialized: Materialized | str | None, value_serde: Serde | None,
+               supplier: Callable[[], Any], prefix: str, name: str | None,
+               windows: TimeWindows | None = None) -> KTable:
+        builder = self._builder
+        spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
+        supplier_spec = StoreSupplier(store, spec.persistent) if windows is None else StoreSupplier(
+            store, spec.persistent, StoreType.WINDOW, windows.retention_ms, windows.size_ms)
+        store_builder = StoreBuilder(
+            supplier_spec,
+            _serde(spec.key_serde, f"key serde of store '{store}'") or self._key_serde,
+            _serde(spec.value_serde, f"value serde of store '{store}'") or value_serde,
+            caching=spec.caching, logging=spec.logging)
+        node = builder._name(name, prefix)
+        builder._topology.add_processor(node, supplier, self._node)
+        builder._topology.add_state_store(store_builder, node)
+        return KTable(builder, node, store, None if windows is not None else store_builder.key_serde,
+                      store_builder.value_serde)
+
+
+class TimeWindowedKStream:
+    """A grouped stream cut into time windows; the table's keys are ``Windowed(key, start, end)``."""
+
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows) -> None:
+        self._grouped = grouped
+        self._windows = windows
+
+    def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        return self._aggregate("count", lambda: 0, lambda _k, _v, n: n + 1, materialized, name, LongSerde())
+
+    def aggregate(self, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any], *,
+                  materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        return self._aggregate("aggregate", initializer, aggregator, materialized, name, None)
+
+    def reduce(self, reducer: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
+               name: str | None = None) -> KTable:
+        _sync(reducer, "reduce()")
+        return self._aggregate("reduce", lambda: None,
+                               lambda _k, v, agg: v if agg is None else reducer(agg, v), materialized, name, None)
+
+    def _aggregate(self, what: str, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any],
+                   materialized: Materialized | str | None, name: str | None,
+                   value_serde: Serde | None) -> KTable:
+        _sync(initializer, f"{what}() initializer")
+        _sync(aggregator, f"{what}() aggregator")
+        grouped, windows = self._grouped, self._windows
+        store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+        return grouped._table(
+            store, materialized, value_serde,
+            lambda: WindowedAggregateProcessor(store, windows, initializer, aggregator),
+            "KSTREAM-AGGREGATE", name, windows)
+
+
+class KTable:
+    """A table: the latest value per key, kept in the store ``queryable_store_name``."""
+
+    def __init__(self, builder: StreamsBuilder, node: str, store: str, key_serde: Serde | None = None,
+                 value_serde: Serde | None = None) -> None:
+        self._builder = builder
+        self._node = node
+        self.queryable_store_name = store
+        self._key_serde = key_serde
+        self._value_serde = value_serde
+
+    def to_stream(self, *, name: str | None = None) -> KStream:
+        """The table's updates as a stream (coalesced per key while the record cache holds them)."""
+        from engine.topology.builder import KStream, _pass_through
+
+        node = self._builder._name(name, "KTABLE-TOSTREAM")
+        self._builder._topology.add_node(node, _pass_through(node), self._node)
+        return KStream(self._builder, node, key_serde=self._key_serde, value_serde=self._value_serde)
+
+
+def table_source(builder: StreamsBuilder, source: str, materialized: Materialized | str | None,
+                 key_serde: Serde | None, value_serde: Serde | None) -> KTable:
+    store = builder._store_name(materialized, f"{source}-STATE-STORE")
+    spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
+    node = builder._name(None, "KTABLE-SOURCE")
+    builder._topology.add_processor(node, lambda: TableSourceProcessor(store), source)
+    builder._topology.add_state_store(StoreBuilder(
+        StoreSupplier(store, spec.persistent),
+        _serde(spec.key_serde, f"key serde of store '{store}'") or key_serde,
+        _serde(spec.value_serde, f"value serde of store '{store}'") or value_serde,
+        caching=spec.caching, logging=spec.logging), node)
+    return KTable(builder, node, store, key_serde, value_serde)
+
+
+def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any], Any], left: bool,
+                      name: str | None) -> KStream:
+    from engine.topology.builder import KStream
+
+    _sync(joiner, "join()")
+    if not isinstance(table, KTable):
+        raise TopologyError(f"join() needs a KTable, got {table!r}")
+    builder = stream._builder
+    node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
+    store = table.queryable_store_name
+    builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left), stream._node,
+                                    stores=[store])
+    return KStream(builder, node, stream._key_changed, stream._key_serde)
+
+
+def store_name_from(materialized: Materialized | str | None) -> str | None:
+    if materialized is None:
+        return None
+    if isinstance(materialized, str):
+        return check_store_name(materialized)
+    if isinstance(materialized, Materialized):
+        return None if materialized.name is None else check_store_name(materialized.name)
+    raise TopologyError(f"materialized must be a store name or a Materialized, got {materialized!r}")

@@ -1,0 +1,143 @@
+"""Stores: bytes stores (memory and RocksDB) and the typed layers with cache and changelog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.errors import InvalidStateStoreError
+from engine.serdes import LongSerde, StringSerde
+from engine.state import checkpoint
+from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
+from engine.state.cache import ThreadCache
+from engine.state.changelog import Changelogger, decode_source
+from engine.state.store import KeyValueStore, WindowStore
+from engine.records import TopicPartition
+
+STR, LONG = StringSerde(), LongSerde()
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def bytes_store(request, tmp_path) -> Any:
+    if request.param == "memory":
+        store: Any = InMemoryBytesStore("s")
+    else:
+        store = RocksDBBytesStore("s", str(tmp_path / "s"))
+    store.open()
+    yield store
+    store.close()
+
+
+def test_bytes_store_put_get_delete_and_sorted_range(bytes_store: Any) -> None:
+    for key in (b"b", b"a", b"d", b"c"):
+        bytes_store.put(key, key.upper())
+    bytes_store.put(b"c", None)
+    assert bytes_store.get(b"a") == b"A"
+    assert bytes_store.get(b"c") is None
+    assert list(bytes_store.range(b"b", None)) == [(b"b", b"B"), (b"d", b"D")]
+    assert list(bytes_store.range(None, b"b")) == [(b"a", b"A"), (b"b", b"B")]
+    bytes_store.wipe()
+    assert list(bytes_store.range(None, None)) == []
+
+
+def test_rocksdb_store_keeps_its_data_across_reopen(tmp_path) -> None:
+    store = RocksDBBytesStore("s", str(tmp_path / "s"))
+    store.open()
+    store.put(b"k", b"v")
+    store.close()
+    again = RocksDBBytesStore("s", str(tmp_path / "s"))
+    again.open()
+    assert again.get(b"k") == b"v"
+    again.close()
+
+
+class Log:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, int, bytes, bytes | None, int, Any]] = []
+
+    def __call__(self, topic: str, partition: int, key: bytes, value: bytes | None, ts: int, headers: Any) -> None:
+        self.records.append((topic, partition, key, value, ts, headers))
+
+
+def kv(cache: ThreadCache | None, log: Log, source: tuple[str, int] | None = ("in", 7)) -> KeyValueStore:
+    return KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG, Changelogger("app-counts-changelog", 3, log),
+                         cache, "0_3/counts", lambda: 42, lambda: source)
+
+
+def test_uncached_writes_go_to_the_changelog_of_the_task_partition_with_their_source() -> None:
+    log, down = Log(), []
+    store = kv(None, log)
+    store.set_flush_listener(lambda k, v, ts: down.append((k, v, ts)))
+    store.put("a", 1)
+    store.put("a", 2)
+    assert store.get("a") == 2
+    assert [(t, p, k, LONG.deserialize(v)) for t, p, k, v, _, _ in log.records] == [
+        ("app-counts-changelog", 3, b"a", 1), ("app-counts-changelog", 3, b"a", 2)]
+    assert decode_source(log.records[0][5]) == ("in", 7)
+    assert down == [("a", 1, 42), ("a", 2, 42)]
+
+
+def test_cached_writes_go_down_coalesced_on_flush_and_reads_see_them_before() -> None:
+    log, down = Log(), []
+    store = kv(ThreadCache(1 << 20), log)
+    store.set_flush_listener(lambda k, v, ts: down.append((k, v)))
+    for i in range(5):
+        store.put("a", i)
+    store.put("b", 1)
+    store.delete("b")
+    assert store.get("a") == 4 and store.get("b") is None
+    assert list(store.all()) == [("a", 4)]
+    assert log.records == [] and down == []
+    store.flush_cache()
+    assert down == [("a", 4), ("b", None)]
+    assert [(k, v) for _, _, k, v, _, _ in log.records] == [(b"a", LONG.serialize(4)), (b"b", None)]
+
+
+def test_range_merges_cache_and_store() -> None:
+    store = kv(ThreadCache(1 << 20), Log())
+    for key in ("a", "c", "e"):
+        store.put(key, 1)
+    store.flush_cache()
+    store.put("b", 2)
+    store.put("c", None)
+    assert list(store.range("a", "d")) == [("a", 1), ("b", 2)]
+
+
+def test_a_closed_store_is_an_error_to_read() -> None:
+    store = kv(None, Log())
+    store.close()
+    with pytest.raises(InvalidStateStoreError, match="'counts'"):
+        store.get("a")
+
+
+def test_none_keys_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'counts': keys must not be None"):
+        kv(None, Log()).put(None, 1)
+
+
+def test_window_store_fetches_one_keys_windows_in_time_order_and_expires_old_ones() -> None:
+    store = WindowStore("w", InMemoryBytesStore("w"), STR, LONG, None, None, "0_0/w", lambda: 0, lambda: None,
+                        window_size_ms=10, retention_ms=30)
+    store.put("a", 1, 0)
+    store.put("a", 2, 10)
+    store.put("ab", 9, 10)  # a longer key with the same prefix is not "a"
+    store.put("a", 3, 20)
+    assert list(store.fetch_range("a", 0, 15)) == [(0, 1), (10, 2)]
+    assert store.fetch("ab", 10) == 9
+    store.put("a", 4, 50)
+    # At time 50 with 30 ms retention, windows ending by 20 go: a@0, a@10 and ab@10.
+    assert store.expire() == 3
+    assert [(w.key, w.start) for w, _ in store.all()] == [("a", 20), ("a", 50)]
+
+
+def test_checkpoint_round_trip_and_corrupt_file_reads_as_missing(tmp_path) -> None:
+    offsets = {TopicPartition("app-s-changelog", 2): 17}
+    checkpoint.write(str(tmp_path), offsets)
+    assert checkpoint.read(str(tmp_path)) == offsets
+    (tmp_path / checkpoint.FILE_NAME).write_text('{"version": 1, "offsets": [["t", "x"]]}')
+    assert checkpoint.read(str(tmp_path)) == {}
+    (tmp_path / checkpoint.FILE_NAME).write_bytes(b"\x00\xff")
+    assert checkpoint.read(str(tmp_path)) == {}
+    checkpoint.remove(str(tmp_path))
+    assert checkpoint.read(str(tmp_path)) == {}
