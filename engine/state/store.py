@@ -191,6 +191,7 @@ class WindowStore(StateStore):
         self.window_size_ms = window_size_ms
         self.retention_ms = retention_ms
         self.observed_time = -1
+        self._expired_at = -1
 
     def put(self, key: Any, value: Any, window_start: int) -> None:
         if window_start > self.observed_time:
@@ -226,8 +227,10 @@ class WindowStore(StateStore):
     def expire(self) -> int:
         """Drop windows older than the retention (locally; the changelog's retention drops them there)."""
         horizon = self.observed_time - self.retention_ms
-        if horizon <= 0:
+        # A sweep reads the whole store: do it once per window size of stream time, not per commit.
+        if horizon <= 0 or self.observed_time - self._expired_at < self.window_size_ms:
             return 0
+        self._expired_at = self.observed_time
         stale = [k for k, _ in self._range(None, None) if _START.unpack(k[-8:])[0] + self.window_size_ms <= horizon]
         for key in stale:
             self.inner.put(key, None)

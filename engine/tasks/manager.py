@@ -80,6 +80,7 @@ class TaskManager:
         self.closed_timeouts = 0
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
+        self.shut_down = False
 
     # -- assignment -------------------------------------------------------------
     def task_id_of(self, tp: TopicPartition) -> TaskId:
@@ -87,6 +88,11 @@ class TaskManager:
 
     def handle_assignment(self, partitions: Iterable[TopicPartition]) -> list[StreamTask]:
         """Create and start a task for each newly assigned group of partitions."""
+        if self.shut_down:
+            # The consumer's close may finish a rebalance and report an assignment: the
+            # thread is past its tasks' shutdown, so they would start on a closed consumer.
+            self._log.debug("Ignoring an assignment after shutdown: %s", sorted(map(str, partitions)))
+            return []
         grouped: dict[TaskId, list[TopicPartition]] = {}
         for tp in partitions:
             tp = TopicPartition(tp.topic, tp.partition)
@@ -236,6 +242,7 @@ class TaskManager:
         self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
 
     async def shutdown(self, clean: bool, timeout: float) -> None:
+        self.shut_down = True
         await self.close_tasks(list(self.tasks.values()), clean=clean, timeout=timeout)
 
     # -- records ----------------------------------------------------------------

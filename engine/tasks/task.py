@@ -157,8 +157,17 @@ class StreamTask:
     async def run(self) -> None:
         try:
             if self.restore is not None:
+                if self._closing:
+                    return
                 self.state.transition_to(TaskState.RESTORING)
-                await self.restore()
+                try:
+                    await self.restore()
+                except Exception as exc:
+                    if not self._closing:
+                        raise
+                    # The thread shut down (closing its consumer) while this task restored.
+                    self.log.info("Stopped restoring: the task is closing (%r)", exc)
+                    return
                 if self._closing:
                     return
             self.state.transition_to(TaskState.RUNNING)
