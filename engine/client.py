@@ -47,7 +47,13 @@ from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.threads.registry import ThreadRegistry
 from engine.tasks.task_id import TaskId
-from engine.threads.stream_thread import StreamThread, StreamThreadState, TaskMetadata, ThreadMetadata
+from engine.threads.stream_thread import (
+    StreamThread,
+    StreamThreadState,
+    TaskDetails,
+    TaskMetadata,
+    ThreadMetadata,
+)
 from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport import open_transport
@@ -502,17 +508,28 @@ class KafkaStreams:
         return [t.metadata() for t in self._threads.snapshot() if t.state.state is not StreamThreadState.DEAD]
 
     def metrics(self) -> list[Metric]:
+        """Every metric in Kafka Streams' shape; safe from any thread, never waits for a stream thread.
+
+        ``stream-metrics`` (client): ``alive-stream-threads``, ``failed-stream-threads`` and
+        ``client-state`` (1.0, the state name in its ``state`` tag). ``stream-thread-metrics``:
+        totals, the windowed ``process-rate``, ``process-latency-avg``/``-max`` (ms per record),
+        ``poll-rate``, ``commit-rate`` and the cache share. ``stream-task-metrics``: records
+        processed and dropped, ``records-lag``, ``paused``, timeout retries.
+        """
         tags = {"client-id": self.client_id}
         threads = self._threads.snapshot()
         result = [
             Metric("stream-metrics", "alive-stream-threads", tags, float(sum(t.is_alive for t in threads))),
             Metric("stream-metrics", "failed-stream-threads", tags, float(self._threads.failed_threads)),
+            Metric("stream-metrics", "client-state", {**tags, "state": self.state.name}, 1.0),
         ]
         for thread in threads:
             if thread.state.state is StreamThreadState.DEAD:
                 continue
             thread_tags = {"thread-id": thread.name}
             for name, value in thread.counters().items():
+                result.append(Metric("stream-thread-metrics", name, thread_tags, value))
+            for name, value in thread.sensors.values().items():
                 result.append(Metric("stream-thread-metrics", name, thread_tags, value))
             for task_id, values in thread.task_counters():
                 task_tags = {**thread_tags, "task-id": str(task_id)}
@@ -529,6 +546,12 @@ class KafkaStreams:
                 result.append(Metric("stream-thread-metrics", "paused-tasks-total", thread_tags,
                                      float(thread.errors.paused)))
         return result
+
+    def local_task_details(self) -> list[TaskDetails]:
+        """Every active task of this client's threads: state (running/paused/retrying), committed
+        offsets, lag and timeout deadline. Safe from any thread; never waits for a stream thread."""
+        return [d for t in self._threads.snapshot() if t.state.state is not StreamThreadState.DEAD
+                for d in t.task_details()]
 
     def metric(self, name: str) -> float:
         """The client-level metric ``name`` (e.g. ``failed-stream-threads``)."""
