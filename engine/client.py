@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -58,6 +58,9 @@ from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport import open_transport
 from handlers.responses import StreamThreadExceptionResponse
+
+if TYPE_CHECKING:
+    from engine.prometheus import PrometheusExporter
 
 
 def _on_running_loop() -> bool:
@@ -147,6 +150,8 @@ class KafkaStreams:
             backoff=ReplacementBackoff(self.config.seconds(cfg.RETRY_BACKOFF_MS) or 0.1, _BACKOFF_CAP_S),
         )
         self._state.add_listener(self._notify_user)
+        self.prometheus: PrometheusExporter | None = None
+        """The Prometheus endpoint while running, when ``metrics.prometheus.port`` is set."""
 
     # -- state -------------------------------------------------------------------
     @property
@@ -193,7 +198,9 @@ class KafkaStreams:
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self._check_topics()
+        self._start_prometheus()
         if not self._state.maybe_transition_to(ClientState.REBALANCING):
+            self._stop_prometheus()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
         # Create every thread before starting any, so the client cannot look RUNNING with only the first.
@@ -208,6 +215,20 @@ class KafkaStreams:
                 thread.start()
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         self._maybe_set_running()
+
+    def _start_prometheus(self) -> None:
+        port = self.config[cfg.METRICS_PROMETHEUS_PORT]
+        if port is None:
+            return
+        # Imported here: prometheus-client belongs to the optional 'monitor' extra.
+        from engine.prometheus import PrometheusExporter
+
+        self.prometheus = PrometheusExporter(self.metrics, self.config[cfg.METRICS_PROMETHEUS_HOST], port)
+
+    def _stop_prometheus(self) -> None:
+        exporter, self.prometheus = self.prometheus, None
+        if exporter is not None:
+            exporter.close()
 
     async def start_async(self) -> None:
         """``start()`` without blocking the caller's event loop."""
@@ -430,6 +451,7 @@ class KafkaStreams:
                 if not thread.join(remaining) and not thread.is_current:
                     self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
             self._threads.trim_dead()
+            self._stop_prometheus()
             self._state.transition_to(target)
 
         self._shutdown_thread = threading.Thread(target=shut_down, name=f"{self.client_id}-CloseThread",
