@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from engine.client import ClientState, KafkaStreams
-from engine.errors import MissingExtraError
+from engine.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
 
@@ -79,12 +79,13 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     streams.set_state_listener(on_state)
     console = None
     try:
-        await streams.start_async()
-        log.info("Started %s (%s)", target, streams.client_id)
         if monitor:
             from engine.console.monitor import open_monitor
 
+            # Before start(): a console that cannot listen stops the run before it joins the group.
             console = open_monitor(streams, loop)
+        await streams.start_async()
+        log.info("Started %s (%s)", target, streams.client_id)
         await stop.wait()
     finally:
         if console is not None:
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
     try:
         return run(args.app, args.close_timeout, args.monitor)
-    except (AppLoadError, MissingExtraError) as exc:
+    except (AppLoadError, MissingExtraError, ConfigError) as exc:
         print(f"streamloop: {exc}", file=sys.stderr)
         return 2
 

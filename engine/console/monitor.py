@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine import config as cfg
 from engine.client import KafkaStreams
 from engine.console import views
-from engine.errors import MissingExtraError
+from engine.errors import ConfigError, MissingExtraError
 
 try:
     import click
@@ -56,6 +57,31 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
         super().__init__(loop, **kwargs)
         self.streams = streams
         self.prompt = "streamloop >>> "
+        self.ui_error: BaseException | None = None
+
+    def _ui_main(self) -> None:
+        try:
+            with asyncio.Runner(loop_factory=_ConsoleLoop) as runner:
+                runner.run(self._ui_main_async())
+        except BaseException as exc:  # noqa: BLE001 - handed to open_monitor
+            # aiomonitor's start() waits for its UI thread to say it started; a UI that fails
+            # to start (a port in use) would leave it waiting forever.
+            self.ui_error = exc
+            self._ui_started.set()
+
+
+class _ConsoleLoop(asyncio.SelectorEventLoop):
+    """The console's event loop, which keeps asyncio's own exception handler (it logs).
+
+    prompt_toolkit swaps in a handler that prints the error into the telnet session and
+    waits for Enter. When a client resets its connection, the reset is such an error, the
+    wait fails at once on the closed input, and that failure is one again: the loop
+    would spin printing to nobody, and the runner could not close the console.
+    """
+
+    def set_exception_handler(self, handler: Any) -> None:
+        if handler is None:
+            super().set_exception_handler(None)
 
 
 def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> StreamsMonitor:
@@ -64,6 +90,8 @@ def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> Stre
     Close it with ``close()``. The Python REPL (aiomonitor's ``console``) sees ``streams``.
     """
     config = streams.config
+    host = config[cfg.MONITOR_HOST]
+    _check_free(host, config[cfg.MONITOR_PORT], cfg.MONITOR_PORT)
     monitor = StreamsMonitor(
         streams, loop,
         host=config[cfg.MONITOR_HOST],
@@ -73,9 +101,24 @@ def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> Stre
         locals={"__name__": "__console__", "__doc__": None, "streams": streams},
     )
     monitor.start()
+    if monitor.ui_error is not None:
+        raise ConfigError(cfg.MONITOR_WEBUI_PORT, f"aiomonitor's web UI could not start on "
+                          f"{host}:{config[cfg.MONITOR_WEBUI_PORT]}: {monitor.ui_error}") from monitor.ui_error
     log.info("Console at telnet://%s:%d (commands: threads, tasks, paused, resume, add-thread, "
              "remove-thread, metrics, topology)", config[cfg.MONITOR_HOST], config[cfg.MONITOR_PORT])
     return monitor
+
+
+def _check_free(host: str, port: int, key: str) -> None:
+    """aiomonitor binds the console's port on a task of its own and only logs a failure: check first."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(key, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    finally:
+        probe.close()
 
 
 def _streams(ctx: click.Context) -> KafkaStreams:

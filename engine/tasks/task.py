@@ -96,6 +96,9 @@ class StreamTask:
         self._next_offsets: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._committed_meta: dict[TopicPartition, OffsetAndMetadata] = {}
+        # The group's committed offsets as last read for the lag metric, for partitions this
+        # task has not committed itself yet (what the console shows for a task just assigned).
+        self.group_committed: dict[TopicPartition, int] = {}
         self.stream_time = -1
         self.processed = 0
         self.dropped = 0
@@ -334,7 +337,8 @@ class StreamTask:
 
     def committed_offsets(self) -> dict[TopicPartition, int]:
         """The last committed position per partition; a copy, safe to take from another thread."""
-        return {TopicPartition(*tp): offset for tp, offset in dict(self._committed).items()}
+        own = {TopicPartition(*tp): offset for tp, offset in dict(self._committed).items()}
+        return {**dict(self.group_committed), **own}
 
     async def _back_off(self, exc: BaseException, what: str, started: int) -> None:
         """Set this task aside for the back-off; the thread's other tasks run meanwhile."""

@@ -519,6 +519,8 @@ class StreamThread:
                 if position is None:
                     committed = await consumer.committed(tp)  # type: ignore[attr-defined]
                     position = committed.offset if committed is not None else 0
+                    if committed is not None:
+                        task.group_committed[tp] = committed.offset
                 total += max(0, ends.get(tp, position) - position)
             lag[task.id] = total
         self.task_lag = lag
@@ -608,6 +610,8 @@ class StreamThread:
                                      for t in manager.tasks.values())
             self._tasks_view = tuple(manager.tasks.values())
             self.assignor.owned_tasks = sorted(manager.tasks)
+            # A revoked task's lag is someone else's now; drop it without waiting for the next measure.
+            self.task_lag = {task_id: lag for task_id, lag in self.task_lag.items() if task_id in manager.tasks}
 
 
 def _serde(value: object, key: str) -> Serde:

@@ -148,6 +148,14 @@ def test_console_commands_inspect_and_change_a_running_client(
 
         # aiomonitor's own commands are still there.
         assert "tasks running" in console.command("ps")
+
+    # A client that resets its connection leaves the console working for the next one.
+    dropped = ConsoleClient("127.0.0.1", port)
+    dropped._sock.sendall(b"metrics\r")
+    dropped.reset()
+    with ConsoleClient("127.0.0.1", port) as console:
+        assert "RUNNING" in console.command("threads")
+    assert "Press ENTER" not in log.read_text()
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 0, log.read_text()
     assert "Stopped in state NOT_RUNNING" in log.read_text()
@@ -163,3 +171,17 @@ def test_monitor_without_aiomonitor_is_a_clear_error(tmp_path: Path) -> None:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "pip install 'streamloop[monitor]'" in done.stderr
+
+
+def test_a_console_port_in_use_is_a_clear_error_before_the_client_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        (tmp_path / "console_app.py").write_text(APP.format(ports=[port, free_ports(1)[0]]))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+        done = subprocess.run([sys.executable, "-m", "engine", "run", "console_app:make", "--monitor"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"Invalid value for config 'monitor.port': cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Started console_app:make" not in done.stderr

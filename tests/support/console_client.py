@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import select
 import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,6 +45,11 @@ class ConsoleClient:
             self._sock.sendall(b"exit\r")
         except OSError:
             pass
+        self._sock.close()
+
+    def reset(self) -> None:
+        """Drop the connection with a TCP reset, as a killed client or a network failure does."""
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self._sock.close()
 
     def __enter__(self) -> ConsoleClient:
