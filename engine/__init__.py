@@ -10,6 +10,7 @@ from engine.errors import (
     ConfigError,
     DeserializationError,
     IllegalStateError,
+    MissingExtraError,
     MissingSinkTopicError,
     MissingSourceTopicError,
     ProcessingError,
@@ -23,7 +24,7 @@ from engine.errors import (
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
 from engine.tasks.task_id import TaskId
-from engine.threads.stream_thread import StreamThreadState, TaskMetadata, ThreadMetadata
+from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.topology import Topology
 
@@ -38,6 +39,7 @@ __all__ = [
     "KStream",
     "KafkaStreams",
     "Metric",
+    "MissingExtraError",
     "MissingSinkTopicError",
     "MissingSourceTopicError",
     "ProcessingError",
@@ -52,8 +54,10 @@ __all__ = [
     "StreamsError",
     "StreamsTimeoutError",
     "TaskError",
+    "TaskDetails",
     "TaskId",
     "TaskMetadata",
+    "TaskRunState",
     "ThreadMetadata",
     "TopicPartition",
     "Topology",
