@@ -31,6 +31,7 @@ APP = textwrap.dedent('''
 
     BOOTSTRAP = "memory://console-test"
     PORTS = {ports!r}
+    WEBUI_PORT = {webui_port!r}
 
     async def _input():
         transport = open_transport({{"bootstrap.servers": BOOTSTRAP}})
@@ -60,7 +61,7 @@ APP = textwrap.dedent('''
             "application.id": "console", "bootstrap.servers": BOOTSTRAP, "commit.interval.ms": 50,
             "poll.ms": 20,
             "processing.exception.handler": "handlers.LogAndPauseProcessingExceptionHandler",
-            "monitor.port": PORTS[0], "monitor.webui.port": 0, "monitor.console.port": PORTS[1],
+            "monitor.port": PORTS[0], "monitor.webui.port": WEBUI_PORT, "monitor.console.port": PORTS[1],
         }})
 ''')
 
@@ -79,7 +80,7 @@ def free_ports(count: int) -> list[int]:
 @pytest.fixture
 def console_app(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
     ports = free_ports(2)
-    (tmp_path / "console_app.py").write_text(APP.format(ports=ports))
+    (tmp_path / "console_app.py").write_text(APP.format(ports=ports, webui_port=0))
     log = tmp_path / "app.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     with log.open("w") as out:
@@ -162,7 +163,7 @@ def test_console_commands_inspect_and_change_a_running_client(
 
 
 def test_monitor_without_aiomonitor_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "console_app.py").write_text(APP.format(ports=[1, 2]))
+    (tmp_path / "console_app.py").write_text(APP.format(ports=[1, 2], webui_port=0))
     # A module named aiomonitor that cannot be imported hides the installed one.
     (tmp_path / "aiomonitor").mkdir()
     (tmp_path / "aiomonitor" / "__init__.py").write_text("raise ImportError('not installed')\n")
@@ -178,10 +179,24 @@ def test_a_console_port_in_use_is_a_clear_error_before_the_client_starts(tmp_pat
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        (tmp_path / "console_app.py").write_text(APP.format(ports=[port, free_ports(1)[0]]))
+        (tmp_path / "console_app.py").write_text(APP.format(ports=[port, free_ports(1)[0]], webui_port=0))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
         done = subprocess.run([sys.executable, "-m", "engine", "run", "console_app:make", "--monitor"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"Invalid value for config 'monitor.port': cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "Started console_app:make" not in done.stderr
+
+
+def test_a_web_ui_port_in_use_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        webui = taken.getsockname()[1]
+        (tmp_path / "console_app.py").write_text(APP.format(ports=free_ports(2), webui_port=webui))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+        done = subprocess.run([sys.executable, "-m", "engine", "run", "console_app:make", "--monitor"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"Invalid value for config 'monitor.webui.port': aiomonitor's web UI could not start on " \
+           f"127.0.0.1:{webui}" in done.stderr
