@@ -68,6 +68,7 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
+
     def on_state(new: ClientState, _old: ClientState) -> None:
         # Runs on whichever thread changed the state; the loop may be gone after a timed-out close.
         if new in (ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR):
