@@ -11,6 +11,7 @@ from engine.errors import (
     DeserializationError,
     IllegalStateError,
     InvalidStateStoreError,
+    MissingExtraError,
     MissingSinkTopicError,
     MissingSourceTopicError,
     ProcessingError,
@@ -25,8 +26,8 @@ from engine.errors import (
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
 from engine.tasks.task_id import TaskId
-from engine.threads.stream_thread import StreamThreadState, TaskMetadata, ThreadMetadata
 from engine.state import Materialized, Stores, TimeWindows, Windowed
+from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
@@ -46,6 +47,7 @@ __all__ = [
     "KTable",
     "Materialized",
     "Metric",
+    "MissingExtraError",
     "MissingSinkTopicError",
     "MissingSourceTopicError",
     "ProcessingError",
@@ -62,8 +64,10 @@ __all__ = [
     "StreamsTimeoutError",
     "StreamThreadState",
     "TaskError",
+    "TaskDetails",
     "TaskId",
     "TaskMetadata",
+    "TaskRunState",
     "ThreadMetadata",
     "TimeWindowedKStream",
     "TimeWindows",

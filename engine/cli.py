@@ -1,25 +1,27 @@
 """``streamloop`` (also ``python -m engine``): run an application, or the demo.
 
-    streamloop run package.module:streams     # a KafkaStreams, or a function returning one
+    streamloop run package.module:streams [--monitor]   # a KafkaStreams, or a function returning one
     streamloop demo [--orders N]
 
 ``run`` starts the client, waits until SIGINT/SIGTERM or until the client stops by
 itself, closes it gracefully (finish in-flight records, commit, leave the group),
-and exits 0 after a clean stop, 1 when the client ended in ERROR.
+and exits 0 after a clean stop, 1 when the client ended in ERROR. With
+``--monitor`` it opens the aiomonitor console (``monitor.port``, see docs/console.md)
+on the runner's event loop, the one that supervises the client.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from engine.client import ClientState, KafkaStreams
+from engine.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
 
@@ -47,22 +49,49 @@ def load_app(target: str) -> KafkaStreams:
     return app
 
 
-def run(target: str, close_timeout: float) -> int:
+def run(target: str, close_timeout: float, monitor: bool = False) -> int:
     streams = load_app(target)
-    stop = threading.Event()
+    if monitor:
+        # Fail before starting anything when the extra is missing.
+        from engine.console.monitor import open_monitor  # noqa: F401
+    return asyncio.run(_supervise(streams, target, close_timeout, monitor))
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("Received %s: closing", signal.Signals(signum).name)
+
+async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool) -> int:
+    """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("Received %s: closing", signum.name)
         stop.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, on_signal)
-    streams.set_state_listener(lambda new, _old: stop.set() if new in (
-        ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR) else None)
-    streams.start()
-    log.info("Started %s (%s)", target, streams.client_id)
-    stop.wait()
-    streams.close(timeout=close_timeout)
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    def on_state(new: ClientState, _old: ClientState) -> None:
+        # Runs on whichever thread changed the state; the loop may be gone after a timed-out close.
+        if new in (ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR):
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass  # the loop is closed: the runner is done already
+
+    streams.set_state_listener(on_state)
+    console = None
+    try:
+        if monitor:
+            from engine.console.monitor import open_monitor
+
+            # Before start(): a console that cannot listen stops the run before it joins the group.
+            console = open_monitor(streams, loop)
+        await streams.start_async()
+        log.info("Started %s (%s)", target, streams.client_id)
+        await stop.wait()
+    finally:
+        if console is not None:
+            console.close()
+        await streams.close_async(timeout=close_timeout)
     final = streams.state
     log.info("Stopped in state %s", final.name)
     return 1 if final is ClientState.ERROR else 0
@@ -76,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("app", help="package.module:attribute naming a KafkaStreams or a factory")
     run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
     run_parser.add_argument("--log-level", default="INFO")
+    run_parser.add_argument("--monitor", action="store_true",
+                            help="open the aiomonitor console on monitor.host:monitor.port (extra 'monitor')")
     commands.add_parser("demo", help="the order pipeline on the embedded broker (its own options follow)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "demo":
@@ -87,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
     try:
-        return run(args.app, args.close_timeout)
-    except AppLoadError as exc:
+        return run(args.app, args.close_timeout, args.monitor)
+    except (AppLoadError, MissingExtraError, ConfigError) as exc:
         print(f"streamloop: {exc}", file=sys.stderr)
         return 2
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -58,11 +58,20 @@ from engine.state.store import StateStore
 from engine.state.stores import StoreType
 from engine.threads.registry import ThreadRegistry
 from engine.tasks.task_id import TaskId
-from engine.threads.stream_thread import StreamThread, StreamThreadState, TaskMetadata, ThreadMetadata
+from engine.threads.stream_thread import (
+    StreamThread,
+    StreamThreadState,
+    TaskDetails,
+    TaskMetadata,
+    ThreadMetadata,
+)
 from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport import open_transport
 from handlers.responses import StreamThreadExceptionResponse
+
+if TYPE_CHECKING:
+    from engine.prometheus import PrometheusExporter
 
 
 def _on_running_loop() -> bool:
@@ -156,6 +165,8 @@ class KafkaStreams:
         )
         self._state.add_listener(self._notify_user)
         self._state.add_listener(self._stop_cleaner_when_done)
+        self.prometheus: PrometheusExporter | None = None
+        """The Prometheus endpoint while running, when ``metrics.prometheus.port`` is set."""
 
     # -- state -------------------------------------------------------------------
     @property
@@ -237,7 +248,9 @@ class KafkaStreams:
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self._check_topics()
+        self._start_prometheus()
         if not self._state.maybe_transition_to(ClientState.REBALANCING):
+            self._stop_prometheus()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
         # Create every thread before starting any, so the client cannot look RUNNING with only the first.
@@ -258,6 +271,20 @@ class KafkaStreams:
             self._cleaner.start(f"{self.client_id}-CleanupThread")
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         self._maybe_set_running()
+
+    def _start_prometheus(self) -> None:
+        port = self.config[cfg.METRICS_PROMETHEUS_PORT]
+        if port is None:
+            return
+        # Imported here: prometheus-client belongs to the optional 'monitor' extra.
+        from engine.prometheus import PrometheusExporter
+
+        self.prometheus = PrometheusExporter(self.metrics, self.config[cfg.METRICS_PROMETHEUS_HOST], port)
+
+    def _stop_prometheus(self) -> None:
+        exporter, self.prometheus = self.prometheus, None
+        if exporter is not None:
+            exporter.close()
 
     async def start_async(self) -> None:
         """``start()`` without blocking the caller's event loop."""
@@ -491,6 +518,7 @@ class KafkaStreams:
                 if not thread.join(remaining) and not thread.is_current:
                     self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
             self._threads.trim_dead()
+            self._stop_prometheus()
             self._state.transition_to(target)
 
         self._shutdown_thread = threading.Thread(target=shut_down, name=f"{self.client_id}-CloseThread",
@@ -569,17 +597,28 @@ class KafkaStreams:
         return [t.metadata() for t in self._threads.snapshot() if t.state.state is not StreamThreadState.DEAD]
 
     def metrics(self) -> list[Metric]:
+        """Every metric in Kafka Streams' shape; safe from any thread, never waits for a stream thread.
+
+        ``stream-metrics`` (client): ``alive-stream-threads``, ``failed-stream-threads`` and
+        ``client-state`` (1.0, the state name in its ``state`` tag). ``stream-thread-metrics``:
+        totals, the windowed ``process-rate``, ``process-latency-avg``/``-max`` (ms per record),
+        ``poll-rate``, ``commit-rate`` and the cache share. ``stream-task-metrics``: records
+        processed and dropped, ``records-lag``, ``paused``, timeout retries.
+        """
         tags = {"client-id": self.client_id}
         threads = self._threads.snapshot()
         result = [
             Metric("stream-metrics", "alive-stream-threads", tags, float(sum(t.is_alive for t in threads))),
             Metric("stream-metrics", "failed-stream-threads", tags, float(self._threads.failed_threads)),
+            Metric("stream-metrics", "client-state", {**tags, "state": self.state.name}, 1.0),
         ]
         for thread in threads:
             if thread.state.state is StreamThreadState.DEAD:
                 continue
             thread_tags = {"thread-id": thread.name}
             for name, value in thread.counters().items():
+                result.append(Metric("stream-thread-metrics", name, thread_tags, value))
+            for name, value in thread.sensors.values().items():
                 result.append(Metric("stream-thread-metrics", name, thread_tags, value))
             for task_id, values in thread.task_counters():
                 task_tags = {**thread_tags, "task-id": str(task_id)}
@@ -596,6 +635,12 @@ class KafkaStreams:
                 result.append(Metric("stream-thread-metrics", "paused-tasks-total", thread_tags,
                                      float(thread.errors.paused)))
         return result
+
+    def local_task_details(self) -> list[TaskDetails]:
+        """Every active task of this client's threads: state (running/paused/retrying), committed
+        offsets, lag and timeout deadline. Safe from any thread; never waits for a stream thread."""
+        return [d for t in self._threads.snapshot() if t.state.state is not StreamThreadState.DEAD
+                for d in t.task_details()]
 
     def metric(self, name: str) -> float:
         """The client-level metric ``name`` (e.g. ``failed-stream-threads``)."""

@@ -90,6 +90,14 @@ PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 DEFAULT_DSL_STORE = "default.dsl.store"
 STATE_CLEANUP_DELAY_MS = "state.cleanup.delay.ms"
+METRICS_SAMPLE_WINDOW_MS = "metrics.sample.window.ms"
+METRICS_NUM_SAMPLES = "metrics.num.samples"
+METRICS_PROMETHEUS_HOST = "metrics.prometheus.host"
+METRICS_PROMETHEUS_PORT = "metrics.prometheus.port"
+MONITOR_HOST = "monitor.host"
+MONITOR_PORT = "monitor.port"
+MONITOR_WEBUI_PORT = "monitor.webui.port"
+MONITOR_CONSOLE_PORT = "monitor.console.port"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -157,6 +165,20 @@ KEYS: tuple[ConfigKey, ...] = (
               "What to do when a processor raises: a handler class, instance or dotted path."),
     ConfigKey(ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME, (str, type(None)), None,
               "Topic that receives every record an error handler was asked about (KIP-1034)."),
+    ConfigKey(METRICS_SAMPLE_WINDOW_MS, int, 30_000,
+              "Length of one sample window of the windowed metrics (rates, latency avg/max).", _at_least(1)),
+    ConfigKey(METRICS_NUM_SAMPLES, int, 2,
+              "Sample windows kept for the windowed metrics.", _at_least(1)),
+    ConfigKey(METRICS_PROMETHEUS_HOST, str, "127.0.0.1",
+              "Address the Prometheus endpoint listens on (extra 'monitor').", _non_empty),
+    ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
+              "Port of the Prometheus endpoint serving metrics() (0: any free port); none when unset."),
+    ConfigKey(MONITOR_HOST, str, "127.0.0.1",
+              "Address the aiomonitor console listens on (`streamloop run --monitor`).", _non_empty),
+    ConfigKey(MONITOR_PORT, int, 20101, "Port of the aiomonitor console (telnet).", _at_least(1)),
+    ConfigKey(MONITOR_WEBUI_PORT, int, 20102, "Port of aiomonitor's web UI (0: any free port).", _at_least(0)),
+    ConfigKey(MONITOR_CONSOLE_PORT, int, 20103,
+              "Port of aiomonitor's Python REPL (the console's `console` command).", _at_least(1)),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),

@@ -11,6 +11,7 @@
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
+    ├── MissingExtraError            a feature needs an optional extra that is not installed (names it)
     ├── TaskError                    something went wrong in one task (carries task_id)
     │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
     │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
@@ -70,6 +71,16 @@ class MissingSinkTopicError(StreamsError):
 
 class StreamsTimeoutError(StreamsError, TimeoutError):
     """A blocking client call (close, remove_stream_thread, …) did not finish in time."""
+
+
+class MissingExtraError(StreamsError, ImportError):
+    """A feature needs a package of an optional extra (e.g. ``monitor``) that is not installed."""
+
+    def __init__(self, feature: str, extra: str, package: str) -> None:
+        super().__init__(f"{feature} needs the '{package}' package: pip install 'streamloop[{extra}]'")
+        self.feature = feature
+        self.extra = extra
+        self.package = package
 
 
 class TaskError(StreamsError):

@@ -17,6 +17,7 @@ from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.errors import CommitFailedError, ProduceError
 from engine.logcontext import LogContext
+from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
 from engine.processors.context import CURRENT
@@ -78,6 +79,8 @@ class TaskManager:
         # Counts of tasks already closed, so the thread's totals survive rebalances.
         self.closed_processed = 0
         self.closed_timeouts = 0
+        # Shared by every task of the thread (they all run on its loop): the windowed metrics' input.
+        self.meter = ProcessMeter()
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
@@ -145,6 +148,7 @@ class TaskManager:
             task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
         task.errors = self._errors
         task.on_pause = self._on_pause
+        task.meter = self.meter
         return task
 
     def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool) -> TaskStateManager | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import Enum
@@ -33,6 +34,7 @@ from anyio import CancelScope
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.processors.punctuation import Schedule
 from engine.records import ConsumerRecord, Record, TopicPartition
@@ -105,8 +107,14 @@ class StreamTask:
         self._next_offsets: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._committed_meta: dict[TopicPartition, OffsetAndMetadata] = {}
+        # The group's committed offsets as last read for the lag metric, for partitions this
+        # task has not committed itself yet (what the console shows for a task just assigned).
+        self.group_committed: dict[TopicPartition, int] = {}
         self.stream_time = -1
         self.processed = 0
+        self.dropped = 0
+        # The thread's meter (its manager sets a shared one); the task's own when run alone.
+        self.meter = ProcessMeter()
         self.finished = asyncio.Event()
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
@@ -255,6 +263,7 @@ class StreamTask:
         queue = self._next_partition()
         timer = self.timer
         done = 0
+        began = time.perf_counter_ns()
         while queue and done < _CHUNK and not self._closing:
             raw = queue[0]
             # Only a retry needs to know when its attempt started (the final-attempt rule).
@@ -315,6 +324,7 @@ class StreamTask:
             if not single:
                 queue = self._next_partition()
         self.processed += done
+        self.meter.add(done, time.perf_counter_ns() - began)
         if ctx.wall_clock_schedules.next_due() is not None:
             await self.maybe_punctuate_wall_clock()
 
@@ -343,6 +353,8 @@ class StreamTask:
             raise error from exc
         if action is FailureAction.PAUSE:
             self._pause(raw)
+        else:
+            self.dropped += 1
         return action
 
     def _skip(self, queue: deque[ConsumerRecord], raw: ConsumerRecord) -> None:
@@ -393,6 +405,11 @@ class StreamTask:
     @property
     def is_paused(self) -> bool:
         return self.state.state is TaskState.PAUSED
+
+    def committed_offsets(self) -> dict[TopicPartition, int]:
+        """The last committed position per partition; a copy, safe to take from another thread."""
+        own = {TopicPartition(*tp): offset for tp, offset in dict(self._committed).items()}
+        return {**dict(self.group_committed), **own}
 
     async def _back_off(self, exc: BaseException, what: str, started: int) -> None:
         """Set this task aside for the back-off; the thread's other tasks run meanwhile."""
@@ -484,6 +501,7 @@ class StreamTask:
         raw, ctx = slot.raw, self.context
         source = self.graph.sources[raw.topic]
         forwarder = ctx.forwarder
+        began = time.perf_counter_ns()
         while True:
             started = self._monotonic_ms() if self.timer.deadline_ms is not None else 0
             what = "key"
@@ -514,6 +532,7 @@ class StreamTask:
                 return
             if self.timer.deadline_ms is not None and self.timer.cleared_by_processing:
                 self.timer.clear()
+            self.meter.add(1, time.perf_counter_ns() - began)
             return
 
     # -- commit ----------------------------------------------------------------

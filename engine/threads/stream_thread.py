@@ -37,6 +37,7 @@ from engine.config import StreamsConfig, load_handler
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext, thread_log
+from engine.metrics import SensorSettings, ThreadSensors
 from engine.records import TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.cache import ThreadCache
@@ -87,6 +88,36 @@ class TaskMetadata:
     topic_partitions: frozenset[TopicPartition]
     is_running: bool = True
     """False while the task is PAUSED by an error handler."""
+
+
+class TaskRunState(Enum):
+    """What a task is doing, as the console shows it."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    RETRYING = "retrying"
+    """Set aside by a timeout (KIP-572), retrying until its deadline."""
+
+
+@dataclass(frozen=True)
+class TaskDetails:
+    """A task as the console shows it: a snapshot taken from another thread."""
+
+    task_id: TaskId
+    thread_name: str
+    topic_partitions: frozenset[TopicPartition]
+    state: TaskRunState
+    committed: dict[TopicPartition, int]
+    """The last committed position per partition (partitions not committed yet are absent)."""
+    lag: int | None
+    """Log end minus next offset to process, summed over the partitions; None until measured."""
+    timeout_deadline_in_ms: int | None
+    """While retrying: milliseconds left until task.timeout.ms runs out (negative once past)."""
+    paused_at: tuple[TopicPartition, int] | None
+    """While paused: the partition and offset of the record the handler paused on."""
+    records_processed: int
+    records_dropped: int
+    timeout_retries: int
 
 
 @dataclass(frozen=True)
@@ -163,6 +194,9 @@ class StreamThread:
         self._failed_member = False
         self.task_lag: dict[TaskId, int] = {}
         self._next_lag_ms = 0
+        self.sensors = ThreadSensors(
+            SensorSettings(config[cfg.METRICS_SAMPLE_WINDOW_MS], config[cfg.METRICS_NUM_SAMPLES]),
+            clock.monotonic_ms)
 
     # -- control, from any thread -------------------------------------------------
     def start(self) -> None:
@@ -272,8 +306,29 @@ class StreamThread:
 
     def task_counters(self) -> list[tuple[TaskId, dict[str, float]]]:
         return [(t.id, {"records-processed-total": float(t.processed),
+                        "dropped-records-total": float(t.dropped),
                         "timeout-retries-total": float(t.timeouts),
                         "paused": float(t.is_paused)}) for t in self._tasks_view]
+
+    def task_details(self) -> list[TaskDetails]:
+        """Each active task's state, offsets, lag and timeout deadline; safe from any thread
+        (attribute reads and dict copies of the task's own fields, no lock, no loop call)."""
+        now = self._clock.monotonic_ms()
+        lag = self.task_lag
+        result = []
+        for task in self._tasks_view:
+            deadline = task.timer.deadline_ms
+            if task.is_paused:
+                state = TaskRunState.PAUSED
+            elif deadline is not None:
+                state = TaskRunState.RETRYING
+            else:
+                state = TaskRunState.RUNNING
+            result.append(TaskDetails(
+                task.id, self.name, task.partitions, state, task.committed_offsets(), lag.get(task.id),
+                None if deadline is None else deadline - now, task.paused_at, task.processed, task.dropped,
+                task.timeouts))
+        return sorted(result, key=lambda d: d.task_id)
 
     def metadata(self) -> ThreadMetadata:
         return ThreadMetadata(self.name, self.state.state, self._active, self.consumer_client_id,
@@ -454,6 +509,7 @@ class StreamThread:
                 self.polls += 1
             self._poll_scope = None
             await manager.maybe_commit()
+            self.sensors.sample(manager.meter, self.polls, manager.commits)
             if manager.producer_failed is not None:
                 await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
@@ -484,6 +540,8 @@ class StreamThread:
                 if position is None:
                     committed = await consumer.committed(tp)  # type: ignore[attr-defined]
                     position = committed.offset if committed is not None else 0
+                    if committed is not None:
+                        task.group_committed[tp] = committed.offset
                 total += max(0, ends.get(tp, position) - position)
             lag[task.id] = total
         self.task_lag = lag
@@ -573,6 +631,8 @@ class StreamThread:
                                      for t in manager.tasks.values())
             self._tasks_view = tuple(manager.tasks.values())
             self.assignor.owned_tasks = sorted(manager.tasks)
+            # A revoked task's lag is someone else's now; drop it without waiting for the next measure.
+            self.task_lag = {task_id: lag for task_id, lag in self.task_lag.items() if task_id in manager.tasks}
 
 
 def _serde(value: object, key: str) -> Serde:

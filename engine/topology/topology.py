@@ -388,25 +388,52 @@ class Topology:
 
     # -- description ----------------------------------------------------------
     def describe(self) -> str:
-        """The topology in Kafka Streams' ``TopologyDescription`` text form."""
+        """The topology in Kafka Streams' ``TopologyDescription`` text form.
+
+        As in Kafka Streams, the nodes of a sub-topology, and the names after ``-->`` and
+        ``<--``, are listed largest sub-tree first (a node's size is one plus its
+        successors' sizes), then by name; every sub-topology ends with a blank line.
+        """
         lines = ["Topologies:"]
         for sub in self.subtopologies:
+            size = self._subtree_sizes(sub)
+
+            def order(names: Iterable[str]) -> list[str]:
+                return sorted(names, key=lambda n: (-size[n], n))
+
+            def listed(names: Iterable[str]) -> str:
+                return ", ".join(order(names)) or "none"
+
             lines.append(f"   Sub-topology: {sub.id}")
-            for name in sub.node_names:
+            for name in order(sub.node_names):
                 spec = self._specs[name]
                 if spec.kind is NodeKind.SOURCE:
                     lines.append(f"    Source: {name} (topics: [{', '.join(spec.topics)}])")
+                    lines.append(f"      --> {listed(spec.children)}")
                 elif spec.kind is NodeKind.SINK:
-                    topic = spec.sink_topic if isinstance(spec.sink_topic, str) else "<extractor>"
-                    lines.append(f"    Sink: {name} (topic: {topic})")
+                    if isinstance(spec.sink_topic, str):
+                        lines.append(f"    Sink: {name} (topic: {spec.sink_topic})")
+                    else:
+                        lines.append(f"    Sink: {name} (extractor class: {_callable_name(spec.sink_topic)})")
+                    lines.append(f"      <-- {listed(spec.parents)}")
                 else:
                     lines.append(f"    Processor: {name} (stores: [{', '.join(spec.stores)}])")
-                if spec.kind is not NodeKind.SINK:
-                    lines.append(f"      --> {', '.join(spec.children) or 'none'}")
-                if spec.parents:
-                    lines.append(f"      <-- {', '.join(spec.parents)}")
+                    lines.append(f"      --> {listed(spec.children)}")
+                    lines.append(f"      <-- {listed(spec.parents)}")
             lines.append("")
-        return "\n".join(lines)
+        return "\n".join(lines) + "\n"
+
+    def _subtree_sizes(self, sub: SubTopology) -> dict[str, int]:
+        size: dict[str, int] = {}
+
+        def measure(name: str) -> int:
+            if name not in size:
+                size[name] = 1 + sum(measure(child) for child in self._specs[name].children)
+            return size[name]
+
+        for name in sub.node_names:
+            measure(name)
+        return size
 
     def __str__(self) -> str:
         return self.describe()
@@ -416,6 +443,12 @@ class Topology:
 
     def spec(self, name: str) -> NodeSpec:
         return self._specs[name]
+
+
+def _callable_name(fn: object) -> str:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{name}"
 
 
 def check_copartitioning(topology: Topology, partition_counts: Mapping[str, int]) -> dict[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections import Counter
 
@@ -12,7 +13,9 @@ from engine import ClientState, StreamsBuilder
 from engine.errors import TaskTimeoutError
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.tasks.task_id import TaskId
+from engine.console.views import tasks_view
 from engine.testing import eventually_async
+from engine.threads.stream_thread import TaskRunState
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
@@ -60,8 +63,18 @@ async def test_a_timing_out_task_does_not_hold_up_the_others_and_skips_nothing(c
         assert {JSON.deserialize(r.value)["p"] for r in first} == {1}
         await eventually_async(lambda: builder.attempts[0] > 2, 30, "record 0 retried, not skipped")
         assert not any(JSON.deserialize(r.value)["p"] == 0 for r in await cluster.read_all(sink))
+        # What the console shows: the task is retrying, with the time left of task.timeout.ms.
+        details = {d.task_id: d for d in streams.local_task_details()}
+        assert details[TaskId(0, 0)].state is TaskRunState.RETRYING
+        assert 0 < details[TaskId(0, 0)].timeout_deadline_in_ms <= 120_000  # type: ignore[operator]
+        assert details[TaskId(0, 0)].timeout_retries >= 2
+        assert details[TaskId(0, 1)].state is TaskRunState.RUNNING
+        assert details[TaskId(0, 1)].timeout_deadline_in_ms is None
+        assert re.search(r"0_0 .* retrying \(deadline in \d+\.\d s\)", tasks_view(streams))
         release.set()
         output = await cluster.read(sink, 200, timeout=30)
+        await eventually_async(lambda: all(d.state is TaskRunState.RUNNING for d in streams.local_task_details()),
+                               30, "both tasks running again")
         assert streams.metric("failed-stream-threads") == 0
         assert streams.state is ClientState.RUNNING
     from_zero = [JSON.deserialize(r.value)["i"] for r in sorted(output, key=lambda r: (r.partition, r.offset))

@@ -150,6 +150,7 @@ def test_describe_prints_kafka_streams_topology_description() -> None:
         "      <-- KSTREAM-SOURCE-0000000000\n"
         "    Sink: KSTREAM-SINK-0000000002 (topic: out)\n"
         "      <-- KSTREAM-FILTER-0000000001\n"
+        "\n"
     )
 
 
@@ -162,7 +163,7 @@ def test_describe_lists_every_child_and_none_for_a_leaf_processor() -> None:
     text = builder.build().describe()
 
     assert "    Source: KSTREAM-SOURCE-0000000000 (topics: [a, b])\n" \
-           "      --> KSTREAM-SINK-0000000001, KSTREAM-FOREACH-0000000002\n" in text
+           "      --> KSTREAM-FOREACH-0000000002, KSTREAM-SINK-0000000001\n" in text
     assert "    Processor: KSTREAM-FOREACH-0000000002 (stores: [])\n      --> none\n" in text
 
 
@@ -170,7 +171,34 @@ def test_describe_shows_a_topic_extractor_sink_without_a_topic() -> None:
     builder = StreamsBuilder()
     builder.stream("in").to(lambda key, value, record: f"out-{key}")
 
-    assert "    Sink: KSTREAM-SINK-0000000001 (topic: <extractor>)\n" in builder.build().describe()
+    assert ("    Sink: KSTREAM-SINK-0000000001 (extractor class: tests.unit.topology.test_builder."
+            "test_describe_shows_a_topic_extractor_sink_without_a_topic.<locals>.<lambda>)\n"
+            "      <-- KSTREAM-SOURCE-0000000000\n\n") in builder.build().describe()
+
+
+def test_describe_lists_nodes_largest_subtree_first_then_by_name() -> None:
+    builder = StreamsBuilder()
+    stream = builder.stream("in")
+    stream.to("short")  # sink 1: a sub-tree of one
+    stream.filter(keep_all).map_values(str).to("long")  # filter 2 (size 3), map 3 (size 2), sink 4
+
+    assert builder.build().describe() == (
+        "Topologies:\n"
+        "   Sub-topology: 0\n"
+        "    Source: KSTREAM-SOURCE-0000000000 (topics: [in])\n"
+        "      --> KSTREAM-FILTER-0000000002, KSTREAM-SINK-0000000001\n"
+        "    Processor: KSTREAM-FILTER-0000000002 (stores: [])\n"
+        "      --> KSTREAM-MAPVALUES-0000000003\n"
+        "      <-- KSTREAM-SOURCE-0000000000\n"
+        "    Processor: KSTREAM-MAPVALUES-0000000003 (stores: [])\n"
+        "      --> KSTREAM-SINK-0000000004\n"
+        "      <-- KSTREAM-FILTER-0000000002\n"
+        "    Sink: KSTREAM-SINK-0000000001 (topic: short)\n"
+        "      <-- KSTREAM-SOURCE-0000000000\n"
+        "    Sink: KSTREAM-SINK-0000000004 (topic: long)\n"
+        "      <-- KSTREAM-MAPVALUES-0000000003\n"
+        "\n"
+    )
 
 
 def test_str_of_a_topology_is_its_description() -> None:

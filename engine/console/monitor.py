@@ -1,0 +1,245 @@
+"""The aiomonitor console of a running client: aiomonitor's commands plus ours.
+
+``streamloop run --monitor`` opens it on ``monitor.host:monitor.port`` (telnet,
+loopback by default); aiomonitor watches the runner's event loop (the one that
+supervises the client: signals, close) and serves its terminal UI from a thread
+of its own. Our commands run there too:
+
+    threads                    name, state, tasks and cache share of each stream thread
+    tasks                      each task: thread, partitions, running/paused/retrying, committed, lag
+    paused                     the paused tasks and the record each one stopped at
+    resume TASK [--skip]       resume a paused task (from the failed record, or after it)
+    add-thread                 start one more stream thread
+    remove-thread              stop one stream thread (it commits and leaves the group)
+    metrics [FILTER]           metrics() in Kafka's shape: group, name, tags, value
+    topology                   the topology description
+
+Reading commands only take snapshots. Changing commands call the client's own
+loop-safe methods on a worker thread (``asyncio.to_thread``), bounded by
+``_COMMAND_TIMEOUT_S``, so neither the console nor any stream thread waits on the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from engine import config as cfg
+from engine.client import KafkaStreams
+from engine.console import views
+from engine.errors import ConfigError, MissingExtraError
+
+try:
+    import click
+    from aiomonitor import Monitor
+    from aiomonitor.context import command_done
+    from aiomonitor.termui.commands import (
+        auto_async_command_done,
+        auto_command_done,
+        custom_help_option,
+        monitor_cli,
+    )
+except ImportError as exc:  # the 'monitor' extra is optional
+    raise MissingExtraError("The console (--monitor)", "monitor", "aiomonitor") from exc
+
+log = logging.getLogger(__name__)
+
+_COMMAND_TIMEOUT_S = 30.0
+
+
+class StreamsMonitor(Monitor):  # type: ignore[misc]
+    """An aiomonitor ``Monitor`` that knows the client its commands act on."""
+
+    def __init__(self, streams: KafkaStreams, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
+        super().__init__(loop, **kwargs)
+        self.streams = streams
+        self.prompt = "streamloop >>> "
+        self.ui_error: BaseException | None = None
+
+    def _ui_main(self) -> None:
+        try:
+            with asyncio.Runner(loop_factory=_ConsoleLoop) as runner:
+                runner.run(self._ui_main_async())
+        except BaseException as exc:  # noqa: BLE001 - handed to open_monitor
+            # aiomonitor's start() waits for its UI thread to say it started; a UI that fails
+            # to start (a port in use) would leave it waiting forever.
+            self.ui_error = exc
+            self._ui_started.set()
+
+
+class _ConsoleLoop(asyncio.SelectorEventLoop):
+    """The console's event loop, which keeps asyncio's own exception handler (it logs).
+
+    prompt_toolkit swaps in a handler that prints the error into the telnet session and
+    waits for Enter. When a client resets its connection, the reset is such an error, the
+    wait fails at once on the closed input, and that failure is one again: the loop
+    would spin printing to nobody, and the runner could not close the console.
+    """
+
+    def set_exception_handler(self, handler: Any) -> None:
+        if handler is None:
+            super().set_exception_handler(None)
+
+
+def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> StreamsMonitor:
+    """Start the console for ``streams``, watching ``loop``; ports and host from the client's config.
+
+    Close it with ``close()``. The Python REPL (aiomonitor's ``console``) sees ``streams``.
+    """
+    config = streams.config
+    host = config[cfg.MONITOR_HOST]
+    _check_free(host, config[cfg.MONITOR_PORT], cfg.MONITOR_PORT)
+    monitor = StreamsMonitor(
+        streams, loop,
+        host=config[cfg.MONITOR_HOST],
+        termui_port=config[cfg.MONITOR_PORT],
+        webui_port=config[cfg.MONITOR_WEBUI_PORT],
+        console_port=config[cfg.MONITOR_CONSOLE_PORT],
+        locals={"__name__": "__console__", "__doc__": None, "streams": streams},
+    )
+    monitor.start()
+    if monitor.ui_error is not None:
+        raise ConfigError(cfg.MONITOR_WEBUI_PORT, f"aiomonitor's web UI could not start on "
+                          f"{host}:{config[cfg.MONITOR_WEBUI_PORT]}: {monitor.ui_error}") from monitor.ui_error
+    log.info("Console at telnet://%s:%d (commands: threads, tasks, paused, resume, add-thread, "
+             "remove-thread, metrics, topology)", config[cfg.MONITOR_HOST], config[cfg.MONITOR_PORT])
+    return monitor
+
+
+def _check_free(host: str, port: int, key: str) -> None:
+    """aiomonitor binds the console's port on a task of its own and only logs a failure: check first."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(key, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    finally:
+        probe.close()
+
+
+def _streams(ctx: click.Context) -> KafkaStreams:
+    streams: KafkaStreams = ctx.obj.streams
+    return streams
+
+
+def _echo(text: str) -> None:
+    click.echo(text)
+
+
+def _in_background(ctx: click.Context, action: Callable[[], Awaitable[str]]) -> None:
+    """Run a command that waits (for a stream thread) as a task of the console's own loop."""
+    monitor: StreamsMonitor = ctx.obj
+
+    @auto_async_command_done
+    async def run(_ctx: click.Context) -> None:
+        try:
+            _echo(await asyncio.wait_for(action(), _COMMAND_TIMEOUT_S))
+        except TimeoutError:
+            _echo(f"no answer within {_COMMAND_TIMEOUT_S:.0f} s")
+        except Exception as exc:  # noqa: BLE001 - a failed command is shown, the console goes on
+            _echo(f"failed: {exc!r}")
+
+    task = monitor._ui_loop.create_task(run(ctx))
+    monitor._termui_tasks.add(task)
+
+
+def _waiting_help_option(command: Callable[..., None]) -> Callable[..., None]:
+    """``--help`` for a command that answers from a task: aiomonitor's own help option marks
+    the command done even when ``--help`` is absent, which would show the next prompt before
+    the answer."""
+
+    def show_help(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            click.echo(ctx.get_help())
+            command_done.get().set()
+            ctx.exit()
+
+    return click.option("--help", is_flag=True, expose_value=False, is_eager=True, callback=show_help,
+                        help="Show the help message")(command)
+
+
+@monitor_cli.command(name="threads")
+@custom_help_option
+@auto_command_done
+def do_threads(ctx: click.Context) -> None:
+    """Stream threads: name, state, tasks, cache size"""
+    _echo(views.threads_view(_streams(ctx)))
+
+
+@monitor_cli.command(name="tasks")
+@custom_help_option
+@auto_command_done
+def do_tasks(ctx: click.Context) -> None:
+    """Tasks: thread, partitions, state, committed offsets, lag"""
+    _echo(views.tasks_view(_streams(ctx)))
+
+
+@monitor_cli.command(name="paused")
+@custom_help_option
+@auto_command_done
+def do_paused(ctx: click.Context) -> None:
+    """Tasks paused by an error handler"""
+    _echo(views.paused_view(_streams(ctx)))
+
+
+@monitor_cli.command(name="resume")
+@click.argument("task")
+@click.option("--skip", is_flag=True, help="go on after the failed record instead of retrying it")
+@_waiting_help_option
+def do_resume(ctx: click.Context, task: str, skip: bool) -> None:
+    """Resume a paused task (e.g. resume 0_1 --skip)"""
+    streams = _streams(ctx)
+
+    async def resume() -> str:
+        if await asyncio.to_thread(streams.resume, task, skip):
+            return f"resumed {task}" + (" after the failed record" if skip else " from the failed record")
+        return f"task {task} is not paused here"
+
+    _in_background(ctx, resume)
+
+
+@monitor_cli.command(name="add-thread")
+@_waiting_help_option
+def do_add_thread(ctx: click.Context) -> None:
+    """Start one more stream thread"""
+    streams = _streams(ctx)
+
+    async def add() -> str:
+        name = await asyncio.to_thread(streams.add_stream_thread)
+        return f"added {name}" if name else f"no thread added: the client is {streams.state.name}"
+
+    _in_background(ctx, add)
+
+
+@monitor_cli.command(name="remove-thread")
+@_waiting_help_option
+def do_remove_thread(ctx: click.Context) -> None:
+    """Stop one stream thread (it commits and leaves the group)"""
+    streams = _streams(ctx)
+
+    async def remove() -> str:
+        name = await asyncio.to_thread(streams.remove_stream_thread, _COMMAND_TIMEOUT_S)
+        return f"removed {name}" if name else "no stream thread to remove"
+
+    _in_background(ctx, remove)
+
+
+@monitor_cli.command(name="metrics")
+@click.argument("name_filter", required=False, default="")
+@custom_help_option
+@auto_command_done
+def do_metrics(ctx: click.Context, name_filter: str) -> None:
+    """Metrics: group, name, tags, value (optionally only names or groups containing FILTER)"""
+    _echo(views.metrics_view(_streams(ctx), name_filter))
+
+
+@monitor_cli.command(name="topology")
+@custom_help_option
+@auto_command_done
+def do_topology(ctx: click.Context) -> None:
+    """The topology description"""
+    _echo(views.topology_view(_streams(ctx)))

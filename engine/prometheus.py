@@ -1,0 +1,89 @@
+"""The Prometheus endpoint: ``KafkaStreams.metrics()`` served over HTTP (extra ``monitor``).
+
+Started by ``KafkaStreams.start()`` when ``metrics.prometheus.port`` is set, stopped
+by its close. Each scrape reads ``metrics()`` afresh (snapshots only, no stream
+thread waits). Names follow Prometheus' rules, made from Kafka's group and name::
+
+    group stream-thread-metrics, name process-rate, tags {thread-id: t}
+      -> kafka_streams_stream_thread_metrics_process_rate{thread_id="t"}
+
+Metrics whose Kafka name ends in ``-total`` are counters, the others gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from engine.client import Metric as StreamsMetric
+from engine.errors import MissingExtraError
+
+try:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.metrics_core import Metric as PrometheusMetric
+except ImportError as exc:  # the 'monitor' extra is optional
+    raise MissingExtraError("The Prometheus endpoint (metrics.prometheus.port)", "monitor",
+                            "prometheus-client") from exc
+
+log = logging.getLogger(__name__)
+
+PREFIX = "kafka_streams"
+
+
+def prometheus_name(group: str, name: str) -> str:
+    """``kafka_streams_<group>_<name>`` with every character Prometheus refuses made ``_``."""
+    return _clean(f"{PREFIX}_{group}_{name}")
+
+
+def label_name(tag: str) -> str:
+    return _clean(tag)
+
+
+def _clean(text: str) -> str:
+    text = re.sub(r"[^a-zA-Z0-9_]", "_", text)
+    return f"_{text}" if text[:1].isdigit() else text
+
+
+def families(metrics: Iterable[StreamsMetric]) -> list[PrometheusMetric]:
+    """Kafka-shaped metrics as Prometheus metric families, one per (group, name)."""
+    by_name: dict[str, PrometheusMetric] = {}
+    for metric in metrics:
+        counter = metric.name.endswith("-total")
+        base = prometheus_name(metric.group, metric.name[:-len("-total")] if counter else metric.name)
+        family = by_name.get(base)
+        if family is None:
+            family = PrometheusMetric(base, f"{metric.group} {metric.name}", "counter" if counter else "gauge")
+            by_name[base] = family
+        labels = {label_name(k): v for k, v in metric.tags.items()}
+        family.add_sample(f"{base}_total" if counter else base, labels, metric.value)
+    return list(by_name.values())
+
+
+class _Collector:
+    def __init__(self, read: Callable[[], Iterable[StreamsMetric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[PrometheusMetric]:
+        yield from families(self._read())
+
+
+class PrometheusExporter:
+    """An HTTP server on its own thread answering ``GET /metrics`` with ``read()``'s metrics."""
+
+    def __init__(self, read: Callable[[], Iterable[StreamsMetric]], host: str, port: int) -> None:
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Collector(read))  # type: ignore[arg-type]
+        self._server: Any
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(port, addr=host, registry=self._registry)
+        self.host = host
+        self.port: int = self._server.server_port
+        log.info("Prometheus metrics at http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
