@@ -155,6 +155,20 @@ class StreamTask:
         finally:
             self.finished.set()
 
+    async def process_buffered(self) -> None:
+        """Process every buffered record now and hand the output on, one record at a time.
+
+        Caller: ``engine.testing.TopologyTestDriver``, which schedules tasks itself instead of
+        running ``run``. It is the same path as ``run`` (timeouts back off and retry, handlers
+        decide), except that records of a task never run concurrently. Returns early when the
+        task pauses or closes; a FAIL answer or a ``TaskTimeoutError`` is raised as in ``run``.
+        """
+        if self.state.state is TaskState.CREATED:
+            self.state.transition_to(TaskState.RUNNING)
+        while self._buffered and self.state.state is TaskState.RUNNING and not self._closing:
+            await self._process_chunk()
+            await self._send_buffered()  # type: ignore[misc]
+
     async def _idle(self) -> None:
         self._wakeup.clear()
         due = self.context.wall_clock_schedules.next_due()

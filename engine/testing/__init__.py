@@ -1,5 +1,41 @@
-"""Helpers for testing applications built on the engine."""
+"""Helpers for testing applications built on the engine.
 
+``TopologyTestDriver`` runs a topology in the calling thread with no broker and no real
+time; ``engine.testing.strategies`` (needs hypothesis) draws inputs and fault schedules
+for it; ``eventually``/``eventually_async`` wait on a condition with a deadline.
+"""
+
+from engine.testing.driver import (
+    DriverTimeoutError,
+    EmptyTopicError,
+    StoresNotAvailableError,
+    TestInputTopic,
+    TestOutputTopic,
+    TestRecord,
+    TopologyTestDriver,
+    UnusedTopics,
+    UnusedTopicsError,
+)
+from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from engine.testing.waiting import eventually, eventually_async
 
-__all__ = ["eventually", "eventually_async"]
+__all__ = [
+    "AdvanceWallClock",
+    "BadRecord",
+    "Crash",
+    "DriverTimeoutError",
+    "EmptyTopicError",
+    "Input",
+    "ProcessorTimeout",
+    "Rebalance",
+    "Step",
+    "StoresNotAvailableError",
+    "TestInputTopic",
+    "TestOutputTopic",
+    "TestRecord",
+    "TopologyTestDriver",
+    "UnusedTopics",
+    "UnusedTopicsError",
+    "eventually",
+    "eventually_async",
+]
