@@ -16,7 +16,17 @@ from engine.testing.driver import (
     UnusedTopics,
     UnusedTopicsError,
 )
-from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from engine.testing.scenario import (
+    AdvanceWallClock,
+    BadRecord,
+    Crash,
+    Input,
+    ProcessorTimeout,
+    Rebalance,
+    Step,
+    by_key,
+    inputs,
+)
 from engine.testing.waiting import eventually, eventually_async
 
 __all__ = [
@@ -36,6 +46,8 @@ __all__ = [
     "TopologyTestDriver",
     "UnusedTopics",
     "UnusedTopicsError",
+    "by_key",
     "eventually",
     "eventually_async",
+    "inputs",
 ]

@@ -547,11 +547,13 @@ class TopologyTestDriver:
         config's default serdes.
         """
         topics: dict[str, TestInputTopic] = {}
+        for topic, serdes in (input_serdes or {}).items():
+            # Named here, so the driver knows about it even when the drawn scenario is empty.
+            topics[topic] = self.create_input_topic(topic, *serdes)
         for step in steps:
             if isinstance(step, Input):
                 if step.topic not in topics:
-                    serdes = (input_serdes or {}).get(step.topic, (None, None))
-                    topics[step.topic] = self.create_input_topic(step.topic, *serdes)
+                    topics[step.topic] = self.create_input_topic(step.topic)
                 topics[step.topic].pipe_input(step.key, step.value, step.timestamp, step.headers, step.partition)
             elif isinstance(step, BadRecord):
                 count = len(self._log(step.topic).partitions)

@@ -7,6 +7,7 @@ exact schedule that made it fail.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,3 +67,17 @@ class AdvanceWallClock:
 
 Fault = BadRecord | ProcessorTimeout | Crash | Rebalance
 Step = Input | BadRecord | ProcessorTimeout | Crash | Rebalance | AdvanceWallClock
+
+
+def inputs(scenario: Sequence[Step], topic: str | None = None) -> list[Input]:
+    """The input records of a scenario (of one ``topic``) in the order they are piped: what a
+    model of your topology reads."""
+    return [s for s in scenario if isinstance(s, Input) and (topic is None or s.topic == topic)]
+
+
+def by_key(pairs: Iterable[tuple[Any, Any]]) -> dict[Any, list[Any]]:
+    """``(key, value)`` pairs grouped per key, each key's values in order: what Kafka keeps ordered."""
+    grouped: dict[Any, list[Any]] = {}
+    for key, value in pairs:
+        grouped.setdefault(key, []).append(value)
+    return grouped

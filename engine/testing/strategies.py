@@ -20,9 +20,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from engine.tasks.task_id import TaskId
-from engine.testing.scenario import BadRecord, Crash, Fault, Input, ProcessorTimeout, Rebalance, Step
+from engine.testing.scenario import BadRecord, Crash, Fault, Input, ProcessorTimeout, Rebalance, Step, by_key, inputs
 
-__all__ = ["faults", "inputs", "partitioned", "records", "scenarios", "task_ids"]
+__all__ = ["by_key", "faults", "headers", "inputs", "partitioned", "records", "scenarios", "task_ids"]
 
 _HEADER_NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-.", min_size=1, max_size=8)
 
@@ -32,20 +32,7 @@ def headers(max_size: int = 2) -> st.SearchStrategy[tuple[tuple[str, bytes], ...
     return st.lists(st.tuples(_HEADER_NAMES, st.binary(max_size=8)), max_size=max_size).map(tuple)
 
 
-@st.composite
-def _timestamps(draw: st.DrawFn, size: int, start: int, max_step_ms: int, out_of_order_ms: int) -> list[int]:
-    """Non-decreasing timestamps, each then moved back by at most ``out_of_order_ms``."""
-    stamps, now = [], start
-    for _ in range(size):
-        now += draw(st.integers(0, max_step_ms))
-        late = draw(st.integers(0, out_of_order_ms)) if out_of_order_ms else 0
-        stamps.append(max(0, now - late))
-    return stamps
-
-
-@st.composite
 def records(
-    draw: st.DrawFn,
     topic: str,
     keys: st.SearchStrategy[Any],
     values: st.SearchStrategy[Any],
@@ -57,7 +44,7 @@ def records(
     out_of_order_ms: int = 0,
     with_headers: bool = False,
     partitions: int | None = None,
-) -> list[Input]:
+) -> st.SearchStrategy[list[Input]]:
     """Input records for ``topic``: keys and values from your strategies.
 
     Timestamps start at ``start_ms`` and grow by up to ``max_step_ms``; with
@@ -66,14 +53,28 @@ def records(
     partition drawn in ``0..partitions-1``; otherwise the key picks it, as Kafka's
     default partitioner does.
     """
-    pairs = draw(st.lists(st.tuples(keys, values), min_size=min_size, max_size=max_size))
-    stamps = draw(_timestamps(len(pairs), start_ms, max_step_ms, out_of_order_ms))
-    result = []
-    for (key, value), stamp in zip(pairs, stamps, strict=True):
-        drawn_headers = draw(headers()) if with_headers else ()
-        partition = draw(st.integers(0, partitions - 1)) if partitions else None
-        result.append(Input(topic, key, value, stamp, drawn_headers, partition))
-    return result
+    # One list of tuples holding only the fields asked for: much cheaper to generate and shrink
+    # than a draw per field.
+    fields: list[st.SearchStrategy[Any]] = [keys, values, st.integers(0, max_step_ms)]
+    if out_of_order_ms:
+        fields.append(st.integers(0, out_of_order_ms))
+    if with_headers:
+        fields.append(headers())
+    if partitions:
+        fields.append(st.integers(0, partitions - 1))
+
+    def to_inputs(rows: list[tuple[Any, ...]]) -> list[Input]:
+        result, now = [], start_ms
+        for row in rows:
+            key, value, step, *rest = row
+            now += step
+            late = rest.pop(0) if out_of_order_ms else 0
+            drawn_headers = rest.pop(0) if with_headers else ()
+            partition = rest.pop(0) if partitions else None
+            result.append(Input(topic, key, value, max(0, now - late), drawn_headers, partition))
+        return result
+
+    return st.lists(st.tuples(*fields), min_size=min_size, max_size=max_size).map(to_inputs)
 
 
 def partitioned(topic: str, partitions: int, keys: st.SearchStrategy[Any], values: st.SearchStrategy[Any],
@@ -105,42 +106,63 @@ def faults(
     unless your config makes that small; set a kind to False to leave it out.
     """
     kinds: list[st.SearchStrategy[Fault]] = []
+    # tuples(...).map(...) rather than builds(...): the same draws, generated much faster.
     if timeouts and tasks:
-        kinds.append(st.builds(ProcessorTimeout, st.sampled_from(list(tasks)), st.integers(1, max_timeouts)))
+        kinds.append(st.tuples(st.sampled_from(list(tasks)), st.integers(1, max_timeouts))
+                     .map(lambda drawn: ProcessorTimeout(*drawn)))
     if crashes:
         kinds.append(st.just(Crash()))
     if rebalances and tasks:
-        kinds.append(st.builds(Rebalance, st.sampled_from(list(tasks))))
+        kinds.append(st.sampled_from([Rebalance(task) for task in tasks]))
     if bad_record_topics:
-        kinds.append(st.builds(BadRecord, st.sampled_from(list(bad_record_topics)),
-                               st.sampled_from([b"\xff", b"\x00\xff\xfe", b"{not json"]),
-                               partition=st.integers(0, 63)))
+        kinds.append(st.tuples(st.sampled_from(list(bad_record_topics)),
+                               st.sampled_from([b"\xff", b"\x00\xff\xfe", b"{not json"]), st.integers(0, 63))
+                     .map(lambda drawn: BadRecord(drawn[0], drawn[1], partition=drawn[2])))
     if not kinds:
         raise ValueError("faults() has no kind of fault left to draw")
     return st.one_of(kinds)
 
 
-@st.composite
 def scenarios(
-    draw: st.DrawFn,
     *inputs_: st.SearchStrategy[list[Input]],
     faults: st.SearchStrategy[Fault] | None = None,
     max_faults: int = 5,
-) -> list[Step]:
+) -> st.SearchStrategy[list[Step]]:
     """The records of every input strategy interleaved (each keeps its own order), with faults at
     drawn places."""
-    lists = [draw(strategy) for strategy in inputs_]
-    steps: list[Step] = []
-    while any(lists):
-        pick = draw(st.sampled_from([i for i, records_ in enumerate(lists) if records_]))
-        steps.append(lists[pick].pop(0))
-    if faults is not None:
-        for fault in draw(st.lists(faults, max_size=max_faults)):
-            steps.insert(draw(st.integers(0, len(steps))), fault)
+    if not inputs_:
+        raise ValueError("scenarios() needs at least one input strategy (records(...))")
+    merged: st.SearchStrategy[list[Step]] = (
+        inputs_[0] if len(inputs_) == 1 else st.tuples(*inputs_).flatmap(_interleavings))  # type: ignore[assignment]
+    if faults is None:
+        return merged
+    # Each fault comes with a place, a fraction of the way through the input (shrinks towards 0).
+    placed = st.lists(st.tuples(st.integers(0, 1_000), faults), max_size=max_faults)
+    return st.tuples(merged, placed).map(_with_faults)
+
+
+def _with_faults(drawn: tuple[list[Step], list[tuple[int, Fault]]]) -> list[Step]:
+    steps, placed = list(drawn[0]), drawn[1]
+    size = len(steps)
+    # Insert at places counted in the input as drawn: the latest first, so earlier places hold.
+    for place, fault in sorted(placed, key=lambda item: -item[0]):
+        steps.insert(place * size // 1_000, fault)
     return steps
 
 
-def inputs(scenario: Sequence[Step], topic: str | None = None) -> list[Input]:
-    """The input records of a scenario (of one ``topic``), in the order they are piped: what a model
-    of your topology reads."""
-    return [s for s in scenario if isinstance(s, Input) and (topic is None or s.topic == topic)]
+def _interleavings(lists: tuple[list[Input], ...]) -> st.SearchStrategy[list[Step]]:
+    """Every way to merge ``lists`` keeping each one's order: a drawn choice of list per step."""
+    total = sum(len(records_) for records_ in lists)
+    choices = st.lists(st.integers(0, len(lists) - 1), min_size=total, max_size=total)
+
+    def merge(picks: list[int]) -> list[Step]:
+        queues = [list(records_) for records_ in lists]
+        merged: list[Step] = []
+        for pick in picks:
+            # A pick of a list already used up takes the next one that still has records.
+            while not queues[pick]:
+                pick = (pick + 1) % len(queues)
+            merged.append(queues[pick].pop(0))
+        return merged
+
+    return choices.map(merge)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from engine import StreamsBuilder, TaskId, Topology
 from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import Input, Step, TopologyTestDriver
+from engine.testing import Input, Step, TopologyTestDriver, by_key
 from engine.testing.strategies import faults, inputs, partitioned, records, scenarios, task_ids
 
 STR, INT = StringSerde(), IntegerSerde()
@@ -46,13 +46,6 @@ def model(records: list[Input]) -> list[tuple[str, int]]:
     return out
 
 
-def per_key(pairs: list[tuple[Any, Any]]) -> dict[Any, list[Any]]:
-    result: dict[Any, list[Any]] = {}
-    for key, value in pairs:
-        result.setdefault(key, []).append(value)
-    return result
-
-
 def run(scenario: list[Step], partitions: int) -> list[tuple[Any, ...]]:
     counts = {"in": partitions, "out": partitions}
     with TopologyTestDriver(topology(), CONTINUE, partitions=counts) as driver:
@@ -78,7 +71,7 @@ def test_the_same_scenario_gives_the_same_output_in_the_same_order(scenario: lis
 @given(scenario=SCENARIOS)
 def test_under_any_fault_schedule_the_output_is_the_model_output_per_key_in_order(scenario: list[Step]) -> None:
     output = run(scenario, PARTITIONS)
-    assert per_key([(k, v) for k, v, *_ in output]) == per_key(model(inputs(scenario)))
+    assert by_key([(k, v) for k, v, *_ in output]) == by_key(model(inputs(scenario)))
 
 
 @given(records("in", KEYS, st.integers(), out_of_order_ms=300, start_ms=1_000))
