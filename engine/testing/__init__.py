@@ -2,7 +2,8 @@
 
 ``TopologyTestDriver`` runs a topology in the calling thread with no broker and no real
 time; ``engine.testing.strategies`` (needs hypothesis) draws inputs and fault schedules
-for it; ``eventually``/``eventually_async`` wait on a condition with a deadline.
+that the driver and ``play_on_memory_broker`` (real clients on ``memory://``) play;
+``eventually``/``eventually_async`` wait on a condition with a deadline.
 """
 
 from engine.testing.driver import (
@@ -16,6 +17,7 @@ from engine.testing.driver import (
     UnusedTopics,
     UnusedTopicsError,
 )
+from engine.testing.memory_play import play_on_memory_broker
 from engine.testing.scenario import (
     AdvanceWallClock,
     BadRecord,
@@ -50,4 +52,5 @@ __all__ = [
     "eventually",
     "eventually_async",
     "inputs",
+    "play_on_memory_broker",
 ]
