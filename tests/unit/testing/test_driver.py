@@ -372,3 +372,24 @@ def test_json_values_and_default_serdes_from_the_config() -> None:
     with TopologyTestDriver(builder.build(), config) as driver:
         driver.create_input_topic("in").pipe_input("k", {"n": 1})
         assert driver.create_output_topic("out").read_key_value() == ("k", {"n": 1, "seen": True})
+
+
+def test_a_topic_chosen_per_record_is_created_on_first_use_and_readable() -> None:
+    builder = StreamsBuilder()
+    builder.stream("in", key_serde=STR, value_serde=INT).to(lambda key, value, record: f"out-{key}",
+                                                              key_serde=STR, value_serde=INT)
+    with TopologyTestDriver(builder.build()) as driver:
+        driver.create_input_topic("in", STR, INT).pipe_records([("a", 1), ("b", 2), ("a", 3)])
+        assert driver.create_output_topic("out-a", STR, INT).read_values() == [1, 3]
+        assert driver.create_output_topic("out-b", STR, INT).read_values() == [2]
+
+
+def test_the_dead_letter_topic_gets_the_bad_record_and_can_be_read() -> None:
+    config = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler",
+              "errors.dead.letter.queue.topic.name": "in-dlq"}
+    with TopologyTestDriver(doubling(), config) as driver:
+        driver.create_output_topic("out")
+        driver.pipe_raw("in", b"k", b"\xff")
+        letter = driver.create_output_topic("in-dlq").read_record()
+        assert (letter.key, letter.value) == (b"k", b"\xff")
+        assert dict(letter.headers)["__streams.errors.offset"] == b"0"
