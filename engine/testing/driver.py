@@ -14,8 +14,10 @@ Async processors run on an event loop the driver owns (``VirtualTimeLoop``): a
 back-off, a ``task.timeout.ms`` deadline or an ``asyncio.sleep`` takes no real time,
 and a processor that awaits something that never happens fails the call with
 ``DriverTimeoutError`` naming it once ``task.timeout.ms + max.poll.interval.ms`` of
-that virtual time has passed. The calls are plain functions: called from a coroutine
-on a running loop they raise ``IllegalStateError`` (run them in a worker thread, e.g.
+that virtual time has passed (when nothing else is scheduled, the driver first gives
+work on other threads, such as ``asyncio.to_thread``, up to a second of real time).
+The calls are plain functions: called from a coroutine on a running loop they raise
+``IllegalStateError`` (run them in a worker thread, e.g.
 ``await anyio.to_thread.run_sync(driver.pipe_input, ...)``).
 
 Differences from a ``KafkaStreams`` client, by design: ``num.threads.per.task`` and
@@ -81,7 +83,8 @@ class DriverTimeoutError(StreamsTimeoutError):
         task = f" of task {task_id}" if task_id is not None else ""
         super().__init__(
             f"Processor '{processor}'{task} did not finish{where} within {budget_ms} ms of the driver's "
-            "(virtual) time: it awaits something that never happens. The driver's budget per call is "
+            "(virtual) time: it awaits something that never happens (or waits more than a second of "
+            "real time for another thread). The driver's budget per call is "
             "task.timeout.ms + max.poll.interval.ms.")
         self.task_id = task_id
         self.processor = processor
@@ -669,7 +672,9 @@ class TopologyTestDriver:
         return self._loop.run_until_complete(self._bounded(coro))
 
     async def _bounded(self, work: Awaitable[T]) -> T:
-        scope = asyncio.timeout(self._budget_ms / 1000.0)
+        budget_s = self._budget_ms / 1000.0
+        scope = asyncio.timeout(budget_s)
+        self._loop.deadline = self._loop.time() + budget_s
         try:
             async with scope:
                 return await work
@@ -679,6 +684,7 @@ class TopologyTestDriver:
             raise self._stuck() from None
         finally:
             self._current = None
+            self._loop.deadline = None
 
     def _stuck(self) -> DriverTimeoutError:
         task = self._current

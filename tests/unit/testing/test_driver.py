@@ -393,3 +393,17 @@ def test_the_dead_letter_topic_gets_the_bad_record_and_can_be_read() -> None:
         letter = driver.create_output_topic("in-dlq").read_record()
         assert (letter.key, letter.value) == (b"k", b"\xff")
         assert dict(letter.headers)["__streams.errors.offset"] == b"0"
+
+
+def test_a_processor_awaiting_work_on_another_thread_gets_its_result() -> None:
+    def lookup(value: int) -> int:
+        return value + 100
+
+    async def via_thread(value: int) -> int:
+        return await asyncio.to_thread(lookup, value)
+
+    with TopologyTestDriver(doubling(fn=via_thread)) as driver:
+        source = driver.create_input_topic("in", STR, INT)
+        out = driver.create_output_topic("out", STR, INT)
+        source.pipe_records([("a", 1), ("b", 2)])
+        assert out.read_key_values() == [("a", 101), ("b", 102)]
