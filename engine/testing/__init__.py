@@ -8,11 +8,7 @@ that the driver and ``play_on_memory_broker`` (real clients on ``memory://``) pl
 
 from engine.testing.driver import (
     DriverTimeoutError,
-    EmptyTopicError,
     StoresNotAvailableError,
-    TestInputTopic,
-    TestOutputTopic,
-    TestRecord,
     TopologyTestDriver,
     UnusedTopics,
     UnusedTopicsError,
@@ -29,6 +25,7 @@ from engine.testing.scenario import (
     by_key,
     inputs,
 )
+from engine.testing.topics import EmptyTopicError, TestInputTopic, TestOutputTopic, TestRecord
 from engine.testing.waiting import eventually, eventually_async
 
 __all__ = [

@@ -52,6 +52,7 @@ from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
 from engine.tasks.timeouts import TaskTimer
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
 from engine.testing.virtual_time import VirtualTimeLoop
 from engine.topology.nodes import SourceNode
 from engine.topology.topology import Topology
@@ -97,30 +98,11 @@ class UnusedTopicsError(TopologyError):
     """At ``close()`` with ``strict_topics=True``: a source got no input or an output was never read."""
 
 
-class EmptyTopicError(StreamsError, LookupError):
-    """``read_*`` on an output topic that has no unread record."""
-
-
 class StoresNotAvailableError(StreamsError, NotImplementedError):
     """State stores are not part of the driver yet."""
 
 
-# -- records and topics -------------------------------------------------------------------
-@dataclass(frozen=True)
-class TestRecord:
-    """One record read from an output topic."""
-
-    __test__ = False  # not a pytest test class
-
-    key: Any
-    value: Any
-    timestamp: int
-    headers: Headers = ()
-    topic: str = ""
-    partition: int = 0
-    offset: int = 0
-
-
+# -- unused topics -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class UnusedTopics:
     """Source topics that got no input and output topics written to but never read."""
@@ -140,107 +122,6 @@ class UnusedTopics:
             parts.append(f"output topics {list(self.outputs_never_read)} were written but never read "
                          "(create_output_topic them)")
         return "; ".join(parts)
-
-
-class _TopicLog:
-    """One topic's partitions, plus every record in the order it was appended (for readers)."""
-
-    def __init__(self, topic: str, partitions: int) -> None:
-        self.topic = topic
-        self.partitions: list[list[FetchedRecord]] = [[] for _ in range(partitions)]
-        self.appended: list[FetchedRecord] = []
-
-    def append(self, partition: int, key: bytes | None, value: bytes | None, timestamp: int,
-               headers: Headers) -> FetchedRecord:
-        log_ = self.partitions[partition]
-        record = FetchedRecord(self.topic, partition, len(log_), timestamp, key, value, tuple(headers))
-        log_.append(record)
-        self.appended.append(record)
-        return record
-
-
-class TestInputTopic:
-    """Pipes records into one source topic of the driver's topology."""
-
-    __test__ = False
-
-    def __init__(self, driver: TopologyTestDriver, topic: str, key_serde: Serde, value_serde: Serde) -> None:
-        self._driver = driver
-        self.topic = topic
-        self._key_serde = key_serde
-        self._value_serde = value_serde
-
-    def pipe_input(self, key: Any, value: Any, timestamp: int | None = None, headers: Headers = (),
-                   partition: int | None = None) -> None:
-        """Write one record and process everything it causes before returning.
-
-        ``timestamp`` defaults to the driver's wall clock; ``partition`` to the one the key's bytes
-        hash to (Kafka's default partitioner), round-robin for a None key.
-        """
-        self._driver.pipe_raw(self.topic, self._key_serde.serialize(key), self._value_serde.serialize(value),
-                              timestamp, headers, partition)
-
-    def pipe_records(self, records: Iterable[tuple[Any, Any] | Record]) -> None:
-        """``pipe_input`` for each ``(key, value)`` pair or ``Record``, one after the other."""
-        for item in records:
-            if isinstance(item, Record):
-                self.pipe_input(item.key, item.value, item.timestamp, item.headers)
-            else:
-                key, value = item
-                self.pipe_input(key, value)
-
-
-class TestOutputTopic:
-    """Reads what the topology wrote to one topic, in the order it was written (all partitions)."""
-
-    __test__ = False
-
-    def __init__(self, driver: TopologyTestDriver, topic: str, key_serde: Serde, value_serde: Serde) -> None:
-        self._driver = driver
-        self.topic = topic
-        self._key_serde = key_serde
-        self._value_serde = value_serde
-        self._position = 0
-
-    def _unread(self) -> list[FetchedRecord]:
-        return self._driver._log(self.topic).appended[self._position:]
-
-    def queue_size(self) -> int:
-        return len(self._unread())
-
-    def is_empty(self) -> bool:
-        return not self._unread()
-
-    def read_record(self) -> TestRecord:
-        """The next unread record; ``EmptyTopicError`` when there is none."""
-        unread = self._unread()
-        if not unread:
-            raise EmptyTopicError(f"Output topic '{self.topic}' has no unread record")
-        self._position += 1
-        return self._decode(unread[0])
-
-    def read_key_value(self) -> tuple[Any, Any]:
-        record = self.read_record()
-        return record.key, record.value
-
-    def read_value(self) -> Any:
-        return self.read_record().value
-
-    def read_records(self) -> list[TestRecord]:
-        """Every unread record (possibly none)."""
-        unread = self._unread()
-        self._position += len(unread)
-        return [self._decode(r) for r in unread]
-
-    def read_key_values(self) -> list[tuple[Any, Any]]:
-        return [(r.key, r.value) for r in self.read_records()]
-
-    def read_values(self) -> list[Any]:
-        return [r.value for r in self.read_records()]
-
-    def _decode(self, raw: FetchedRecord) -> TestRecord:
-        return TestRecord(self._key_serde.deserialize(raw.key), self._value_serde.deserialize(raw.value),
-                          raw.timestamp, raw.headers, raw.topic, raw.partition, raw.offset)
 
 
 # -- the transport the task manager sees ----------------------------------------------------
@@ -375,7 +256,7 @@ class TopologyTestDriver:
                 raise ValueError(f"Topic '{topic}' needs at least 1 partition, got {count!r}")
         self._clock = ManualClock(initial_wall_clock_ms)
         self._loop = VirtualTimeLoop()
-        self._logs: dict[str, _TopicLog] = {}
+        self._logs: dict[str, TopicLog] = {}
         self._fed: set[str] = set()
         self._read: set[str] = set()
         self._closed = False
@@ -430,7 +311,7 @@ class TopologyTestDriver:
             raise TopologyError(f"Topic '{topic}' is not read by this topology; "
                                 f"its source topics are {sorted(self.topology.source_topics)}")
         self._fed.add(topic)
-        return TestInputTopic(self, topic, self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
+        return TestInputTopic(self.pipe_raw, topic, self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
                               self._serde(value_serde, cfg.DEFAULT_VALUE_SERDE))
 
     def create_output_topic(self, topic: str, key_serde: Serde | type | None = None,
@@ -447,7 +328,7 @@ class TopologyTestDriver:
             raise TopologyError(f"Topic '{topic}' is not written by this topology; "
                                 f"its sink topics are {self.topology.sink_topics}")
         self._read.add(topic)
-        return TestOutputTopic(self, topic, self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
+        return TestOutputTopic(self._log(topic), self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
                                self._serde(value_serde, cfg.DEFAULT_VALUE_SERDE))
 
     def pipe_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int | None = None,
@@ -599,10 +480,10 @@ class TopologyTestDriver:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------
-    def _log(self, topic: str) -> _TopicLog:
+    def _log(self, topic: str) -> TopicLog:
         found = self._logs.get(topic)
         if found is None:
-            found = self._logs[topic] = _TopicLog(topic, self._partition_counts.get(topic, 1))
+            found = self._logs[topic] = TopicLog(topic, self._partition_counts.get(topic, 1))
         return found
 
     async def _lookup(self, topic: str) -> int:

@@ -32,8 +32,8 @@ from engine.config import StreamsConfig
 from engine.errors import StreamsError
 from engine.records import TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
-from engine.testing.driver import TestRecord
 from engine.testing.scenario import BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from engine.testing.topics import TestRecord
 from engine.testing.waiting import eventually_async
 from engine.topology.topology import Topology
 from engine.transport.memory import MemoryBroker
