@@ -117,10 +117,10 @@ class UnusedTopics:
         parts = []
         if self.sources_without_input:
             parts.append(f"source topics {list(self.sources_without_input)} got no input "
-                         "(create_input_topic them, or they are read by no test)")
+                         "(pipe records into them through create_input_topic)")
         if self.outputs_never_read:
             parts.append(f"output topics {list(self.outputs_never_read)} were written but never read "
-                         "(create_output_topic them)")
+                         "(read them through create_output_topic)")
         return "; ".join(parts)
 
 
