@@ -407,3 +407,18 @@ def test_a_processor_awaiting_work_on_another_thread_gets_its_result() -> None:
         out = driver.create_output_topic("out", STR, INT)
         source.pipe_records([("a", 1), ("b", 2)])
         assert out.read_key_values() == [("a", 101), ("b", 102)]
+
+
+def test_a_processor_with_concurrency_runs_one_record_at_a_time_in_input_order() -> None:
+    async def slower_for_small(value: int) -> int:
+        await asyncio.sleep(10 - value)  # on the engine, later records could finish first
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=INT)
+            .map_values(slower_for_small, concurrency=8, ordering="unordered")
+            .to("out", key_serde=STR, value_serde=INT))
+    with TopologyTestDriver(builder.build(), {"num.threads.per.task": 4}) as driver:
+        driver.create_input_topic("in", STR, INT).pipe_records([("a", n) for n in range(5)])
+        assert driver.create_output_topic("out", STR, INT).read_values() == [0, 1, 2, 3, 4]
+        assert driver.committed("in") == 5
