@@ -231,6 +231,22 @@ class StreamTask:
             return
         async with self.processing:
             await self.flush_state()
+    async def process_buffered(self) -> None:
+        """Process every buffered record now and hand the output on, one record at a time.
+
+        Caller: ``engine.testing.TopologyTestDriver``, which schedules tasks itself instead of
+        running ``run``. It is the same path as ``run`` (timeouts back off and retry, handlers
+        decide), except that records of a task never run concurrently. Returns early when the
+        task pauses or closes; a FAIL answer or a ``TaskTimeoutError`` is raised as in ``run``.
+        """
+        if self.state.state is TaskState.CREATED:
+            if self.restore is not None:
+                self.state.transition_to(TaskState.RESTORING)
+                await self.restore()
+            self.state.transition_to(TaskState.RUNNING)
+        while self._buffered and self.state.state is TaskState.RUNNING and not self._closing:
+            await self._process_chunk()
+            await self._send_buffered()  # type: ignore[misc]
 
     async def _idle(self) -> None:
         self._wakeup.clear()

@@ -1,5 +1,51 @@
-"""Helpers for testing applications built on the engine."""
+"""Helpers for testing applications built on the engine.
 
+``TopologyTestDriver`` runs a topology in the calling thread with no broker and no real
+time; ``engine.testing.strategies`` (needs hypothesis) draws inputs and fault schedules
+that the driver and ``play_on_memory_broker`` (real clients on ``memory://``) play;
+``eventually``/``eventually_async`` wait on a condition with a deadline.
+"""
+
+from engine.testing.driver import (
+    DriverTimeoutError,
+    TopologyTestDriver,
+    UnusedTopics,
+    UnusedTopicsError,
+)
+from engine.testing.memory_play import play_on_memory_broker
+from engine.testing.scenario import (
+    AdvanceWallClock,
+    BadRecord,
+    Crash,
+    Input,
+    ProcessorTimeout,
+    Rebalance,
+    Step,
+    by_key,
+    inputs,
+)
+from engine.testing.topics import EmptyTopicError, TestInputTopic, TestOutputTopic, TestRecord
 from engine.testing.waiting import eventually, eventually_async
 
-__all__ = ["eventually", "eventually_async"]
+__all__ = [
+    "AdvanceWallClock",
+    "BadRecord",
+    "Crash",
+    "DriverTimeoutError",
+    "EmptyTopicError",
+    "Input",
+    "ProcessorTimeout",
+    "Rebalance",
+    "Step",
+    "TestInputTopic",
+    "TestOutputTopic",
+    "TestRecord",
+    "TopologyTestDriver",
+    "UnusedTopics",
+    "UnusedTopicsError",
+    "by_key",
+    "eventually",
+    "eventually_async",
+    "inputs",
+    "play_on_memory_broker",
+]

@@ -1,0 +1,710 @@
+"""``TopologyTestDriver``: run a topology in the calling thread, with no broker and no real time.
+
+The driver is a stream thread without its poll loop: it builds the engine's own
+``TaskManager``, ``StreamTask``s, ``RecordCollector``, ``Committer`` and
+``ErrorHandling`` over in-driver topic logs, and schedules the tasks itself. Each
+call (``pipe_input``, ``advance_wall_clock_time``, ``resume``, a fault) runs to
+completion before it returns: the record goes through its task, output written to a
+topic the topology also reads goes through the task that reads it, and then offsets
+are committed (after every record unless ``commit.interval.ms`` is given, as Kafka's
+driver does). Tasks are visited in task-id order and a task processes one record at a
+time, so the same inputs always give the same outputs in the same order.
+
+Async processors run on an event loop the driver owns (``VirtualTimeLoop``): a
+back-off, a ``task.timeout.ms`` deadline or an ``asyncio.sleep`` takes no real time,
+and a processor that awaits something that never happens fails the call with
+``DriverTimeoutError`` naming it once ``task.timeout.ms + max.poll.interval.ms`` of
+that virtual time has passed (when nothing else is scheduled, the driver first gives
+work on other threads, such as ``asyncio.to_thread``, up to a second of real time).
+The calls are plain functions: called from a coroutine on a running loop they raise
+``IllegalStateError`` (run them in a worker thread, e.g.
+``await anyio.to_thread.run_sync(driver.pipe_input, ...)``).
+
+Differences from a ``KafkaStreams`` client, by design: ``num.threads.per.task`` and
+per-processor ``concurrency`` are ignored (records of a task go one at a time, which
+is one of the orders the engine allows), and ``blocking=True`` functions run inline
+(no OS threads). State stores are the engine's, in a temporary ``state.dir`` of the
+driver's own, restored from the driver's changelog topics after ``crash()`` or
+``rebalance()``; ``get_key_value_store`` / ``get_window_store`` read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+from engine import config as cfg
+from engine.clock import ManualClock
+from engine.collector import RecordCollector
+from engine.commit import Committer
+from engine.config import StreamsConfig, load_handler
+from engine.errors import IllegalStateError, InvalidStateStoreError, StreamsTimeoutError, TopologyError
+from engine.logcontext import LogContext
+from engine.processors.builtin import FunctionNode
+from engine.records import FetchedRecord, Headers, Record, TopicPartition
+from engine.serdes import BytesSerde, Serde, as_serde
+from engine.state.cache import ThreadCache
+from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from engine.state.store import StateStore
+from engine.state.stores import StoreType
+from engine.state.task_state import StateSettings
+from engine.tasks.error_handling import ErrorHandling
+from engine.tasks.manager import TaskManager
+from engine.tasks.task import StreamTask, TaskState
+from engine.tasks.task_id import TaskId
+from engine.tasks.timeouts import TaskTimer
+from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
+from engine.testing.virtual_time import VirtualTimeLoop
+from engine.topology.nodes import SourceNode
+from engine.topology.topology import Topology
+from engine.transport.base import OffsetAndMetadata
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# What the driver assumes when the config leaves it out; the bootstrap is never contacted.
+_DEFAULTS: dict[str, Any] = {
+    cfg.APPLICATION_ID: "topology-test-driver",
+    cfg.BOOTSTRAP_SERVERS: "memory://topology-test-driver",
+    cfg.COMMIT_INTERVAL_MS: 0,
+}
+
+
+# -- errors ---------------------------------------------------------------------------
+class DriverTimeoutError(StreamsTimeoutError):
+    """A driver call did not finish: a processor awaits something that never happens.
+
+    Names the processor, the task and the record (``topic``/``partition``/``offset`` are
+    None when it hung in a punctuation).
+    """
+
+    def __init__(self, task_id: TaskId | None, processor: str, topic: str | None, partition: int | None,
+                 offset: int | None, budget_ms: int) -> None:
+        where = f" on the record at {topic}-{partition} offset {offset}" if topic is not None else ""
+        task = f" of task {task_id}" if task_id is not None else ""
+        super().__init__(
+            f"Processor '{processor}'{task} did not finish{where} within {budget_ms} ms of the driver's "
+            "(virtual) time: it awaits something that never happens (or waits more than a second of "
+            "real time for another thread). The driver's budget per call is "
+            "task.timeout.ms + max.poll.interval.ms.")
+        self.task_id = task_id
+        self.processor = processor
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class UnusedTopicsError(TopologyError):
+    """At ``close()`` with ``strict_topics=True``: a source got no input or an output was never read."""
+
+
+# -- unused topics -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class UnusedTopics:
+    """Source topics that got no input and output topics written to but never read."""
+
+    sources_without_input: tuple[str, ...]
+    outputs_never_read: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.sources_without_input or self.outputs_never_read)
+
+    def describe(self) -> str:
+        parts = []
+        if self.sources_without_input:
+            parts.append(f"source topics {list(self.sources_without_input)} got no input "
+                         "(pipe records into them through create_input_topic)")
+        if self.outputs_never_read:
+            parts.append(f"output topics {list(self.outputs_never_read)} were written but never read "
+                         "(read them through create_output_topic)")
+        return "; ".join(parts)
+
+
+# -- the transport the task manager sees ----------------------------------------------------
+class _DriverProducer:
+    """Implements ``engine.transport.base.Producer`` over the driver's logs; acks are immediate."""
+
+    def __init__(self, driver: TopologyTestDriver) -> None:
+        self._driver = driver
+        self._buffer: list[tuple[str, int, bytes | None, bytes | None, int, Headers]] = []
+
+    async def start(self) -> None:
+        return None
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+               timestamp_ms: int | None, headers: Headers) -> None:
+        timestamp = timestamp_ms if timestamp_ms is not None else self._driver.wall_clock_ms
+        self._buffer.append((topic, partition, key, value, timestamp, headers))
+
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    async def send_buffered(self) -> None:
+        buffer, self._buffer = self._buffer, []
+        for topic, partition, key, value, timestamp, headers in buffer:
+            self._driver._log(topic).append(partition, key, value, timestamp, headers)
+
+    async def flush(self) -> None:
+        await self.send_buffered()
+
+    def drop(self) -> None:
+        """A crash: what was not handed over is lost."""
+        self._buffer = []
+
+    async def close(self) -> None:
+        self._buffer = []
+
+
+class _DriverConsumer:
+    """The parts of ``engine.transport.base.Consumer`` a task manager and committer use, plus ``fetch``."""
+
+    def __init__(self, driver: TopologyTestDriver) -> None:
+        self._driver = driver
+        self.positions: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._committed: dict[TopicPartition, OffsetAndMetadata] = {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.positions)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self._paused.update(TopicPartition(*tp) for tp in partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._paused.difference_update(TopicPartition(*tp) for tp in partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self.positions[TopicPartition(*partition)] = offset
+
+    async def position(self, partition: TopicPartition) -> int:
+        return self.positions[TopicPartition(*partition)]
+
+    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        return self._committed.get(TopicPartition(*partition))
+
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        for tp, om in offsets.items():
+            self._committed[TopicPartition(*tp)] = om
+
+    def committed_now(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        return self._committed.get(partition)
+
+    async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {TopicPartition(*tp): len(self._driver._log(tp.topic).partitions[tp.partition]) for tp in partitions}
+
+    def fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
+        """Records after each assigned, unpaused position, in partition order."""
+        fetched: dict[TopicPartition, list[FetchedRecord]] = {}
+        left = max_records
+        for tp in sorted(self.positions):
+            if tp in self._paused or left <= 0:
+                continue
+            log_ = self._driver._log(tp.topic).partitions[tp.partition]
+            start = self.positions[tp]
+            records = log_[start:start + left]
+            if records:
+                fetched[tp] = records
+                self.positions[tp] = start + len(records)
+                left -= len(records)
+        return fetched
+
+
+class _DriverReader:
+    """A groupless reader of the driver's logs: what restoring a store from its changelog uses."""
+
+    def __init__(self, driver: TopologyTestDriver) -> None:
+        self._driver = driver
+        self._positions: dict[TopicPartition, int] = {}
+
+    async def start(self) -> None:
+        return None
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        self._positions = {TopicPartition(*tp): 0 for tp in partitions}
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self._positions[TopicPartition(*partition)] = offset
+
+    async def position(self, partition: TopicPartition) -> int:
+        return self._positions[TopicPartition(*partition)]
+
+    async def poll(self, timeout_ms: int, max_records: int | None = None) -> dict[TopicPartition, list[FetchedRecord]]:
+        fetched = {}
+        for tp, start in self._positions.items():
+            records = self._driver._log(tp.topic).partitions[tp.partition][start:]
+            if records:
+                fetched[tp] = records
+                self._positions[tp] = start + len(records)
+        return fetched
+
+    async def close(self, leave_group: bool = True) -> None:
+        self._positions = {}
+
+
+class _TimingOutSource(SourceNode):
+    """Stands in for a task's source node: its next records time out (a ``ProcessorTimeout`` fault)."""
+
+    def __init__(self, inner: SourceNode, budget: list[int]) -> None:
+        super().__init__(inner.name, inner.topics, inner.key_serde, inner.value_serde)
+        self.children = inner.children
+        self.forwarder = inner.forwarder
+        self._inner = inner
+        self._budget = budget
+
+    def process(self, record: Record) -> None:
+        if self._budget[0] > 0:
+            self._budget[0] -= 1
+            raise TimeoutError(f"timeout injected by the test driver into source '{self.name}'")
+        return self._inner.process(record)
+
+
+# -- the driver ---------------------------------------------------------------------------
+class TopologyTestDriver:
+    """Runs ``topology`` with ``config`` in the calling thread (see the module docstring).
+
+    ``partitions`` gives topics more than one partition (every topic has one by
+    default); ``initial_wall_clock_ms`` starts the wall clock. With ``strict_topics``
+    ``close()`` raises ``UnusedTopicsError`` when a source topic got no input or an
+    output topic was written but never read; otherwise it logs a warning.
+    """
+
+    def __init__(self, topology: Topology, config: Mapping[str, Any] | None = None, *,
+                 partitions: Mapping[str, int] | None = None, initial_wall_clock_ms: int = 0,
+                 strict_topics: bool = False) -> None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"TopologyTestDriver needs a Topology (StreamsBuilder().build()), "
+                            f"got {type(topology).__name__}")
+        topology.validate()
+        self.topology = topology
+        self.config = StreamsConfig({**_DEFAULTS, **(config or {})})
+        topology.set_application_id(self.config[cfg.APPLICATION_ID])
+        self._strict = strict_topics
+        self._partition_counts = dict(partitions or {})
+        for topic, count in self._partition_counts.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"Topic '{topic}' needs at least 1 partition, got {count!r}")
+        self._clock = ManualClock(initial_wall_clock_ms)
+        self._loop = VirtualTimeLoop()
+        self._logs: dict[str, TopicLog] = {}
+        self._fed: set[str] = set()
+        self._read: set[str] = set()
+        self._closed = False
+        self._current: StreamTask | None = None
+        self._round_robin = 0
+        self._log_context = LogContext(log, f"test-driver [{self.config[cfg.APPLICATION_ID]}] ")
+        self._budget_ms = self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS]
+
+        user_sources = [t for t in topology.source_topics if t not in topology.repartition_topics()]
+        counts = {t: len(self._log(t).partitions) for t in user_sources}
+        # Repartition and changelog topics, partitioned as the engine would create them.
+        self._internal_topics = topology.internal_topics(counts)
+        for topic, (count, _configs) in self._internal_topics.items():
+            self._partition_counts.setdefault(topic, count)
+            self._log(topic)
+        for topic in topology.source_topics + topology.sink_topics:
+            self._log(topic)
+        # The driver's stores live in a directory of its own, removed by close().
+        self._state_dir = tempfile.mkdtemp(prefix="streamloop-driver-")
+        self._producer = _DriverProducer(self)
+        self._consumer = _DriverConsumer(self)
+        self._collector = RecordCollector(
+            self._producer,  # type: ignore[arg-type]
+            {t: len(self._log(t).partitions) for t in topology.sink_topics}, self._lookup)
+        config_ = self.config
+        self._committer = Committer(self._consumer, self._collector,  # type: ignore[arg-type]
+                                    config_[cfg.COMMIT_INTERVAL_MS], self._clock.wall_ms, self._log_context)
+        self._errors = ErrorHandling(
+            load_handler(config_, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
+            load_handler(config_, cfg.PROCESSING_EXCEPTION_HANDLER),
+            config_[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
+            self._collector,
+        )
+        self._manager = TaskManager(
+            config_[cfg.APPLICATION_ID], topology, self._consumer,  # type: ignore[arg-type]
+            self._collector, self._committer,
+            lambda _task: None,  # the driver schedules tasks itself; nothing runs on its own
+            self._log_context, self._clock.wall_ms,
+            _serde(config_[cfg.DEFAULT_KEY_SERDE], cfg.DEFAULT_KEY_SERDE),
+            _serde(config_[cfg.DEFAULT_VALUE_SERDE], cfg.DEFAULT_VALUE_SERDE),
+            config_[cfg.BUFFERED_RECORDS_PER_PARTITION],
+            timer_factory=self._timer,
+            monotonic_ms=self._loop.time_ms,
+            errors=self._errors,
+            threads_per_task=1,
+            state=StateSettings(self._state_dir, config_[cfg.DEFAULT_DSL_STORE] == "rocksDB",
+                                ThreadCache(config_[cfg.CACHE_MAX_BYTES_BUFFERING]),
+                                lambda: _DriverReader(self)),  # type: ignore[arg-type,return-value]
+        )
+        self._all_partitions = [TopicPartition(t, p) for t in topology.source_topics
+                                for p in range(len(self._log(t).partitions))]
+        self._assign(self._all_partitions)
+
+    # -- topics ---------------------------------------------------------------------------
+    def create_input_topic(self, topic: str, key_serde: Serde | type | None = None,
+                           value_serde: Serde | type | None = None) -> TestInputTopic:
+        """A handle to pipe records into ``topic``, which the topology must read.
+
+        Serdes default to the config's ``default.key.serde``/``default.value.serde`` (bytes).
+        Raises ``TopologyError`` naming the topology's source topics for any other topic.
+        """
+        self._check_open()
+        if topic not in self.topology.source_topics:
+            raise TopologyError(f"Topic '{topic}' is not read by this topology; "
+                                f"its source topics are {sorted(self.topology.source_topics)}")
+        self._fed.add(topic)
+        return TestInputTopic(self.pipe_raw, topic, self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
+                              self._serde(value_serde, cfg.DEFAULT_VALUE_SERDE))
+
+    def create_output_topic(self, topic: str, key_serde: Serde | type | None = None,
+                            value_serde: Serde | type | None = None) -> TestOutputTopic:
+        """A handle to read what the topology writes to ``topic``.
+
+        Raises ``TopologyError`` naming the topology's sink topics when no sink writes ``topic``
+        (a sink that picks its topic per record, and the dead-letter topic, may write any).
+        """
+        self._check_open()
+        dynamic = any(callable(self.topology.spec(n).sink_topic) for n in self.topology.node_names())
+        if (topic not in self.topology.sink_topics and not dynamic
+                and topic != self.config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME]):
+            raise TopologyError(f"Topic '{topic}' is not written by this topology; "
+                                f"its sink topics are {self.topology.sink_topics}")
+        self._read.add(topic)
+        return TestOutputTopic(self._log(topic), self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
+                               self._serde(value_serde, cfg.DEFAULT_VALUE_SERDE))
+
+    def pipe_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int | None = None,
+                 headers: Headers = (), partition: int | None = None) -> None:
+        """Write bytes as they are into a source topic (e.g. a record no serde can read) and process."""
+        self._check_open()
+        if topic not in self.topology.source_topics:
+            raise TopologyError(f"Topic '{topic}' is not read by this topology; "
+                                f"its source topics are {sorted(self.topology.source_topics)}")
+        self._fed.add(topic)
+        log_ = self._log(topic)
+        count = len(log_.partitions)
+        if partition is None:
+            if key is None:
+                partition = self._round_robin % count
+                self._round_robin += 1
+            else:
+                partition = self._collector.default_partition(topic, key, count)
+        elif not 0 <= partition < count:
+            raise ValueError(f"Topic '{topic}' has partitions 0..{count - 1}, not {partition}")
+        log_.append(partition, key, value, self.wall_clock_ms if timestamp is None else timestamp, headers)
+        self._run(self._pump())
+
+    def unused_topics(self) -> UnusedTopics:
+        """Sources that got no input, and outputs written but not read through ``create_output_topic``."""
+        internal = set(self._internal_topics)
+        sources = tuple(t for t in sorted(self.topology.source_topics) if t not in self._fed and t not in internal
+                        and not any(self._log(t).partitions))
+        outputs = tuple(t for t in sorted(self._logs) if t not in self._read and t not in self.topology.source_topics
+                        and t not in internal and self._logs[t].appended)
+        return UnusedTopics(sources, outputs)
+
+    # -- time -------------------------------------------------------------------------------
+    @property
+    def wall_clock_ms(self) -> int:
+        return self._clock.wall_ms()
+
+    def advance_wall_clock_time(self, ms: int) -> None:
+        """Move the wall clock by ``ms``; due wall-clock punctuations fire, then their output is processed."""
+        self._check_open()
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+            raise ValueError(f"The wall clock moves forward by whole milliseconds, got {ms!r}")
+        self._clock.advance(ms)
+        self._run(self._punctuate_wall_clock())
+
+    # -- tasks ------------------------------------------------------------------------------
+    @property
+    def task_ids(self) -> list[TaskId]:
+        return sorted(self._manager.tasks)
+
+    def paused_tasks(self) -> set[TaskId]:
+        """Tasks an error handler answered PAUSE for."""
+        return {t.id for t in self._manager.tasks.values() if t.is_paused}
+
+    def resume(self, task_id: TaskId | str, skip: bool = False) -> bool:
+        """Run a PAUSED task again from the failed record (past it with ``skip``), as
+        ``KafkaStreams.resume`` does; False when the task is not paused."""
+        self._check_open()
+        if isinstance(task_id, str):
+            task_id = TaskId.parse(task_id)
+        return self._run(self._resume(task_id, skip))
+
+    def committed(self, topic: str, partition: int = 0) -> int | None:
+        """The committed offset of a source partition (the next record to read after a restart)."""
+        committed = self._consumer.committed_now(TopicPartition(topic, partition))
+        return None if committed is None else committed.offset
+
+    def get_key_value_store(self, name: str) -> ReadOnlyKeyValueStore:
+        """The key-value store ``name`` over all tasks (read-only; reads see the cache too)."""
+        return self._store(name, StoreType.KEY_VALUE)  # type: ignore[return-value]
+
+    def get_window_store(self, name: str) -> ReadOnlyWindowStore:
+        """The window store ``name`` over all tasks (read-only)."""
+        return self._store(name, StoreType.WINDOW)  # type: ignore[return-value]
+
+    def _store(self, name: str, kind: StoreType) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
+        self._check_open()
+        if name not in self.topology.store_names:
+            raise InvalidStateStoreError(name, f"is not in the topology (stores: {self.topology.store_names})")
+        if self.topology.store_builder(name).type is not kind:
+            raise InvalidStateStoreError(name, f"is a {self.topology.store_builder(name).type.value} store")
+
+        def instances() -> list[StateStore]:
+            return [t.state_manager.stores[name] for t in self._manager.tasks.values()
+                    if t.state_manager is not None and name in t.state_manager.stores
+                    and t.state.state not in (TaskState.CREATED, TaskState.RESTORING)]
+        if kind is StoreType.WINDOW:
+            return ReadOnlyWindowStore(name, instances)
+        return ReadOnlyKeyValueStore(name, instances)
+
+    # -- faults -----------------------------------------------------------------------------
+    def inject_timeouts(self, task_id: TaskId | str, times: int = 1) -> None:
+        """The next record of ``task_id`` times out ``times`` times at its source before it goes through:
+        the task backs off and retries under ``task.timeout.ms`` as on a stream thread."""
+        self._check_open()
+        task = self._task(task_id)
+        budget = [times]
+        sources = task.graph.sources
+        for topic, source in list(sources.items()):
+            inner = source._inner if isinstance(source, _TimingOutSource) else source
+            sources[topic] = _TimingOutSource(inner, budget)
+
+    def crash(self) -> None:
+        """Every task dies without a commit; output not yet handed over is lost; tasks restart from
+        the last commit, so records after it are processed again (at-least-once)."""
+        self._check_open()
+        self._run(self._crash())
+
+    def rebalance(self, task_id: TaskId | str) -> None:
+        """``task_id`` is revoked (finished, committed, closed) and assigned again with new processors."""
+        self._check_open()
+        task = self._task(task_id)
+        self._run(self._reassign(sorted(task.partitions)))
+
+    def play(self, steps: Iterable[Step], input_serdes: Mapping[str, tuple[Serde, Serde]] | None = None) -> None:
+        """Play a scenario (``engine.testing.strategies``): input records and faults, in order.
+
+        ``input_serdes`` maps a topic to its ``(key_serde, value_serde)``; topics left out use the
+        config's default serdes.
+        """
+        topics: dict[str, TestInputTopic] = {}
+        for topic, serdes in (input_serdes or {}).items():
+            # Named here, so the driver knows about it even when the drawn scenario is empty.
+            topics[topic] = self.create_input_topic(topic, *serdes)
+        for step in steps:
+            if isinstance(step, Input):
+                if step.topic not in topics:
+                    topics[step.topic] = self.create_input_topic(step.topic)
+                topics[step.topic].pipe_input(step.key, step.value, step.timestamp, step.headers, step.partition)
+            elif isinstance(step, BadRecord):
+                count = len(self._log(step.topic).partitions)
+                self.pipe_raw(step.topic, step.key, step.value, step.timestamp, (), step.partition % count)
+            elif isinstance(step, ProcessorTimeout):
+                if step.task in self._manager.tasks:
+                    self.inject_timeouts(step.task, step.times)
+            elif isinstance(step, Crash):
+                self.crash()
+            elif isinstance(step, Rebalance):
+                if step.task in self._manager.tasks:
+                    self.rebalance(step.task)
+            elif isinstance(step, AdvanceWallClock):
+                self.advance_wall_clock_time(step.ms)
+            else:
+                raise TypeError(f"Not a scenario step: {step!r}")
+
+    # -- closing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish, commit and close every task; report unused topics (see ``strict_topics``)."""
+        if self._closed:
+            return
+        self._refuse_running_loop()
+        try:
+            self._run(self._close_all(clean=True))
+        finally:
+            self._closed = True
+            self._loop.close()
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+        unused = self.unused_topics()
+        if unused:
+            if self._strict:
+                raise UnusedTopicsError(f"The test left topics unused: {unused.describe()}")
+            self._log_context.warning("The test left topics unused: %s", unused.describe())
+
+    def __enter__(self) -> TopologyTestDriver:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _log(self, topic: str) -> TopicLog:
+        found = self._logs.get(topic)
+        if found is None:
+            found = self._logs[topic] = TopicLog(topic, self._partition_counts.get(topic, 1))
+        return found
+
+    async def _lookup(self, topic: str) -> int:
+        """A topic chosen per record (or the dead-letter topic) is created on first use."""
+        return len(self._log(topic).partitions)
+
+    def _serde(self, value: Serde | type | None, default_key: str) -> Serde:
+        if value is None:
+            return _serde(self.config[default_key], default_key)
+        return as_serde(value, "serde")
+
+    def _timer(self, task_id: TaskId, logger: LogContext) -> TaskTimer:
+        config = self.config
+        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                         config[cfg.RETRY_BACKOFF_MAX_MS], self._loop.time_ms, logger)
+
+    def _task(self, task_id: TaskId | str) -> StreamTask:
+        if isinstance(task_id, str):
+            task_id = TaskId.parse(task_id)
+        task = self._manager.tasks.get(task_id)
+        if task is None:
+            raise ValueError(f"No task {task_id}; the driver's tasks are {[str(t) for t in self.task_ids]}")
+        return task
+
+    def _check_open(self) -> None:
+        """Every call checks first, so a refused call has changed nothing."""
+        if self._closed:
+            raise IllegalStateError("The TopologyTestDriver is closed")
+        self._refuse_running_loop()
+
+    def _assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Seek to the committed offsets (or auto.offset.reset) and create the tasks."""
+        for tp in partitions:
+            committed = self._consumer.committed_now(tp)
+            if committed is not None:
+                position = committed.offset
+            elif self.config[cfg.AUTO_OFFSET_RESET] == "latest":
+                position = len(self._log(tp.topic).partitions[tp.partition])
+            else:
+                position = 0
+            self._consumer.seek(tp, position)
+        self._consumer.resume(*partitions)
+        for task in self._manager.handle_assignment(partitions):
+            for node in task.graph.nodes:
+                if isinstance(node, FunctionNode) and node.blocking:
+                    # No OS threads in the driver: the plain function runs inline.
+                    node.blocking = False
+                    node.is_async = False
+
+    @staticmethod
+    def _refuse_running_loop() -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        raise IllegalStateError(
+            "TopologyTestDriver calls run the driver's own event loop and cannot be made from a "
+            "coroutine on a running loop; call them from a plain test function, or from a worker "
+            "thread (await anyio.to_thread.run_sync(driver.pipe_input, ...))")
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._refuse_running_loop()
+        except IllegalStateError:
+            coro.close()
+            raise
+        return self._loop.run_until_complete(self._bounded(coro))
+
+    async def _bounded(self, work: Awaitable[T]) -> T:
+        budget_s = self._budget_ms / 1000.0
+        scope = asyncio.timeout(budget_s)
+        self._loop.deadline = self._loop.time() + budget_s
+        try:
+            async with scope:
+                return await work
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise self._stuck() from None
+        finally:
+            self._current = None
+            self._loop.deadline = None
+
+    def _stuck(self) -> DriverTimeoutError:
+        task = self._current
+        if task is None:
+            return DriverTimeoutError(None, "<unknown>", None, None, None, self._budget_ms)
+        ctx = task.context
+        node = ctx.forwarder.node
+        return DriverTimeoutError(task.id, node.name if node is not None else "<unknown>", ctx.topic,
+                                  ctx.partition, ctx.offset, self._budget_ms)
+
+    async def _pump(self) -> None:
+        """Fetch and process until no task has anything left, committing after each round."""
+        while True:
+            for _id, task in sorted(self._manager.tasks.items()):
+                if task.state.state is TaskState.CREATED:
+                    # A new task restores its stores first, with or without records to process.
+                    self._current = task
+                    await task.process_buffered()
+            fetched = self._consumer.fetch(self.config[cfg.MAX_POLL_RECORDS])
+            if fetched:
+                self._manager.add_records(fetched)  # type: ignore[arg-type]
+            busy = [t for _id, t in sorted(self._manager.tasks.items()) if t.buffered() and not t.is_paused]
+            if not fetched and not busy:
+                return
+            for task in busy:
+                self._current = task
+                await task.process_buffered()
+            self._current = None
+            await self._manager.maybe_commit()
+
+    async def _punctuate_wall_clock(self) -> None:
+        for _id, task in sorted(self._manager.tasks.items()):
+            if not task.is_paused:
+                self._current = task
+                await task.maybe_punctuate_wall_clock()
+        self._current = None
+        await self._collector.send_buffered()
+        await self._pump()
+        await self._manager.maybe_commit()
+
+    async def _resume(self, task_id: TaskId, skip: bool) -> bool:
+        resumed = await self._manager.resume(task_id, skip)
+        if resumed:
+            await self._pump()
+        return resumed
+
+    async def _close_all(self, clean: bool) -> None:
+        tasks = list(self._manager.tasks.values())
+        for task in tasks:
+            # The driver runs no task coroutine: between calls every task has finished its record.
+            task.finished.set()
+        await self._manager.close_tasks(tasks, clean=clean, timeout=1.0)
+
+    async def _crash(self) -> None:
+        self._producer.drop()
+        await self._close_all(clean=False)
+        self._assign(self._all_partitions)
+        await self._pump()
+
+    async def _reassign(self, partitions: list[TopicPartition]) -> None:
+        tasks = {self._manager.tasks[self._manager.task_id_of(tp)] for tp in partitions}
+        for task in tasks:
+            task.finished.set()
+        await self._manager.handle_revocation(partitions, timeout=1.0)
+        self._assign(partitions)
+        await self._pump()
+
+
+def _serde(value: object, key: str) -> Serde:
+    return BytesSerde() if value is None else as_serde(value, key)
