@@ -18,6 +18,7 @@ from collections.abc import Callable
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
 from benchmarks.workloads import PARTITIONS, order
 
@@ -164,9 +165,14 @@ class GroupWatch:
         await self._admin.close()
 
     async def stable(self) -> bool:
-        if self._coordinator is None:
-            self._coordinator = await self._admin.find_coordinator(self.group)
-        [response] = await self._admin.describe_consumer_groups([self.group], self._coordinator)
+        try:
+            if self._coordinator is None:
+                self._coordinator = await self._admin.find_coordinator(self.group)
+            [response] = await self._admin.describe_consumer_groups([self.group], self._coordinator)
+        except KafkaError:
+            # No coordinator yet (a fresh broker creates __consumer_offsets on first use): not Stable.
+            self._coordinator = None
+            return False
         for group in response.groups:
             _error, group_id, state, _protocol_type, _protocol, members = group[:6]
             if group_id == self.group and state == "Stable" and members:

@@ -94,8 +94,10 @@ METHOD = [
     "records/s = input records / (last − first output append time). Output topics use "
     "`message.timestamp.type=LogAppendTime`, so these are the broker's clock; start-up and group join "
     "do not count. min / median / max over the runs.",
-    "Latency: a fresh input topic, a producer at a fixed rate (below every peer's saturation) stamping each "
-    "record with its send time; after warm-up (until the peer's first output) for the configured seconds; "
+    "Latency: a fresh input topic; once the peer's group is Stable, a producer at a fixed rate (below every "
+    "peer's saturation) stamping each "
+    "record with its send time; after a warm-up (until the peer's first output, then `--latency-warmup` s more), "
+    "for `--latency-seconds`; "
     "latency = output append time − send time. p50 and p99 of those records.",
     "Peak RSS: `VmHWM` of the peer's process (the Python process or the JVM) just before it is stopped; "
     "the largest over the runs.",
@@ -172,7 +174,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
                 continue
             try:
                 f.latency = await measure.latency(PEERS[key], workload, bootstrap, rate, args.latency_seconds,
-                                                  args.timeout)
+                                                  args.latency_warmup, args.timeout)
             except Exception as exc:
                 f.latency_error = error_text(exc)
                 print(f"  latency {f.name:<22} FAILED {f.latency_error}", flush=True)
@@ -202,6 +204,8 @@ def main() -> None:
     parser.add_argument("--async-records", type=int, help="input records of the async-io workload")
     parser.add_argument("--runs", type=int, help="throughput runs per peer (default 3)")
     parser.add_argument("--latency-seconds", type=float, help="measured seconds of a latency run (0: none)")
+    parser.add_argument("--latency-warmup", type=float,
+                        help="seconds at the rate after the peer's first output, before measuring (default 3)")
     parser.add_argument("--latency-rate", type=int, help="records/s of the latency runs (default per workload)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take for one run")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of: {', '.join(PEERS)}")
@@ -210,11 +214,12 @@ def main() -> None:
     parser.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.md and benchmarks.png go")
     parser.add_argument("--no-docs", action="store_true", help="print the figures only")
     args = parser.parse_args()
-    defaults = (20_000, 1_000, 1, 3.0) if args.quick else (100_000, 5_000, 3, 10.0)
+    defaults = (20_000, 1_000, 1, 3.0, 1.0) if args.quick else (100_000, 5_000, 3, 10.0, 3.0)
     args.records = args.records or defaults[0]
     args.async_records = args.async_records or defaults[1]
     args.runs = args.runs or defaults[2]
     args.latency_seconds = defaults[3] if args.latency_seconds is None else args.latency_seconds
+    args.latency_warmup = defaults[4] if args.latency_warmup is None else args.latency_warmup
     unknown = [p for p in args.peers.split(",") if p.strip() and p.strip() not in PEERS]
     if unknown:
         parser.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")

@@ -3,10 +3,11 @@
 Throughput: the peer starts on an input topic that already holds the whole input;
 records/s = input records / (last output append − the moment the peer's consumer
 group is first seen Stable with members, polled every 20 ms), so the time to start
-the process and join the group counts for nobody. Latency: the peer runs while
-a producer writes at a fixed rate below every peer's saturation; once the first
-warm-up output is seen, records are stamped with their send time and each one's
-latency is its output append time minus that stamp (same machine, same clock).
+the process and join the group counts for nobody. Latency: once the peer's group is
+Stable, a producer writes at a fixed rate below every peer's saturation; once the first
+warm-up output is seen and ``warmup`` seconds more have passed, records are
+stamped with their send time, and each one's latency is its output append time
+minus that stamp (same machine, same clock).
 Peak RSS: ``VmHWM`` of the peer's process (the Python process or the JVM), read
 from ``/proc`` just before it is stopped.
 """
@@ -89,7 +90,7 @@ class LatencyRun:
 
 
 def _ids(peer: ModuleType, workload: Workload, kind: str) -> tuple[str, str]:
-    tag = f"{peer.__name__.rsplit('.', 1)[1]}-{workload.name}-{kind}-{uuid.uuid4().hex[:6]}"
+    tag = f"{peer.__name__.rsplit('.', 1)[-1]}-{workload.name}-{kind}-{uuid.uuid4().hex[:6]}"
     return f"bench-{tag}", f"out-{tag}"
 
 
@@ -138,7 +139,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def latency(peer: ModuleType, workload: Workload, bootstrap: str, rate: int, seconds: float,
-                  timeout: float) -> LatencyRun:
+                  warmup: float, timeout: float) -> LatencyRun:
     app_id, sink = _ids(peer, workload, "lat")
     source = f"in-{app_id.removeprefix('bench-')}"
     await create_topics(bootstrap, [source], [sink])
@@ -146,12 +147,22 @@ async def latency(peer: ModuleType, workload: Workload, bootstrap: str, rate: in
         process = PeerProcess(peer, PeerRun(workload.name, bootstrap, app_id, source, sink, workdir))
         tail = OutputTail(bootstrap, sink, latencies=True)
         producer = FixedRateProducer(bootstrap, source, rate)
+        group = GroupWatch(bootstrap, app_id)
         await tail.start()
         await producer.start()
+        await group.start()
         try:
+            deadline = time.monotonic() + timeout
+            # Nothing is sent before the peer has its partitions: a backlog built while a JVM or
+            # an interpreter starts would be latency of the start, not of the processing.
+            while not await group.stable():
+                process.check()
+                if time.monotonic() > deadline:
+                    raise PeerFailed(f"{peer.NAME}: its group was not Stable within {timeout:.0f} s: "
+                                     f"{process.tail()}")
+                await asyncio.sleep(0.02)
             # Warm-up at the same rate until the peer's first output: it has joined and is processing.
             warm = asyncio.create_task(producer.send_for(timeout, until=lambda: tail.records > 0, warmup=True))
-            deadline = time.monotonic() + timeout
             while tail.records == 0:
                 process.check()
                 if warm.done():
@@ -160,6 +171,8 @@ async def latency(peer: ModuleType, workload: Workload, bootstrap: str, rate: in
                 await tail.catch_up()
                 await asyncio.sleep(0.05)
             await warm
+            # A little longer at the same rate: past the JIT, the first commits and any follow-up rebalance.
+            await producer.send_for(warmup, warmup=True)
             expected = await producer.send_for(seconds, passes=workload.passes)
             while len(tail.latencies_ms) < expected:
                 process.check()
@@ -169,6 +182,7 @@ async def latency(peer: ModuleType, workload: Workload, bootstrap: str, rate: in
                 await tail.catch_up()
                 await asyncio.sleep(0.05)
         finally:
+            await group.stop()
             await producer.stop()
             await tail.stop()
             await process.stop()

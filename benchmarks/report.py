@@ -163,7 +163,8 @@ def chart(report: Report, path: Path) -> None:
             ax.set_yscale("log")
             ax.legend(fontsize=8)
         else:
-            ax.text(0.5, 0.5, "no latency run", transform=ax.transAxes, ha="center")
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "latency not measured for this workload", transform=ax.transAxes, ha="center")
     fig.suptitle("streamloop and its peers, same broker, same input" + (" (quick run)" if report.quick else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
