@@ -178,3 +178,19 @@ class GroupWatch:
             if group_id == self.group and state == "Stable" and members:
                 return True
         return False
+
+
+async def warm_up(bootstrap: str, topic: str, records: int) -> None:
+    """Read ``topic`` once through a consumer group, so that the broker's fetch and commit
+    paths (and ``__consumer_offsets``) are warm before the first peer is timed, not during its run."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"warm-up-{topic}",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        seen = 0
+        while seen < records:
+            for batch in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                seen += len(batch)
+        await consumer.commit()
+    finally:
+        await consumer.stop()

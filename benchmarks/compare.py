@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import os
 import platform
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import measure  # noqa: E402
-from benchmarks.broker_io import create_topics, produce  # noqa: E402
+from benchmarks.broker_io import create_topics, produce, warm_up  # noqa: E402
 from benchmarks.peers import PEERS  # noqa: E402
 from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown  # noqa: E402
 from benchmarks.workloads import PARTITIONS, WORKLOADS, make_inputs  # noqa: E402
@@ -73,8 +74,6 @@ def machine() -> list[str]:
         mem = f"{kib / 2**20:.1f} GiB"
     except (OSError, StopIteration, ValueError):
         pass
-    import os
-
     return [f"{platform.system()} {platform.release()} {platform.machine()}", f"{cpu}, {os.cpu_count()} cores",
             f"memory {mem}", f"Python {platform.python_version()}", f"Java: {first_line(['java', '-version'])}",
             "the broker, the harness and the peer share the machine"]
@@ -90,7 +89,8 @@ def versions(selected: list[str]) -> list[str]:
 METHOD = [
     "Each workload's input is produced once (keys = 1,000 customers, 4 partitions); every peer and run "
     "reads that same topic with a fresh consumer group and writes its own output topic.",
-    "Each peer runs as its own process; runs alternate between peers (the order rotates every run).",
+    "Before the first run the input is read once through a consumer group, so the broker is warm for every "
+    "peer. Each peer runs as its own process; runs alternate between peers (the order rotates every run).",
     "records/s = input records / (last − first output append time). Output topics use "
     "`message.timestamp.type=LogAppendTime`, so these are the broker's clock; start-up and group join "
     "do not count. min / median / max over the runs.",
@@ -134,6 +134,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
     inputs = make_inputs(count)
     await create_topics(bootstrap, [source], [])
     await produce(bootstrap, source, inputs)
+    await warm_up(bootstrap, source, len(inputs))
     expect = workload.expectation(inputs)
     print(f"\n{workload.title}: {count:,} records on {PARTITIONS} partitions in {source}", flush=True)
 

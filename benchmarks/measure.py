@@ -134,7 +134,7 @@ async def throughput(peer: ModuleType, workload: Workload, bootstrap: str, sourc
     return ThroughputRun(expect.records_in / seconds, seconds, rss)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from benchmarks.peers.process import PeerRun, installed_version, parse_run, python_command, run_until_terminated
+
+if TYPE_CHECKING:
+    from engine import Topology
 
 NAME = "streamloop"
 THREADS_PER_TASK_ASYNC = 32
@@ -37,7 +41,7 @@ def command(run: PeerRun) -> list[str]:
     return python_command(__name__, run)
 
 
-def topology(run: PeerRun):  # type: ignore[no-untyped-def]
+def topology(run: PeerRun) -> Topology:
     from engine import StreamsBuilder
     from engine.serdes import BytesSerde, JsonSerde, StringSerde
 

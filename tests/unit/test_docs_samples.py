@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.transport.memory import MemoryBroker
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 OPT_OUT = re.compile(r"^#\s*docs:\s*not run:\s*(.*)$")
@@ -40,6 +42,9 @@ def test_the_docs_have_samples() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
 def test_every_python_sample_of_the_page_runs(page: Path) -> None:
+    # A page starts on fresh embedded brokers, however often it runs in one session.
+    for name in set(re.findall(r"memory://([\w.-]*)", page.read_text())):
+        MemoryBroker.reset(name)
     namespace: dict[str, object] = {"__name__": f"docs_sample_{page.stem.replace('-', '_')}"}
     for line, code in python_blocks(page):
         where = f"{page.relative_to(DOCS.parent)}:{line}"
