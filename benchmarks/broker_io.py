@@ -23,13 +23,15 @@ from aiokafka.errors import KafkaError
 from benchmarks.workloads import PARTITIONS, order
 
 
-def _quiet_not_leader(record: logging.LogRecord) -> bool:
-    # A fresh topic's partitions answer "not leader" for a moment; aiokafka retries them.
-    return "NotLeaderForPartition" not in record.getMessage()
+def _quiet_startup_noise(record: logging.LogRecord) -> bool:
+    # A fresh topic's partitions answer "not leader", and a fresh broker has no group
+    # coordinator, for a moment; aiokafka retries both, and logs them as errors.
+    message = record.getMessage()
+    return "NotLeaderForPartition" not in message and "GroupCoordinatorNotAvailable" not in message
 
 
-for _name in ("aiokafka.producer.sender", "aiokafka.consumer.fetcher"):
-    logging.getLogger(_name).addFilter(_quiet_not_leader)
+for _name in ("aiokafka.producer.sender", "aiokafka.consumer.fetcher", "aiokafka.consumer.group_coordinator"):
+    logging.getLogger(_name).addFilter(_quiet_startup_noise)
 
 
 async def create_topics(bootstrap: str, inputs: list[str], outputs: list[str]) -> None:

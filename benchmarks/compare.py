@@ -224,6 +224,9 @@ def main() -> None:
     unknown = [p for p in args.peers.split(",") if p.strip() and p.strip() not in PEERS]
     if unknown:
         parser.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
+    unknown = [w for w in args.workloads.split(",") if w.strip() and w.strip() not in (*WORKLOADS, "spark")]
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}, spark")
     command = scrub("python benchmarks/compare.py " + " ".join(sys.argv[1:]))
 
     if args.bootstrap:
