@@ -109,6 +109,9 @@ class OutputTail:
         self._latencies = latencies
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           max_partition_fetch_bytes=4 * 1024 * 1024)
+        # End offsets through a consumer of their own: a broker answers one connection's requests in
+        # order, so behind the reader's fetch (which waits up to fetch.max.wait.ms) they would take 500 ms.
+        self._offsets = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         self._tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         self.records = 0
         self.first_ms: int | None = None
@@ -118,22 +121,30 @@ class OutputTail:
         self.warmup_records = 0
 
     async def start(self) -> None:
+        await self._offsets.start()
         await self._consumer.start()
         self._consumer.assign(self._tps)
         await self._consumer.seek_to_beginning(*self._tps)
+        # Paused between catch-ups: no fetching (and no harness CPU) while a peer is being timed.
+        self._consumer.pause(*self._tps)
 
     async def stop(self) -> None:
         await self._consumer.stop()
+        await self._offsets.stop()
 
     async def end_total(self) -> int:
-        return sum((await self._consumer.end_offsets(self._tps)).values())
+        return sum((await self._offsets.end_offsets(self._tps)).values())
 
     async def catch_up(self) -> None:
-        ends = await self._consumer.end_offsets(self._tps)
-        while [tp for tp in self._tps if await self._consumer.position(tp) < ends[tp]]:
-            for records in (await self._consumer.getmany(timeout_ms=200, max_records=10_000)).values():
-                for r in records:
-                    self._take(r.key, r.value, r.timestamp)
+        ends = await self._offsets.end_offsets(self._tps)
+        self._consumer.resume(*self._tps)
+        try:
+            while [tp for tp in self._tps if await self._consumer.position(tp) < ends[tp]]:
+                for records in (await self._consumer.getmany(timeout_ms=200, max_records=10_000)).values():
+                    for r in records:
+                        self._take(r.key, r.value, r.timestamp)
+        finally:
+            self._consumer.pause(*self._tps)
 
     def _take(self, key: bytes, value: bytes, append_ms: int) -> None:
         self.records += 1

@@ -1,9 +1,10 @@
 """One measured run of one peer: its process, its throughput, its latency, its peak memory.
 
 Throughput: the peer starts on an input topic that already holds the whole input;
-records/s = input records / (last output append − the moment the peer's consumer
-group is first seen Stable with members, polled every 20 ms), so the time to start
-the process and join the group counts for nobody. Latency: once the peer's group is
+records/s = input records / (last output append − the start of the peer's
+processing). That start is taken as the last moment its consumer group was seen not
+yet Stable (polled every 20 ms), so the time to start the process and join the group
+counts for nobody, and a run is never timed shorter than it was. Latency: once the peer's group is
 Stable, a producer writes at a fixed rate below every peer's saturation; once the first
 warm-up output is seen and ``warmup`` seconds more have passed, records are
 stamped with their send time, and each one's latency is its output append time
@@ -105,13 +106,20 @@ async def throughput(peer: ModuleType, workload: Workload, bootstrap: str, sourc
         await tail.start()
         await group.start()
         started: float | None = None
+        # The group turned Stable after the last check that found it not Stable: that check's time
+        # is when the peer may have started at the earliest (a run is never timed shorter than it was).
+        not_stable_at = time.time()
         try:
             deadline = time.monotonic() + timeout
             seen = 0
             while True:
                 process.check()
-                if started is None and await group.stable():
-                    started = time.time()
+                if started is None:
+                    checked_at = time.time()
+                    if await group.stable():
+                        started = not_stable_at
+                    else:
+                        not_stable_at = checked_at
                 total = await tail.end_total()
                 if total != seen and (expect.records_out is None or total >= expect.records_out):
                     await tail.catch_up()
@@ -128,8 +136,8 @@ async def throughput(peer: ModuleType, workload: Workload, bootstrap: str, sourc
             await tail.stop()
             await process.stop()
     assert tail.first_ms is not None and tail.last_ms is not None
-    # Had the group not been seen Stable yet (a very fast peer), start at the first output.
-    first = tail.first_ms / 1000 if started is None else min(started, tail.first_ms / 1000)
+    # A peer that was done before its group was seen Stable started after the last check that was not.
+    first = min(not_stable_at if started is None else started, tail.first_ms / 1000)
     seconds = max(tail.last_ms / 1000 - first, 0.001)
     return ThroughputRun(expect.records_in / seconds, seconds, rss)
 
