@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--latency-warmup", type=float,
                         help="seconds at the rate after the peer's first output, before measuring (default 3)")
     parser.add_argument("--latency-rate", type=int, help="records/s of the latency runs (default per workload)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take for one run")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a peer may take for one run")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of: {', '.join(PEERS)}")
     parser.add_argument("--workloads", default="stateless,count,async-io,spark",
                         help="comma-separated, of: stateless, count, async-io, spark")

@@ -83,6 +83,7 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
     lines += [f"![records per second and latency per peer]({chart})", ""]
     for w in report.workloads:
         ours = next((p for p in w.peers if p.peer == "streamloop"), None)
+        near_saturation: list[str] = []
         lines += [f"## {w.title}", "", f"{w.records:,} input records, 4 partitions. {w.note}".rstrip(), ""]
         lines += ["| peer | setting | records/s min / median / max | × streamloop | p50 ms | p99 ms "
                   "| × streamloop (p99) | peak RSS MiB | × streamloop (RSS) |",
@@ -96,6 +97,9 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
             tp = f"{min(rates):,.0f} / {p.median:,.0f} / {max(rates):,.0f}"
             lat = p.latency
             p50 = f"{lat.p50_ms:.1f}" if lat else ("–" if p.latency_error is None else "failed")
+            if lat and p.median and lat.rate > p.median / 2:
+                p50 += " ⚠"
+                near_saturation.append(p.name)
             p99 = f"{lat.p99_ms:.1f}" if lat else "–"
             rss = p.peak_rss
             ours_lat = ours.latency if ours else None
@@ -113,6 +117,9 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
         lat_rates = {p.latency.rate for p in w.peers if p.latency}
         if lat_rates:
             lines += ["", f"Latency at {', '.join(map(str, sorted(lat_rates)))} records/s."]
+        if near_saturation:
+            lines += ["", f"⚠ {', '.join(near_saturation)}: the latency rate is above half of the throughput "
+                      "measured here, so the latency includes queueing (the rate is near saturation)."]
         lines.append("")
     lines += report.extra
     lines += ["## How it was measured", ""] + [f"- {m}" for m in report.method] + [""]

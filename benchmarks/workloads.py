@@ -90,8 +90,8 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("stateless", "(1) stateless JSON filter/map", 100_000, latency_rate=1000),
-        Workload("count", "(2) stateful count per key", 100_000, latency_rate=1000, latency=False),
+        Workload("stateless", "(1) stateless JSON filter/map", 100_000, latency_rate=500),
+        Workload("count", "(2) stateful count per key", 100_000, latency_rate=500, latency=False),
         Workload("async-io", "(3) async processor, 5 ms of I/O per record", 5_000, latency_rate=100),
     )
 }

@@ -15,10 +15,10 @@ def _report(peers: list[PeerFigures], quick: bool = False) -> Report:
 def test_each_peer_has_min_median_max_and_ratios_to_streamloop() -> None:
     ours = PeerFigures("streamloop", "streamloop", "1 thread",
                        [ThroughputRun(r, 1.0, 40 * 2**20) for r in (900.0, 1000.0, 1100.0)],
-                       LatencyRun(5.0, 20.0, 100, 1000))
+                       LatencyRun(5.0, 20.0, 100, 50))
     theirs = PeerFigures("faust", "faust-streaming", "one agent",
                          [ThroughputRun(r, 1.0, 80 * 2**20) for r in (100.0, 200.0, 300.0)],
-                         LatencyRun(50.0, 100.0, 100, 1000))
+                         LatencyRun(50.0, 100.0, 100, 50))
 
     page = markdown(_report([ours, theirs]), "benchmarks.png", "benchmark-scripts.md")
 
@@ -55,3 +55,13 @@ def test_stateless_expects_one_output_per_kept_order() -> None:
     expect = WORKLOADS["stateless"].expectation(inputs)
     assert 0 < expect.records_out < 500  # type: ignore[operator]
     assert Expectation(10, 10).complete(10, {}) and not Expectation(10, 10).complete(9, {})
+
+
+def test_a_latency_near_the_peers_saturation_is_flagged() -> None:
+    slow = PeerFigures("quixstreams", "quixstreams", "one process", [ThroughputRun(150.0, 1.0, None)],
+                       LatencyRun(400.0, 900.0, 100, 100))
+
+    page = markdown(_report([slow]), "benchmarks.png", "benchmark-scripts.md")
+
+    assert "| 400.0 ⚠ | 900.0 |" in page
+    assert "⚠ quixstreams: the latency rate is above half of the throughput" in page
