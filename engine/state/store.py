@@ -80,6 +80,14 @@ class StateStore:
     def _decode_key(self, key: bytes) -> Any:
         return self.key_serde.deserialize(key)
 
+    def _key(self, key: Any) -> bytes:
+        if key is None:
+            raise ValueError(f"State store '{self.name}': keys must not be None")
+        data = self.key_serde.serialize(key)
+        if data is None:
+            raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
+        return data
+
     # -- the read path -------------------------------------------------------------
     def _get(self, key: bytes) -> bytes | None:
         ns = self._ns
@@ -167,13 +175,6 @@ class KeyValueStore(StateStore):
     def raw_items(self) -> list[tuple[bytes, bytes]]:
         return self._range(None, None)
 
-    def _key(self, key: Any) -> bytes:
-        if key is None:
-            raise ValueError(f"State store '{self.name}': keys must not be None")
-        data = self.key_serde.serialize(key)
-        if data is None:
-            raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
-        return data
 
 
 _START = struct.Struct(">q")
@@ -206,7 +207,7 @@ class WindowStore(StateStore):
     def fetch_range(self, key: Any, time_from: int, time_to: int) -> Iterator[tuple[int, Any]]:
         """``(window_start, value)`` of ``key``'s windows starting within ``[time_from, time_to]``."""
         self._check_open()
-        raw_key = self._raw(key)
+        raw_key = self._key(key)
         low = raw_key + _START.pack(max(time_from, 0))
         high = raw_key + _START.pack(max(time_to, 0))
         for stored, value in self._range(low, high):
@@ -240,15 +241,7 @@ class WindowStore(StateStore):
         start = _START.unpack(key[-8:])[0]
         return Windowed(self.key_serde.deserialize(key[:-8]), start, start + self.window_size_ms)
 
-    def _raw(self, key: Any) -> bytes:
-        if key is None:
-            raise ValueError(f"State store '{self.name}': keys must not be None")
-        data = self.key_serde.serialize(key)
-        if data is None:
-            raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
-        return data
-
     def _composite(self, key: Any, window_start: int) -> bytes:
         if window_start < 0:
             raise ValueError(f"State store '{self.name}': window start must be >= 0, got {window_start}")
-        return self._raw(key) + _START.pack(window_start)
+        return self._key(key) + _START.pack(window_start)

@@ -97,6 +97,8 @@ class TaskRunState(Enum):
     PAUSED = "paused"
     RETRYING = "retrying"
     """Set aside by a timeout (KIP-572), retrying until its deadline."""
+    RESTORING = "restoring"
+    """Rebuilding its state stores from their changelogs before it processes."""
 
 
 @dataclass(frozen=True)
@@ -302,13 +304,17 @@ class StreamThread:
             "process-total": float(closed_processed + sum(t.processed for t in tasks)),
             "commit-total": float(manager.commits if manager is not None else 0),
             "timeout-retries-total": float(closed_timeouts + sum(t.timeouts for t in tasks)),
+            "record-cache-bytes": float(self.cache.size_bytes),
+            "record-cache-evictions-total": float(self.cache.evictions),
         }
 
     def task_counters(self) -> list[tuple[TaskId, dict[str, float]]]:
         return [(t.id, {"records-processed-total": float(t.processed),
                         "dropped-records-total": float(t.dropped),
                         "timeout-retries-total": float(t.timeouts),
-                        "paused": float(t.is_paused)}) for t in self._tasks_view]
+                        "paused": float(t.is_paused),
+                        "restore-records-total": float(t.state_manager.restored if t.state_manager else 0)})
+                for t in self._tasks_view]
 
     def task_details(self) -> list[TaskDetails]:
         """Each active task's state, offsets, lag and timeout deadline; safe from any thread
@@ -320,6 +326,8 @@ class StreamThread:
             deadline = task.timer.deadline_ms
             if task.is_paused:
                 state = TaskRunState.PAUSED
+            elif task.state.state.name in ("CREATED", "RESTORING") and task.state_manager is not None:
+                state = TaskRunState.RESTORING
             elif deadline is not None:
                 state = TaskRunState.RETRYING
             else:

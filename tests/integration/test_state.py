@@ -290,3 +290,22 @@ async def test_each_thread_caches_its_share_resized_when_threads_change(cluster:
         await eventually_async(lambda: shares() == [500_000, 500_000], timeout=30)
         await streams.remove_stream_thread_async(timeout=30)
         await eventually_async(lambda: shares() == [1_000_000], timeout=30)
+
+
+async def test_restore_and_cache_metrics(cluster: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    records = keyed(30, keys=3)
+    await cluster.produce(source, records, STR, STR, partitions=1)
+    async with make_streams(count_topology(source, sink, persistent=False), cluster.bootstrap, names.app,
+                            state_dir=str(tmp_path), cache_max_bytes_buffering=0):
+        await final_counts(cluster, sink, Counter(k for k, _ in records))
+    # A new instance restores every update of the in-memory store: one per record (no cache).
+    streams = make_streams(count_topology(source, sink, persistent=False), cluster.bootstrap, names.app,
+                           state_dir=str(tmp_path))
+    async with streams:
+        def restored() -> float:
+            return sum(m.value for m in streams.metrics() if m.name == "restore-records-total")
+        await eventually_async(lambda: restored() == len(records), timeout=30, what="30 updates restored")
+        cache = [m.value for m in streams.metrics() if m.name == "record-cache-bytes"]
+        assert len(cache) == 1 and cache[0] >= 0
