@@ -21,6 +21,8 @@ def version() -> str:
 def setting(workload: str) -> str:
     if workload == "async-io":
         return f"1 stream thread, num.threads.per.task={THREADS_PER_TASK_ASYNC} (partition order)"
+    if workload == "count":
+        return "1 stream thread, RocksDB store with changelog, record cache off (every update goes out)"
     return "1 stream thread"
 
 
@@ -82,6 +84,9 @@ def main() -> None:
     }
     if run.workload == "async-io":
         config["num.threads.per.task"] = THREADS_PER_TASK_ASYNC
+    if run.workload == "count":
+        # As the Kafka Streams peer: every update goes out, none coalesced by the cache.
+        config["cache.max.bytes.buffering"] = 0
     streams = KafkaStreams(topology(run), config)
 
     async def serve(stop: asyncio.Event) -> None:
