@@ -45,6 +45,7 @@ from engine.config import StreamsConfig, load_handler
 from engine.errors import IllegalStateError, MissingSinkTopicError, MissingSourceTopicError, StreamsTimeoutError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.spark.session import SparkSessions
 from engine.threads.registry import ThreadRegistry
 from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import StreamThread, StreamThreadState, TaskMetadata, ThreadMetadata
@@ -125,6 +126,8 @@ class KafkaStreams:
         self.process_id = str(uuid.uuid4())
         self.log = LogContext(logging.getLogger(__name__), f"stream-client [{self.client_id}] ")
         self._transport = open_transport(self.config)
+        # Spark stages share one SparkSession per client, started by the first batch.
+        self._spark = SparkSessions(self.config, self.config[cfg.APPLICATION_ID])
         self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
                                    CLIENT_TRANSITIONS, self.log)
         self._threads = ThreadRegistry()
@@ -241,6 +244,7 @@ class KafkaStreams:
                 on_failure=self._on_thread_failure,
                 on_shutdown_requested=lambda _thread: self._close_to_error(),
                 clock=self._clock,
+                spark=self._spark,
             )
             self._threads.add(thread)
         return thread
@@ -424,12 +428,21 @@ class KafkaStreams:
                 if not thread.join(remaining) and not thread.is_current:
                     self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
             self._threads.trim_dead()
+            # After the threads: a batch still running on a thread that did not stop in time
+            # is cut off here, and its records were not committed.
+            self._stop_spark()
             self._state.transition_to(target)
 
         self._shutdown_thread = threading.Thread(target=shut_down, name=f"{self.client_id}-CloseThread",
                                                  daemon=True)
         self._shutdown_thread.start()
         return True
+
+    def _stop_spark(self) -> None:
+        try:
+            self._spark.stop()
+        except Exception:  # noqa: BLE001 - closing goes on
+            self.log.exception("Failed to stop the SparkSession")
 
     def _close_to_error(self) -> None:
         self._begin_shutdown(ClientState.ERROR)

@@ -88,6 +88,11 @@ PROCESSING_ORDERING = "processing.ordering"
 DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
 PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
+SPARK_MASTER = "spark.master"
+SPARK_BATCH_MAX_RECORDS = "spark.batch.max.records"
+SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
+SPARK_BATCH_MAX_IN_FLIGHT = "spark.batch.max.in.flight"
+SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -147,6 +152,19 @@ KEYS: tuple[ConfigKey, ...] = (
               "What to do when a processor raises: a handler class, instance or dotted path."),
     ConfigKey(ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME, (str, type(None)), None,
               "Topic that receives every record an error handler was asked about (KIP-1034)."),
+    ConfigKey(SPARK_MASTER, str, "local[*]",
+              "Where Spark stages run: local[*] in this process, or a cluster (spark://host:7077, yarn, "
+              "k8s://...). Every other spark.* key is passed to the SparkSession too.", _non_empty),
+    ConfigKey(SPARK_BATCH_MAX_RECORDS, int, 10_000,
+              "Records of one task per Spark batch at most, where the stage does not say.", _at_least(1)),
+    ConfigKey(SPARK_BATCH_MAX_WAIT_MS, int, 1_000,
+              "How long a Spark batch waits to fill before it runs anyway, where the stage does not say.",
+              _at_least(0)),
+    ConfigKey(SPARK_BATCH_MAX_IN_FLIGHT, int, 2,
+              "Spark batches of one task running at once; more records wait (back-pressure).", _at_least(1)),
+    ConfigKey(SPARK_BATCH_TIMEOUT_MS, int, 120_000,
+              "A Spark batch running longer is cancelled and retried as a timeout under task.timeout.ms "
+              "(0: no limit).", _at_least(0)),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),
