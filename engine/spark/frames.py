@@ -52,7 +52,10 @@ def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
 
 def to_records(rows: list[dict[str, Any]], key_column: str, value_columns: Sequence[str] | None,
                timestamp: int) -> list[Record]:
-    """One record per row: the key column as key, the value columns (default: all others) as value."""
+    """One record per row: the key column as key, the value columns (default: all others) as value.
+
+    The rows are taken over (the key is popped from each), which saves a copy per row.
+    """
     records = []
     for row in rows:
         key = row.pop(key_column, None)

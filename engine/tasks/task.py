@@ -289,6 +289,12 @@ class StreamTask:
         records are dropped; ``resume`` seeks back to them.
         """
         tp = TopicPartition(raw.topic, raw.partition)
+        if self.paused_at is not None and self.paused_at[0] == tp:
+            # Records in flight that failed together, a higher one asked first: pause lower.
+            if raw.offset < self.paused_at[1]:
+                self.paused_at = (tp, raw.offset)
+                self._next_offsets[tp] = raw.offset
+            return
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
         self._next_offsets[tp] = raw.offset
@@ -439,11 +445,24 @@ class StreamTask:
                     continue
                 if isinstance(exc, StreamsError):
                     raise
+                if self._paused_below(raw):
+                    return
                 await self._processing_failed(raw, node, record, exc)
                 return
             if self.timer.deadline_ms is not None and self.timer.cleared_by_processing:
                 self.timer.clear()
             return
+
+    def _paused_below(self, raw: ConsumerRecord) -> bool:
+        """Whether the task is PAUSED at a lower offset of ``raw``'s partition.
+
+        Records that fail together (a Spark batch) then ask the handler once: the records
+        above the pause are read again on resume (their output is dropped and the commit
+        stops at the paused record), and asked about then if they fail again.
+        """
+        paused = self.paused_at
+        return (paused is not None and paused[0] == (raw.topic, raw.partition)
+                and raw.offset > paused[1])
 
     # -- commit ----------------------------------------------------------------
     def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:

@@ -280,3 +280,32 @@ def thread_total(streams: KafkaStreams, name: str) -> float:
 
 async def _is(value: Any, expected: Any) -> bool:
     return (await value) == expected
+
+
+async def test_a_failing_batch_paused_by_the_handler_pauses_at_its_first_record(kafka: Cluster, names) -> None:
+    from handlers import LogAndPauseProcessingExceptionHandler
+
+    source, sink = await produce(kafka, names, 20, partitions=1)
+    failing = threading.Event()
+    failing.set()
+
+    def fails_on_5(frame: Any) -> Any:
+        if failing.is_set() and frame.filter(frame.i == 5).limit(1).count():
+            raise ValueError("bad batch")
+        return frame
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(fails_on_5, max_records=5)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_client(builder, kafka, names.app, processing_exception_handler=LogAndPauseProcessingExceptionHandler)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), WAIT, "the task paused")
+        await eventually_async(lambda: _is(committed(kafka, names.app, source, 0), 5), WAIT,
+                               "a commit at the batch's first record")
+        assert sorted(v["i"] for v in values(await kafka.read_all(sink))) == list(range(5))
+        failing.clear()
+        assert await streams.resume_async("0_0")
+        output = await kafka.read(sink, 20, timeout=WAIT)
+        await eventually_async(lambda: _is(committed(kafka, names.app, source, 0), 20), WAIT, "all committed")
+    assert sorted(v["i"] for v in values(output)) == list(range(20))
