@@ -31,6 +31,7 @@ class StreamsBuilder:
     def __init__(self) -> None:
         self._topology = Topology()
         self._index = 0
+        self._spark_stages: set[str] = set()
 
     def _name(self, given: str | None, prefix: str) -> str:
         name = given if given is not None else f"{prefix}-{self._index:010d}"
@@ -231,11 +232,32 @@ class KStream:
             node_name, job, settings, key_column, None, schema))
 
     def _spark_stage(self, node_name: str, settings: Any, supplier: Callable[[], Any]) -> KStream:
-        topology = self._builder._topology
+        builder = self._builder
+        topology = builder._topology
+        upstream = self._upstream_spark_stage()
+        if upstream is not None:
+            # A batch's rows leave with one record, so they would reach the next stage one at a
+            # time, each waiting for a batch of its own.
+            raise TopologyError(
+                f"Spark stage '{node_name}' follows Spark stage '{upstream}' in the same sub-topology; "
+                "write the first one's output to a topic and read it again in between")
         topology.add_processor(node_name, supplier, self._node)
+        builder._spark_stages.add(node_name)
         # Records of a batch wait in flight together; "key" ordering would let only one per key in.
         topology.set_concurrency(node_name, settings.window, "partition")
         return KStream(self._builder, node_name)
+
+    def _upstream_spark_stage(self) -> str | None:
+        topology = self._builder._topology
+        pending, seen = [self._node], set()
+        while pending:
+            name = pending.pop()
+            if name in self._builder._spark_stages:
+                return name
+            if name not in seen:
+                seen.add(name)
+                pending.extend(topology.spec(name).parents)
+        return None
 
     def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:
         """One stream per predicate; each record goes to the first that matches."""

@@ -51,3 +51,14 @@ def test_the_spark_sink_needs_a_path_or_a_table(arguments: dict) -> None:
 def test_the_spark_sink_checks_its_write_mode() -> None:
     with pytest.raises(TopologyError, match="mode"):
         StreamsBuilder().stream("in").to_spark("/lake", mode="upsert")
+
+
+def test_a_spark_stage_after_another_in_one_sub_topology_is_refused() -> None:
+    builder = StreamsBuilder()
+    first = builder.stream("in").spark_batch(lambda frame: frame, name="first").map_values(lambda v: v)
+
+    with pytest.raises(TopologyError, match="follows Spark stage 'first'"):
+        first.spark_batch(lambda frame: frame)
+    with pytest.raises(TopologyError, match="follows Spark stage 'first'"):
+        first.to_spark("/lake")
+    builder.stream("again").spark_batch(lambda frame: frame)  # another sub-topology is fine
