@@ -43,6 +43,28 @@ def build_topology(builder: StreamsBuilder, with_spark: bool = False) -> None:
             .to(CUSTOMER_TOTALS, key_serde=StringSerde(), value_serde=JsonSerde()))
 
 
+# Quiet and small: the demo's batches are a few thousand records on this machine's cores.
+DEMO_SPARK = {
+    "spark.master": "local[*]",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+}
+
+
+def start_spark() -> Any:
+    """The demo's SparkSession, started before the client (which then uses it) so the progress
+    below is not held up by Spark's start-up."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("streamloop-demo")
+    for key, value in DEMO_SPARK.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
 def totals_per_customer(orders: Any) -> Any:
     """A per-batch aggregate, run by Spark: orders and amount per customer (the record key)."""
     from pyspark.sql import functions as F
@@ -108,6 +130,20 @@ async def main_async(count: int, rate: int, threads: int, with_spark: bool = Fal
     build_topology(builder, with_spark)
     topology = builder.build()
     print(topology.describe())
+    session = None
+    if with_spark:
+        print("Starting Spark on local[*] (a few seconds)...")
+        started_spark = time.monotonic()
+        session = await asyncio.to_thread(start_spark)
+        print(f"Spark is up after {time.monotonic() - started_spark:.1f} s\n")
+    try:
+        return await run_pipeline(bootstrap, topology, count, rate, threads, with_spark)
+    finally:
+        if session is not None:
+            await asyncio.to_thread(session.stop)
+
+
+async def run_pipeline(bootstrap: str, topology: Any, count: int, rate: int, threads: int, with_spark: bool) -> int:
     producing = asyncio.create_task(produce_orders(bootstrap, count, rate, seed=42))
     await asyncio.sleep(0)
     while not producing.done() and "orders" not in await _topics(bootstrap):
@@ -117,6 +153,7 @@ async def main_async(count: int, rate: int, threads: int, with_spark: bool = Fal
         "bootstrap.servers": bootstrap,
         "num.stream.threads": threads,
         "commit.interval.ms": 200,
+        **(DEMO_SPARK if with_spark else {}),
     })
     started = time.monotonic()
     async with streams:

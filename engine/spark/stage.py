@@ -152,10 +152,13 @@ class SparkBatchStage:
                 self._context.forward(out)
 
     async def _drive(self, batch: Batch) -> None:
+        opened = time.monotonic()
         with anyio.move_on_after(self._max_wait_s):
             await batch.full.wait()
         if self._open is batch:
             self._open = None
+        log.debug("Spark stage '%s' sealed a batch of %d records after %.3f s", self.name, len(batch.records),
+                  time.monotonic() - opened)
         try:
             if self._limiter is None:
                 self._limiter = anyio.CapacityLimiter(self._max_in_flight)  # made on this task's loop
