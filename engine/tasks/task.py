@@ -285,19 +285,20 @@ class StreamTask:
         """A handler said PAUSE: nothing more of this task is processed until ``resume``.
 
         The failed record's offset becomes the partition's committable position, so
-        the commit that follows leaves the group at exactly that record. Buffered
-        records are dropped; ``resume`` seeks back to them.
+        the commit that follows leaves the group at exactly that record (once the
+        records below it still in flight are done). Buffered records are dropped;
+        ``resume`` seeks back to them.
         """
         tp = TopicPartition(raw.topic, raw.partition)
         if self.paused_at is not None and self.paused_at[0] == tp:
             # Records in flight that failed together, a higher one asked first: pause lower.
             if raw.offset < self.paused_at[1]:
                 self.paused_at = (tp, raw.offset)
-                self._next_offsets[tp] = raw.offset
+                self._next_offsets[tp] = self._below_in_flight(tp, raw.offset)
             return
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
-        self._next_offsets[tp] = raw.offset
+        self._next_offsets[tp] = self._below_in_flight(tp, raw.offset)
         for other, queue in self._queues.items():
             if queue and other not in self._next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
@@ -310,6 +311,12 @@ class StreamTask:
                        f"'{self.id}'")
         if self.on_pause is not None:
             self.on_pause(self)
+
+    def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
+        """``offset``, or lower while records below it are still in flight (a batch that has not
+        finished): committing past them would lose them in a crash."""
+        lowest = self.window.lowest_in_flight(tp) if self.window is not None else None
+        return offset if lowest is None else min(offset, lowest)
 
     def position(self, partition: TopicPartition) -> int | None:
         """The next offset to process on ``partition``, once one was processed (or failed)."""

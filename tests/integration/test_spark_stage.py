@@ -313,23 +313,32 @@ async def test_a_failing_batch_paused_by_the_handler_pauses_at_its_first_record(
     from handlers import LogAndPauseProcessingExceptionHandler
 
     source, sink = await produce(kafka, names, 20, partitions=1)
-    failing = threading.Event()
+    failing, earlier_done = threading.Event(), threading.Event()
     failing.set()
 
     def fails_on_5(frame: Any) -> Any:
         if failing.is_set() and frame.filter(frame.i == 5).limit(1).count():
             raise ValueError("bad batch")
+        if frame.filter(frame.i < 5).limit(1).count():
+            earlier_done.wait(WAIT)  # the batch before the failing one is still running at the pause
         return frame
 
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(fails_on_5, max_records=5)
+            .spark_batch(fails_on_5, max_records=5, max_wait_ms=5_000)
             .to(sink, key_serde=INT, value_serde=JSON))
     streams = make_client(builder, kafka, names.app, processing_exception_handler=LogAndPauseProcessingExceptionHandler)
     async with streams:
-        await eventually_async(lambda: streams.paused_local_tasks(), WAIT, "the task paused")
+        try:
+            await eventually_async(lambda: streams.paused_local_tasks(), WAIT, "the task paused")
+            # Nothing was done before the pause, so the first commit is the one the pause asked for;
+            # records 0..4 are still in flight: it must not pass them.
+            await eventually_async(lambda: thread_total(streams, "commit-total") >= 1, WAIT, "the pause's commit")
+            assert await committed(kafka, names.app, source, 0) in (None, 0)
+        finally:
+            earlier_done.set()
         await eventually_async(lambda: _is(committed(kafka, names.app, source, 0), 5), WAIT,
-                               "a commit at the batch's first record")
+                               "a commit at the failed batch's first record")
         assert sorted(v["i"] for v in values(await kafka.read_all(sink))) == list(range(5))
         failing.clear()
         assert await streams.resume_async("0_0")
