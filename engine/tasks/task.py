@@ -326,7 +326,7 @@ class StreamTask:
         """Caller: ``TaskManager.resume`` after it seeked the partitions back."""
         if skip and self.paused_at is not None:
             tp, offset = self.paused_at
-            self._next_offsets[tp] = offset + 1
+            self._next_offsets[tp] = self._below_in_flight(tp, offset + 1)
             self.context.commit_requested = True
         self.paused_at = None
         self.state.transition_to(TaskState.RUNNING)
