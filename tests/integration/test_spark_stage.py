@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -230,6 +231,34 @@ async def test_a_batch_past_its_timeout_is_retried_until_task_timeout_ms(kafka: 
     assert isinstance(seen[0], TaskTimeoutError)
     assert len(attempts) >= 2  # retried before task.timeout.ms ran out
     assert await committed(kafka, names.app, source, 0) in (None, 0)
+
+
+async def test_a_batch_past_its_timeout_has_its_spark_job_cancelled_and_the_retry_goes_through(
+        kafka: Cluster, names, spark) -> None:
+    source, sink = await produce(kafka, names, 4, partitions=1)
+    attempts: list[float] = []
+
+    def slow_job_first_time(frame: Any) -> Any:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            # A Spark job that would run for a minute on the executors, unless cancelled.
+            frame.rdd.map(lambda row: time.sleep(60) or row).count()
+        return frame
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(slow_job_first_time, max_records=4)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_client(builder, kafka, names.app, spark_batch_timeout_ms=3_000, task_timeout_ms=120_000,
+                          retry_backoff_ms=50, retry_backoff_max_ms=100)
+    async with streams:
+        output = await kafka.read(sink, 4, timeout=WAIT)
+        await eventually_async(lambda: not spark.sparkContext.statusTracker().getActiveJobsIds(), WAIT,
+                               "the timed-out job cancelled")
+        retries = thread_total(streams, "timeout-retries-total")
+    assert sorted(v["i"] for v in values(output)) == list(range(4))
+    assert retries >= 1
+    assert attempts[1] - attempts[0] < 30  # retried after the timeout, not after the job's minute
 
 
 async def test_close_waits_for_a_running_batch_and_commits_it(kafka: Cluster, names) -> None:
