@@ -56,6 +56,7 @@ from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
+from engine.spark.session import SparkSessions
 from engine.threads.registry import ThreadRegistry
 from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import (
@@ -148,6 +149,8 @@ class KafkaStreams:
         self.process_id = str(uuid.uuid4())
         self.log = LogContext(logging.getLogger(__name__), f"stream-client [{self.client_id}] ")
         self._transport = open_transport(self.config)
+        # Spark stages share one SparkSession per client, started by the first batch.
+        self._spark = SparkSessions(self.config, self.config[cfg.APPLICATION_ID])
         self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
                                    CLIENT_TRANSITIONS, self.log)
         self._threads = ThreadRegistry()
@@ -335,6 +338,7 @@ class KafkaStreams:
                 on_shutdown_requested=lambda _thread: self._close_to_error(),
                 clock=self._clock,
                 restore_listener=self._restore_listener,
+                spark=self._spark,
             )
             self._threads.add(thread)
         return thread
@@ -519,12 +523,21 @@ class KafkaStreams:
                     self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
             self._threads.trim_dead()
             self._stop_prometheus()
+            # After the threads: a batch still running on a thread that did not stop in time
+            # is cut off here, and its records were not committed.
+            self._stop_spark()
             self._state.transition_to(target)
 
         self._shutdown_thread = threading.Thread(target=shut_down, name=f"{self.client_id}-CloseThread",
                                                  daemon=True)
         self._shutdown_thread.start()
         return True
+
+    def _stop_spark(self) -> None:
+        try:
+            self._spark.stop()
+        except Exception:  # noqa: BLE001 - closing goes on
+            self.log.exception("Failed to stop the SparkSession")
 
     def _close_to_error(self) -> None:
         self._begin_shutdown(ClientState.ERROR)

@@ -98,6 +98,11 @@ MONITOR_HOST = "monitor.host"
 MONITOR_PORT = "monitor.port"
 MONITOR_WEBUI_PORT = "monitor.webui.port"
 MONITOR_CONSOLE_PORT = "monitor.console.port"
+SPARK_MASTER = "spark.master"
+SPARK_BATCH_MAX_RECORDS = "spark.batch.max.records"
+SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
+SPARK_BATCH_MAX_IN_FLIGHT = "spark.batch.max.in.flight"
+SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -179,6 +184,19 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(MONITOR_WEBUI_PORT, int, 20102, "Port of aiomonitor's web UI (0: any free port).", _at_least(0)),
     ConfigKey(MONITOR_CONSOLE_PORT, int, 20103,
               "Port of aiomonitor's Python REPL (the console's `console` command).", _at_least(1)),
+    ConfigKey(SPARK_MASTER, str, "local[*]",
+              "Where Spark stages run: local[*] in this process, or a cluster (spark://host:7077, yarn, "
+              "k8s://...). Every other spark.* key is passed to the SparkSession too.", _non_empty),
+    ConfigKey(SPARK_BATCH_MAX_RECORDS, int, 10_000,
+              "Records of one task per Spark batch at most, where the stage does not say.", _at_least(1)),
+    ConfigKey(SPARK_BATCH_MAX_WAIT_MS, int, 1_000,
+              "How long a Spark batch waits to fill before it runs anyway, where the stage does not say.",
+              _at_least(0)),
+    ConfigKey(SPARK_BATCH_MAX_IN_FLIGHT, int, 2,
+              "Spark batches of one task running at once; more records wait (back-pressure).", _at_least(1)),
+    ConfigKey(SPARK_BATCH_TIMEOUT_MS, int, 120_000,
+              "A Spark batch running longer is cancelled and retried as a timeout under task.timeout.ms "
+              "(0: no limit).", _at_least(0)),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),

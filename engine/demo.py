@@ -2,13 +2,17 @@
 
 Orders flow into ``orders`` (4 partitions) while a client with two stream
 threads keeps those of at least 10, flags the VIP ones and writes them to
-``big-orders``. The demo prints live progress, then what went in and came out.
+``big-orders``. With pyspark installed (``streamloop[spark]``) the big orders also
+go through a Spark stage on ``local[*]``: per micro-batch, the count and total per
+customer, written to ``customer-totals``. The demo prints live progress, then what
+went in and came out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import random
 import sys
@@ -22,21 +26,57 @@ from engine.serdes import JsonSerde, StringSerde
 from engine.transport import open_transport
 from engine.transport.base import ProducerSettings
 
-ORDERS, BIG_ORDERS = "orders", "big-orders"
+ORDERS, BIG_ORDERS, CUSTOMER_TOTALS = "orders", "big-orders", "customer-totals"
 
 
-def build_topology(builder: StreamsBuilder) -> None:
-    (builder.stream(ORDERS, key_serde=StringSerde(), value_serde=JsonSerde())
-            .filter(lambda key, order: order["amount"] >= 10)
-            .map_values(lambda order: {**order, "vip": order["amount"] > 1000})
-            .to(BIG_ORDERS, key_serde=StringSerde(), value_serde=JsonSerde()))
+def spark_installed() -> bool:
+    return importlib.util.find_spec("pyspark") is not None and importlib.util.find_spec("pyarrow") is not None
+
+
+def build_topology(builder: StreamsBuilder, with_spark: bool = False) -> None:
+    big = (builder.stream(ORDERS, key_serde=StringSerde(), value_serde=JsonSerde())
+                  .filter(lambda key, order: order["amount"] >= 10)
+                  .map_values(lambda order: {**order, "vip": order["amount"] > 1000}))
+    big.to(BIG_ORDERS, key_serde=StringSerde(), value_serde=JsonSerde())
+    if with_spark:
+        (big.spark_batch(totals_per_customer, max_records=5_000, max_wait_ms=500, name="spark-totals")
+            .to(CUSTOMER_TOTALS, key_serde=StringSerde(), value_serde=JsonSerde()))
+
+
+# Quiet and small: the demo's batches are a few thousand records on this machine's cores.
+DEMO_SPARK = {
+    "spark.master": "local[*]",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+}
+
+
+def start_spark() -> Any:
+    """The demo's SparkSession, started before the client (which then uses it) so the progress
+    below is not held up by Spark's start-up."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("streamloop-demo")
+    for key, value in DEMO_SPARK.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def totals_per_customer(orders: Any) -> Any:
+    """A per-batch aggregate, run by Spark: orders and amount per customer (the record key)."""
+    from pyspark.sql import functions as F
+
+    return orders.groupBy("key").agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("total"))
 
 
 async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> list[dict]:
     transport = open_transport({"bootstrap.servers": bootstrap})
     admin = transport.admin("demo-admin")
     await admin.start()
-    await admin.create_topics({ORDERS: 4, BIG_ORDERS: 4})
+    await admin.create_topics({ORDERS: 4, BIG_ORDERS: 4, CUSTOMER_TOTALS: 1})
     await admin.close()
     producer = transport.producer(ProducerSettings(client_id="demo-producer"))
     await producer.start()
@@ -61,11 +101,11 @@ async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> li
     return orders
 
 
-async def read_output(bootstrap: str) -> list:
+async def read_output(bootstrap: str, topic: str = BIG_ORDERS, partitions: int = 4) -> list:
     transport = open_transport({"bootstrap.servers": bootstrap})
     reader = transport.reader("demo-reader")
     await reader.start()
-    tps = [TopicPartition(BIG_ORDERS, p) for p in range(4)]
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
     reader.assign(tps)
     for tp in tps:
         reader.seek(tp, 0)
@@ -81,14 +121,29 @@ async def read_output(bootstrap: str) -> list:
     return out
 
 
-async def main_async(count: int, rate: int, threads: int) -> int:
+async def main_async(count: int, rate: int, threads: int, with_spark: bool = False) -> int:
     bootstrap = "memory://demo"
-    print(f"streamloop demo: {count} orders through filter(amount >= 10) -> map_values(vip) "
+    spark_note = " -> spark_batch(totals per customer) on local[*]" if with_spark else ""
+    print(f"streamloop demo: {count} orders through filter(amount >= 10) -> map_values(vip){spark_note} "
           f"on the embedded broker ({bootstrap}), {threads} stream threads\n")
     builder = StreamsBuilder()
-    build_topology(builder)
+    build_topology(builder, with_spark)
     topology = builder.build()
     print(topology.describe())
+    session = None
+    if with_spark:
+        print("Starting Spark on local[*] (a few seconds)...")
+        started_spark = time.monotonic()
+        session = await asyncio.to_thread(start_spark)
+        print(f"Spark is up after {time.monotonic() - started_spark:.1f} s\n")
+    try:
+        return await run_pipeline(bootstrap, topology, count, rate, threads, with_spark)
+    finally:
+        if session is not None:
+            await asyncio.to_thread(session.stop)
+
+
+async def run_pipeline(bootstrap: str, topology: Any, count: int, rate: int, threads: int, with_spark: bool) -> int:
     producing = asyncio.create_task(produce_orders(bootstrap, count, rate, seed=42))
     await asyncio.sleep(0)
     while not producing.done() and "orders" not in await _topics(bootstrap):
@@ -98,6 +153,7 @@ async def main_async(count: int, rate: int, threads: int) -> int:
         "bootstrap.servers": bootstrap,
         "num.stream.threads": threads,
         "commit.interval.ms": 200,
+        **(DEMO_SPARK if with_spark else {}),
     })
     started = time.monotonic()
     async with streams:
@@ -110,7 +166,8 @@ async def main_async(count: int, rate: int, threads: int) -> int:
                       f"records in={polled:>7}  out={written:>7}")
                 last = (polled, written)
             # Done once every kept order is out (the expected count is known once input is complete).
-            if producing.done() and written >= sum(1 for o in producing.result() if o["amount"] >= 10):
+            kept = sum(1 for o in producing.result() if o["amount"] >= 10) if producing.done() else None
+            if kept is not None and written >= kept and (not with_spark or await _counted(bootstrap) >= kept):
                 break
             if streams.state is ClientState.ERROR:
                 print("The client went to ERROR; see the log above", file=sys.stderr)
@@ -129,11 +186,23 @@ async def main_async(count: int, rate: int, threads: int) -> int:
     for meta in threads_meta:
         tasks = ", ".join(sorted(str(t.task_id) for t in meta.active_tasks))
         print(f"Thread {meta.thread_name}: tasks [{tasks}]")
+    if with_spark:
+        totals = [JsonSerde().deserialize(r.value) for r in await read_output(bootstrap, CUSTOMER_TOTALS, 1)]
+        counted = sum(t["orders"] for t in totals)
+        print(f"Spark: {len(totals)} per-batch customer totals on '{CUSTOMER_TOTALS}', counting {counted} orders "
+              f"worth {sum(t['total'] for t in totals):,.2f}")
     print(f"Took {elapsed:.2f} s; the client closed cleanly ({streams.state.name}).")
     ok = len(output) >= len(expected) and {o["id"] for o in expected} <= {
         JsonSerde().deserialize(r.value)["id"] for r in output}
+    if with_spark:
+        ok = ok and counted >= len(expected)
     print("Check: every kept order is in the output" if ok else "Check FAILED: orders are missing")
     return 0 if ok else 1
+
+
+async def _counted(bootstrap: str) -> int:
+    """Orders counted so far by the Spark totals."""
+    return sum(JsonSerde().deserialize(r.value)["orders"] for r in await read_output(bootstrap, CUSTOMER_TOTALS, 1))
 
 
 async def _output_count(bootstrap: str) -> int:
@@ -160,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orders", type=int, default=20_000)
     parser.add_argument("--rate", type=int, default=10_000, help="orders per second")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
+                        help="add the Spark stage (default: when pyspark is installed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
-    return asyncio.run(main_async(args.orders, args.rate, args.threads))
+    with_spark = spark_installed() if args.spark is None else args.spark
+    return asyncio.run(main_async(args.orders, args.rate, args.threads, with_spark))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
     ├── IllegalStateError            a call made in a client state that does not allow it
     ├── MissingSourceTopicError      source topics do not exist (names them)
     ├── MissingSinkTopicError        sink topics do not exist (names them)
+    ├── SparkUnavailableError        a Spark stage is used without pyspark/pyarrow installed
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
@@ -22,6 +23,11 @@
         └── ProduceError             a record could not be delivered (topic, partition)
 
 A ``TaskError`` always has the original exception as ``__cause__``.
+
+Two errors of Spark stages are deliberately *not* ``StreamsError``s, because they go
+where a user processor's failure goes: ``SparkBatchError`` (a batch's job raised; to
+the processing exception handler, once per record of the batch) and
+``SparkBatchTimeoutError`` (a builtin ``TimeoutError``: retried under ``task.timeout.ms``).
 """
 
 from __future__ import annotations
@@ -67,6 +73,15 @@ class MissingSinkTopicError(StreamsError):
         super().__init__(
             f"Sink topics {self.topics} do not exist. Create them before starting the application."
         )
+
+
+class SparkUnavailableError(StreamsError, ImportError):
+    """A Spark stage is used but pyspark (or pyarrow) cannot be imported."""
+
+    def __init__(self, what: str, module: str) -> None:
+        super().__init__(f"{what} needs {module}, which is not installed: "
+                         "pip install 'streamloop[spark]'")
+        self.module = module
 
 
 class StreamsTimeoutError(StreamsError, TimeoutError):
@@ -178,3 +193,24 @@ class ProduceError(TransportError):
         super().__init__(f"Failed to produce to {topic}-{partition}: {cause}")
         self.topic = topic
         self.partition = partition
+
+
+class SparkBatchError(RuntimeError):
+    """A Spark batch failed; raised for each record of the batch, the job's error as ``__cause__``."""
+
+    def __init__(self, stage: str, size: int, cause: BaseException) -> None:
+        super().__init__(f"Spark stage '{stage}' failed on a batch of {size} records: "
+                         f"{type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.size = size
+
+
+class SparkBatchTimeoutError(TimeoutError):
+    """A Spark batch ran past ``spark.batch.timeout.ms`` and was cancelled; its records are retried."""
+
+    def __init__(self, stage: str, size: int, timeout_ms: int) -> None:
+        super().__init__(f"Spark stage '{stage}': a batch of {size} records ran past "
+                         f"spark.batch.timeout.ms ({timeout_ms} ms) and was cancelled")
+        self.stage = stage
+        self.size = size
+        self.timeout_ms = timeout_ms

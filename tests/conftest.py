@@ -31,6 +31,14 @@ def kafka_bootstrap() -> Iterator[str]:
         yield broker.bootstrap
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """The session's one local SparkSession; clients under test reuse it (and leave it running)."""
+    from tests.support.spark import spark_session
+
+    yield from spark_session()
+
+
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
 def bootstrap(request: pytest.FixtureRequest) -> str:
     """``bootstrap.servers`` of a fresh memory broker, or of the session's Kafka broker."""

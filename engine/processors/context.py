@@ -12,6 +12,7 @@ from engine.records import Headers, Record
 from engine.topology.nodes import Forwarder, Node
 
 if TYPE_CHECKING:
+    from engine.spark.session import SparkSessions
     from engine.tasks.task_id import TaskId
 
 
@@ -29,10 +30,11 @@ class TaskContext:
     __slots__ = (
         "application_id", "task_id", "forwarder", "topic", "partition", "offset",
         "timestamp", "headers", "commit_requested", "stream_time_schedules",
-        "wall_clock_schedules", "wall_clock_ms", "stores",
+        "wall_clock_schedules", "wall_clock_ms", "stores", "spark",
     )
 
-    def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int]) -> None:
+    def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int],
+                 spark: SparkSessions | None = None) -> None:
         self.application_id = application_id
         self.task_id = task_id
         self.forwarder = Forwarder()
@@ -46,6 +48,8 @@ class TaskContext:
         self.wall_clock_schedules = PunctuationQueue(PunctuationType.WALL_CLOCK_TIME)
         self.wall_clock_ms = wall_clock_ms
         self.stores: dict[str, Any] = {}
+        # The client's shared SparkSession (made lazily), for Spark stages.
+        self.spark = spark
 
 
 class NodeContext:
@@ -65,6 +69,11 @@ class NodeContext:
     @property
     def task_id(self) -> TaskId:
         return self._task.task_id
+
+    @property
+    def spark(self) -> SparkSessions | None:
+        """The client's ``SparkSessions`` (Spark stages use it; None outside a client)."""
+        return self._task.spark
 
     @property
     def topic(self) -> str | None:

@@ -258,6 +258,10 @@ class InFlightWindow:
             self._completed[tp] = {o for o in completed if o >= watermark}
         task.wake()
 
+    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        """The lowest offset of ``tp`` in flight or holding output (None: none)."""
+        return self._lowest_in_flight(tp)
+
     def _lowest_in_flight(self, tp: TopicPartition) -> int | None:
         queue = self.slots[tp]
         return min((s.raw.offset for s in queue), default=None)

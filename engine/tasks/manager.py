@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from engine.collector import RecordCollector
 from engine.commit import Committer
@@ -31,6 +32,9 @@ from .task_id import TaskId
 from .error_handling import ErrorHandling
 from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
 from .timeouts import TaskTimer, is_timeout
+
+if TYPE_CHECKING:
+    from engine.spark.session import SparkSessions
 
 
 class TaskManager:
@@ -56,6 +60,8 @@ class TaskManager:
         threads_per_task: int = 1,
         ordering: str = "partition",
         state: StateSettings | None = None,
+        config: Mapping[str, Any] | None = None,
+        spark: SparkSessions | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -73,6 +79,8 @@ class TaskManager:
         self._threads_per_task = threads_per_task
         self._ordering = ordering
         self._on_tasks_changed = on_tasks_changed
+        self._config = config
+        self._spark = spark
         self._monotonic_ms = monotonic_ms
         self._state = state
         self.tasks: dict[TaskId, StreamTask] = {}
@@ -117,9 +125,9 @@ class TaskManager:
         return created
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
-        context = TaskContext(self._application_id, task_id, self._clock_ms)
+        context = TaskContext(self._application_id, task_id, self._clock_ms, self._spark)
         collector: RecordCollector | HeldCollector = self._collector
-        concurrency, ordering = self._topology.concurrency_of(task_id.subtopology)
+        concurrency, ordering = self._topology.concurrency_of(task_id.subtopology, self._config)
         limit = self._threads_per_task if concurrency is None else concurrency
         ordering = ordering or self._ordering
         if limit > 1:

@@ -384,13 +384,20 @@ class StreamTask:
         """A handler said PAUSE: nothing more of this task is processed until ``resume``.
 
         The failed record's offset becomes the partition's committable position, so
-        the commit that follows leaves the group at exactly that record. Buffered
-        records are dropped; ``resume`` seeks back to them.
+        the commit that follows leaves the group at exactly that record (once the
+        records below it still in flight are done). Buffered records are dropped;
+        ``resume`` seeks back to them.
         """
         tp = TopicPartition(raw.topic, raw.partition)
+        if self.paused_at is not None and self.paused_at[0] == tp:
+            # Records in flight that failed together, a higher one asked first: pause lower.
+            if raw.offset < self.paused_at[1]:
+                self.paused_at = (tp, raw.offset)
+                self._next_offsets[tp] = self._below_in_flight(tp, raw.offset)
+            return
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
-        self._next_offsets[tp] = raw.offset
+        self._next_offsets[tp] = self._below_in_flight(tp, raw.offset)
         for other, queue in self._queues.items():
             if queue and other not in self._next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
@@ -404,6 +411,12 @@ class StreamTask:
         if self.on_pause is not None:
             self.on_pause(self)
 
+    def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
+        """``offset``, or lower while records below it are still in flight (a batch that has not
+        finished): committing past them would lose them in a crash."""
+        lowest = self.window.lowest_in_flight(tp) if self.window is not None else None
+        return offset if lowest is None else min(offset, lowest)
+
     def position(self, partition: TopicPartition) -> int | None:
         """The next offset to process on ``partition``, once one was processed (or failed)."""
         return self._next_offsets.get(partition)
@@ -412,7 +425,7 @@ class StreamTask:
         """Caller: ``TaskManager.resume`` after it seeked the partitions back."""
         if skip and self.paused_at is not None:
             tp, offset = self.paused_at
-            self._next_offsets[tp] = offset + 1
+            self._next_offsets[tp] = self._below_in_flight(tp, offset + 1)
             self.context.commit_requested = True
         self.paused_at = None
         self.state.transition_to(TaskState.RUNNING)
@@ -544,12 +557,25 @@ class StreamTask:
                     continue
                 if isinstance(exc, StreamsError):
                     raise
+                if self._paused_below(raw):
+                    return
                 await self._processing_failed(raw, node, record, exc)
                 return
             if self.timer.deadline_ms is not None and self.timer.cleared_by_processing:
                 self.timer.clear()
             self.meter.add(1, time.perf_counter_ns() - began)
             return
+
+    def _paused_below(self, raw: ConsumerRecord) -> bool:
+        """Whether the task is PAUSED at a lower offset of ``raw``'s partition.
+
+        Records that fail together (a Spark batch) then ask the handler once: the records
+        above the pause are read again on resume (their output is dropped and the commit
+        stops at the paused record), and asked about then if they fail again.
+        """
+        paused = self.paused_at
+        return (paused is not None and paused[0] == (raw.topic, raw.partition)
+                and raw.offset > paused[1])
 
     # -- commit ----------------------------------------------------------------
     def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:

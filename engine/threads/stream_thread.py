@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -53,6 +54,9 @@ from engine.tasks.timeouts import TaskTimer, retry_on_timeout
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
 from engine.transport.base import ConsumerSettings, ProducerSettings, Transport
+
+if TYPE_CHECKING:
+    from engine.spark.session import SparkSessions
 
 
 class StreamThreadState(Enum):
@@ -154,8 +158,10 @@ class StreamThread:
         on_shutdown_requested: Callable[[StreamThread], None] = lambda _thread: None,
         clock: Clock = SYSTEM_CLOCK,
         restore_listener: StateRestoreListener | None = None,
+        spark: SparkSessions | None = None,
     ) -> None:
         self.index = index
+        self._spark = spark
         self.name = f"{client_id}-StreamThread-{index}"
         self._config = config
         self._topology = topology
@@ -423,6 +429,8 @@ class StreamThread:
                     state=StateSettings(
                         config[cfg.STATE_DIR], config[cfg.DEFAULT_DSL_STORE] == "rocksDB", self.cache,
                         lambda: self._transport.reader(f"{self.name}-restore-consumer"), self._restore_listener),
+                    config=config,
+                    spark=self._spark,
                 )
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
@@ -581,7 +589,9 @@ class StreamThread:
                 await task.run()
             except Exception as exc:
                 if self._task_failure is None:
-                    self._task_failure = exc
+                    # Records in flight fail inside the task's task group: the handler gets the
+                    # first real error, not the group (a failed batch fails all of its records).
+                    self._task_failure = _unwrap(exc)
                 raise
 
     async def _close(self, consumer: object, producer: object, admin: object,

@@ -6,7 +6,7 @@ Node names follow Kafka Streams (``KSTREAM-FILTER-0000000001``) unless a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from engine.errors import TopologyError
@@ -39,6 +39,7 @@ class StreamsBuilder:
     def __init__(self) -> None:
         self._topology = Topology()
         self._index = 0
+        self._spark_stages: set[str] = set()
 
     def _name(self, given: str | None, prefix: str) -> str:
         name = given if given is not None else f"{prefix}-{self._index:010d}"
@@ -243,6 +244,108 @@ class KStream:
         source = builder._name(None, "KSTREAM-SOURCE")
         builder._topology.add_source(source, topic, key_serde, value_serde, internal=True)
         return KStream(builder, source)
+
+    def spark_batch(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        max_records: int | None = None,
+        max_wait_ms: int | None = None,
+        max_batches_in_flight: int | None = None,
+        key_column: str = "key",
+        value_columns: Sequence[str] | None = None,
+        schema: Any = None,
+        name: str | None = None,
+    ) -> KStream:
+        """Run ``fn(DataFrame) -> DataFrame`` on Spark over micro-batches of each task's records.
+
+        A batch holds up to ``max_records`` records and runs at the latest ``max_wait_ms`` after
+        its first; at most ``max_batches_in_flight`` batches of a task run at once (each ``None``
+        takes the ``spark.batch.*`` config key). The input has one row per record: the key in
+        ``key_column`` and the value's fields as columns (a non-mapping value in ``value``;
+        ``schema`` fixes the types). Each row of the result becomes a record downstream: key
+        from ``key_column``, value a dict of ``value_columns`` (default: every other column).
+        Jobs run on worker threads, never on a stream thread's loop; a record's offset is
+        committed only after its batch's output is handed on. Needs ``streamloop[spark]``.
+        """
+        from engine.spark.session import require_pyspark
+        from engine.spark.stage import BatchSettings, SparkBatchStage, transform_job
+
+        require_pyspark("spark_batch()")
+        if not callable(fn):
+            raise TypeError(f"spark_batch() needs a callable, got {fn!r}")
+        node_name = self._builder._name(name, "KSTREAM-SPARK-BATCH")
+        settings = BatchSettings(max_records, max_wait_ms, max_batches_in_flight)
+        settings.check(node_name)
+        columns = None if value_columns is None else tuple(value_columns)
+        job = transform_job(fn, node_name)
+        return self._spark_stage(node_name, settings, lambda: SparkBatchStage(
+            node_name, job, settings, key_column, columns, schema))
+
+    def to_spark(
+        self,
+        path: str | None = None,
+        *,
+        table: str | None = None,
+        format: str = "parquet",
+        mode: str = "append",
+        options: Mapping[str, str] | None = None,
+        max_records: int | None = None,
+        max_wait_ms: int | None = None,
+        max_batches_in_flight: int | None = None,
+        key_column: str = "key",
+        schema: Any = None,
+        name: str | None = None,
+    ) -> None:
+        """Write the stream with Spark, one write per micro-batch: files at ``path`` (Parquet
+        unless ``format`` says otherwise) or the table ``table``; a terminal operation.
+
+        Batching is as in ``spark_batch``. A record's offset is committed only after the write
+        of its batch finished; a crash before that writes the batch again (at-least-once).
+        """
+        from engine.spark.session import require_pyspark
+        from engine.spark.sink import WRITE_MODES, write_job
+        from engine.spark.stage import BatchSettings, SparkBatchStage
+
+        require_pyspark("to_spark()")
+        node_name = self._builder._name(name, "KSTREAM-SPARK-SINK")
+        if (path is None) == (table is None):
+            raise TopologyError(f"Spark sink '{node_name}' needs exactly one of path= or table=")
+        if mode not in WRITE_MODES:
+            raise TopologyError(f"mode of Spark sink '{node_name}' must be one of {list(WRITE_MODES)}, got {mode!r}")
+        settings = BatchSettings(max_records, max_wait_ms, max_batches_in_flight)
+        settings.check(node_name)
+        job = write_job(path, table, format, mode, options)
+        self._spark_stage(node_name, settings, lambda: SparkBatchStage(
+            node_name, job, settings, key_column, None, schema))
+
+    def _spark_stage(self, node_name: str, settings: Any, supplier: Callable[[], Any]) -> KStream:
+        builder = self._builder
+        topology = builder._topology
+        upstream = self._upstream_spark_stage()
+        if upstream is not None:
+            # A batch's rows leave with one record, so they would reach the next stage one at a
+            # time, each waiting for a batch of its own.
+            raise TopologyError(
+                f"Spark stage '{node_name}' follows Spark stage '{upstream}' in the same sub-topology; "
+                "write the first one's output to a topic and read it again in between")
+        topology.add_processor(node_name, supplier, self._node)
+        builder._spark_stages.add(node_name)
+        # Records of a batch wait in flight together; "key" ordering would let only one per key in.
+        topology.set_concurrency(node_name, settings.window, "partition")
+        return KStream(self._builder, node_name)
+
+    def _upstream_spark_stage(self) -> str | None:
+        topology = self._builder._topology
+        pending, seen = [self._node], set()
+        while pending:
+            name = pending.pop()
+            if name in self._builder._spark_stages:
+                return name
+            if name not in seen:
+                seen.add(name)
+                pending.extend(topology.spec(name).parents)
+        return None
 
     def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:
         """One stream per predicate; each record goes to the first that matches."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import TopologyError
 from engine.processors.api import ProcessorSupplier
@@ -44,7 +44,7 @@ class NodeSpec:
     key_serde: Serde | None = None
     value_serde: Serde | None = None
     children: list[str] = field(default_factory=list)
-    concurrency: int | None = None
+    concurrency: int | Callable[[Mapping[str, Any]], int] | None = None
     ordering: str | None = None
     stores: tuple[str, ...] = ()
     # Internal (repartition) topics are named relative to the application id until it is set.
@@ -255,11 +255,15 @@ class Topology:
                            sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal))
         return self
 
-    def set_concurrency(self, name: str, concurrency: int | None, ordering: str | None) -> None:
+    def set_concurrency(self, name: str, concurrency: int | Callable[[Mapping[str, Any]], int] | None,
+                        ordering: str | None) -> None:
         """Records of the tasks running ``name`` in flight at once (a per-processor override of
-        ``num.threads.per.task`` / ``processing.ordering``, applied to its whole sub-topology)."""
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
-                                        or concurrency < 1):
+        ``num.threads.per.task`` / ``processing.ordering``, applied to its whole sub-topology).
+
+        ``concurrency`` may be a function of the client's config (a Spark stage's window
+        depends on ``spark.batch.*`` keys), resolved when a task is created."""
+        if concurrency is not None and not callable(concurrency) and (
+                isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
             raise TopologyError(f"concurrency of '{name}' must be an int >= 1, got {concurrency!r}")
         if ordering is not None and ordering not in ORDERINGS:
             raise TopologyError(f"ordering of '{name}' must be one of {list(ORDERINGS)}, got {ordering!r}")
@@ -267,10 +271,12 @@ class Topology:
         spec.concurrency = concurrency
         spec.ordering = ordering
 
-    def concurrency_of(self, subtopology: int) -> tuple[int | None, str | None]:
+    def concurrency_of(self, subtopology: int,
+                       config: Mapping[str, Any] | None = None) -> tuple[int | None, str | None]:
         """The largest concurrency and the strictest ordering its processors ask for (None: config)."""
         specs = [self._specs[n] for n in self.subtopologies[subtopology].node_names]
-        counts = [s.concurrency for s in specs if s.concurrency is not None]
+        counts = [s.concurrency(config or {}) if callable(s.concurrency) else s.concurrency
+                  for s in specs if s.concurrency is not None]
         orders = [s.ordering for s in specs if s.ordering is not None]
         ordering = min(orders, key=ORDERINGS.index) if orders else None
         return (max(counts) if counts else None), ordering

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ def fresh_demo_broker() -> Iterator[None]:
 
 @pytest.mark.usefixtures("fresh_demo_broker")
 def test_demo_passes_its_check_and_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--orders", "400", "--rate", "100000"]) == 0
+    assert demo.main(["--orders", "400", "--rate", "100000", "--no-spark"]) == 0
 
     out = capsys.readouterr().out
     assert "streamloop demo: 400 orders" in out
@@ -28,4 +29,15 @@ def test_demo_passes_its_check_and_prints_the_summary(capsys: pytest.CaptureFixt
     assert "Out: " in out and "on 'big-orders'" in out
     assert "Thread " in out and "StreamThread-" in out
     assert "the client closed cleanly (NOT_RUNNING)" in out
+    assert "Check: every kept order is in the output" in out
+
+
+@pytest.mark.usefixtures("fresh_demo_broker")
+def test_demo_with_pyspark_adds_a_spark_stage_that_counts_every_kept_order(
+        spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--orders", "400", "--rate", "100000", "--spark"]) == 0
+
+    out = capsys.readouterr().out
+    assert "spark_batch(totals per customer)" in out
+    assert "Spark: " in out and "per-batch customer totals on 'customer-totals'" in out
     assert "Check: every kept order is in the output" in out

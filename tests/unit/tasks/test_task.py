@@ -588,3 +588,18 @@ async def test_buffered_counts_records_waiting_per_partition_and_in_all() -> Non
         await rig.processed(4)
     assert rig.task.buffered() == 0
 
+
+
+def test_records_failing_together_pause_the_task_at_the_lowest_one() -> None:
+    """A Spark batch fails all its records; whichever asks first, the pause ends at the lowest."""
+    rig = TaskRig(passing_topology())
+    rig.task.state.transition_to(TaskState.RUNNING)
+    failed = [FetchedRecord(IN.topic, IN.partition, offset, 0, None, b"{}") for offset in (7, 5, 9)]
+
+    for raw in failed[:2]:
+        rig.task._pause(raw)
+
+    assert rig.task.paused_at == (IN, 5)
+    assert rig.task.position(IN) == 5
+    assert rig.task._paused_below(failed[2])  # asked no more: read again on resume
+    assert not rig.task._paused_below(FetchedRecord(IN.topic, IN.partition, 3, 0, None, b"{}"))
