@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import StreamsConfig, load_handler
 from engine.errors import (
     IllegalStateError,
+    InternalTopicError,
     InvalidStateStoreError,
     MissingSinkTopicError,
     MissingSourceTopicError,
@@ -52,6 +54,7 @@ from engine.errors import (
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.state.cleaner import StateDirCleaner
+from engine.state.directory import StateDirectoryLock
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
@@ -144,6 +147,7 @@ class KafkaStreams:
         self.topology = topology
         self._restore_listener: StateRestoreListener | None = None
         self._cleaner: StateDirCleaner | None = None
+        self._state_lock: StateDirectoryLock | None = None
         self._clock = clock
         self.client_id: str = self.config[cfg.CLIENT_ID]
         self.process_id = str(uuid.uuid4())
@@ -220,6 +224,10 @@ class KafkaStreams:
     def _local_stores(self, name: str) -> list[StateStore]:
         return [s for t in self._threads.snapshot() if t.is_alive for s in t.local_stores(name)]
 
+    @property
+    def _app_state_dir(self) -> str:
+        return os.path.join(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
+
     def _owned_task_dirs(self) -> set[str] | None:
         threads = [t for t in self._threads.snapshot() if t.is_alive]
         if not threads:
@@ -227,8 +235,12 @@ class KafkaStreams:
         return {str(task.task_id) for t in threads for task in t.metadata().active_tasks}
 
     def _stop_cleaner_when_done(self, _old: ClientState, new: ClientState) -> None:
-        if new in (ClientState.NOT_RUNNING, ClientState.ERROR) and self._cleaner is not None:
+        if new not in (ClientState.NOT_RUNNING, ClientState.ERROR):
+            return
+        if self._cleaner is not None:
             self._cleaner.stop()
+        if self._state_lock is not None:
+            self._state_lock.release()
 
     def set_uncaught_exception_handler(
         self, handler: Callable[[BaseException], StreamThreadExceptionResponse]
@@ -251,9 +263,15 @@ class KafkaStreams:
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self._check_topics()
+        if self.topology.store_names:
+            lock = StateDirectoryLock(self._app_state_dir)
+            lock.acquire()
+            self._state_lock = lock
         self._start_prometheus()
         if not self._state.maybe_transition_to(ClientState.REBALANCING):
             self._stop_prometheus()
+            if self._state_lock is not None:
+                self._state_lock.release()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
         # Create every thread before starting any, so the client cannot look RUNNING with only the first.
@@ -267,10 +285,8 @@ class KafkaStreams:
             for thread in threads:
                 thread.start()
         if self.topology.store_names:
-            import os
-            self._cleaner = StateDirCleaner(
-                os.path.join(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID]),
-                self.config[cfg.STATE_CLEANUP_DELAY_MS], self._owned_task_dirs)
+            self._cleaner = StateDirCleaner(self._app_state_dir, self.config[cfg.STATE_CLEANUP_DELAY_MS],
+                                            self._owned_task_dirs)
             self._cleaner.start(f"{self.client_id}-CleanupThread")
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         self._maybe_set_running()
@@ -307,9 +323,14 @@ class KafkaStreams:
                 existing = await admin.partition_counts(source + sink)
                 if all(t in existing for t in source) and (internal or self.topology.store_names):
                     wanted = self.topology.internal_topics(existing)
+                    # aiokafka cannot ask for the broker's default (-1): unset means 1.
                     await admin.create_topics({t: n for t, (n, _) in wanted.items()},
                                               replication if replication > 0 else 1,
                                               configs={t: c for t, (_, c) in wanted.items()})
+                    found = await admin.partition_counts(list(wanted))
+                    wrong = {t: (n, found.get(t)) for t, (n, _) in wanted.items() if found.get(t) != n}
+                    if wrong:
+                        raise InternalTopicError(wrong)
                 return existing
             finally:
                 await admin.close()

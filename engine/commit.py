@@ -36,6 +36,8 @@ class Committer:
         self._log = logger
         self._last_commit = clock_ms()
         self.commits = 0
+        # Set when the last commit timed out (and will be retried): a closing task is then dirty.
+        self.timed_out = False
         # Set when output was lost to a producer timeout: the thread must revive its tasks.
         self.producer_failed: BaseException | None = None
 
@@ -58,6 +60,7 @@ class Committer:
         """
         tasks = list(tasks)
         self._last_commit = self._clock_ms()
+        self.timed_out = False
         for task in tasks:
             # State updates held in the record caches go down first, so that no offset is
             # committed without its updates on the changelog.
@@ -84,6 +87,7 @@ class Committer:
         except Exception as exc:
             if not is_timeout(exc):
                 raise
+            self.timed_out = True
             if isinstance(exc, ProduceError):
                 self.producer_failed = exc
             # One call covered every task: each one's timer starts (KIP-572); retry after the back-off.
@@ -95,7 +99,6 @@ class Committer:
             task.mark_committed(task_offsets)
         self._clear_commit_timers(tasks)
         self.commits += 1
-        await self.checkpoint([t for t in tasks if t.state_manager is not None and t.state_manager.checkpoint_due()])
         self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
         return len(offsets)
 

@@ -143,7 +143,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(DEFAULT_KEY_SERDE, object, None, "Serde for keys where the topology names none (bytes)."),
     ConfigKey(DEFAULT_VALUE_SERDE, object, None, "Serde for values where the topology names none (bytes)."),
     ConfigKey(REPLICATION_FACTOR, int, -1,
-              "Replication factor of internal topics (-1: the broker default).", _at_least(-1)),
+              "Replication factor of the internal (repartition, changelog) topics the engine creates; "
+              "-1 creates them with 1 (aiokafka cannot ask for the broker's default): set it to 3 on a "
+              "production cluster.", _at_least(-1)),
     ConfigKey(STATE_DIR, str, os.path.join(tempfile.gettempdir(), "streamloop"),
               "Directory for local state: persistent stores and checkpoints under <application.id>/<task id>/."),
     ConfigKey(DEFAULT_DSL_STORE, str, "rocksDB",

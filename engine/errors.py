@@ -10,6 +10,7 @@
     ├── MissingSinkTopicError        sink topics do not exist (names them)
     ├── SparkUnavailableError        a Spark stage is used without pyspark/pyarrow installed
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
+    ├── InternalTopicError           a repartition or changelog topic has the wrong partition count
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
     ├── MissingExtraError            a feature needs an optional extra that is not installed (names it)
@@ -164,6 +165,18 @@ class TaskTimeoutError(TaskError):
         super().__init__(message, task_id)
         self.timeout_ms = timeout_ms
         self.what = what
+
+
+class InternalTopicError(StreamsError):
+    """An internal topic (repartition or changelog) exists with the wrong number of partitions."""
+
+    def __init__(self, wrong: dict[str, tuple[int, int | None]]) -> None:
+        self.topics = dict(sorted(wrong.items()))
+        listed = "; ".join(f"'{t}' has {found} partitions, expected {expected}"
+                           for t, (expected, found) in self.topics.items())
+        super().__init__(f"Internal topics do not fit the topology: {listed}. Delete them (or reset the "
+                         "application) so that they are created again, or give the source topics back "
+                         "their partition count.")
 
 
 class StateStoreError(StreamsError):

@@ -50,8 +50,9 @@ class AggregateProcessor(_TableProcessor):
         self.aggregator = aggregator
 
     def process(self, record: Record) -> None:
-        if record.key is None:
-            self._drop(record, "it has no key")
+        if record.key is None or record.value is None:
+            # As in Kafka Streams: aggregations ignore records without a key or a value.
+            self._drop(record, "it has no key" if record.key is None else "it has no value")
             return
         store: KeyValueStore = self.store
         old = store.get(record.key)
@@ -84,8 +85,8 @@ class WindowedAggregateProcessor(_TableProcessor):
         self.observed_time = -1
 
     def process(self, record: Record) -> None:
-        if record.key is None:
-            self._drop(record, "it has no key")
+        if record.key is None or record.value is None:
+            self._drop(record, "it has no key" if record.key is None else "it has no value")
             return
         if record.timestamp < 0:
             self._drop(record, f"its timestamp {record.timestamp} is negative")

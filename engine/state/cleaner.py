@@ -67,6 +67,11 @@ class StateDirCleaner:
                 continue
             since = self._unowned_since.setdefault(entry, now)
             if now - since >= self.delay_s:
+                # Asked again right before deleting: a task may have been assigned meanwhile.
+                latest = self._owned()
+                if latest is None or entry in latest:
+                    self._unowned_since.pop(entry, None)
+                    continue
                 path = os.path.join(self.directory, entry)
                 log.info("Deleting the state of task %s: no local thread has owned it for %.0f ms (%s)",
                          entry, (now - since) * 1000, path)

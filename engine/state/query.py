@@ -24,7 +24,8 @@ class ReadOnlyKeyValueStore:
         self._stores = stores
 
     def _instances(self) -> list[KeyValueStore]:
-        return [s for s in self._stores() if isinstance(s, KeyValueStore)]
+        # A store closing (its task moving away) is left out rather than read half-closed.
+        return [s for s in self._stores() if isinstance(s, KeyValueStore) and s.open]
 
     def get(self, key: Any) -> Any:
         """The key's value (None if no local task has it)."""
@@ -59,7 +60,7 @@ class ReadOnlyWindowStore:
         self._stores = stores
 
     def _instances(self) -> list[WindowStore]:
-        return [s for s in self._stores() if isinstance(s, WindowStore)]
+        return [s for s in self._stores() if isinstance(s, WindowStore) and s.open]
 
     def fetch(self, key: Any, window_start: int) -> Any:
         for store in self._instances():

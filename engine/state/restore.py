@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from engine.records import TopicPartition
 from engine.state.changelog import decode_source
@@ -20,6 +20,17 @@ from engine.state.store import StateStore
 from engine.transport.base import Consumer
 
 log = logging.getLogger(__name__)
+
+class ProcessedInput(NamedTuple):
+    """Which records of an input partition will not be processed again: those below ``offset``
+    and, with records in flight, the ``done`` ones above it (from the commit metadata)."""
+
+    offset: int
+    done: frozenset[int]
+
+    def covers(self, offset: int) -> bool:
+        return offset < self.offset or offset in self.done
+
 
 class StateRestoreListener(Protocol):
     """Told about each store restore (Kafka Streams' ``StateRestoreListener``); runs on the stream thread."""
@@ -37,7 +48,7 @@ async def restore_store(
     start: int,
     end: int,
     reader_factory: Callable[[], Consumer],
-    committed: Mapping[str, int],
+    committed: Mapping[str, ProcessedInput],
     listener: StateRestoreListener | None,
     poll_ms: int = 100,
 ) -> int:
@@ -60,7 +71,8 @@ async def restore_store(
                     if record.offset >= end:
                         break
                     source = decode_source(record.headers)
-                    if source is None or source[1] < committed.get(source[0], 1 << 62):
+                    processed = None if source is None else committed.get(source[0])
+                    if processed is None or processed.covers(source[1]):  # type: ignore[index]
                         put(record.key, record.value)  # type: ignore[arg-type]
                         count += 1
                     position = record.offset + 1

@@ -23,16 +23,13 @@ from engine.state import checkpoint
 from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore, StoreLockedError
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Append, Changelogger, changelog_topic
-from engine.state.restore import StateRestoreListener, restore_store
+from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
 from engine.state.store import KeyValueStore, Source, StateStore, WindowStore
 from engine.state.stores import StoreBuilder, StoreType
+from engine.tasks.in_flight import decode_completed
 from engine.transport.base import Consumer
 
 log = logging.getLogger(__name__)
-
-# Changelog records written since the last checkpoint before a commit writes a new one.
-CHECKPOINT_AFTER_WRITES = 10_000
-
 
 @dataclass
 class StateSettings:
@@ -69,7 +66,6 @@ class TaskStateManager:
         self.stores: dict[str, StateStore] = {}
         self.changelogs: dict[str, TopicPartition] = {}
         self.restored = 0
-        self._writes_at_checkpoint = 0
         try:
             for builder in builders:
                 self.stores[builder.name] = self._open(
@@ -119,20 +115,31 @@ class TaskStateManager:
 
     # -- restore ---------------------------------------------------------------------
     async def restore(self, consumer: Consumer, reader_factory: Callable[[], Consumer],
-                      inputs: Iterable[TopicPartition], listener: StateRestoreListener | None) -> int:
-        """Bring every logged store up to its changelog's end; returns the updates applied."""
+                      inputs: Iterable[TopicPartition], listener: StateRestoreListener | None,
+                      first_buffered: Callable[[TopicPartition], int | None] = lambda _tp: None) -> int:
+        """Bring every logged store up to its changelog's end; returns the updates applied.
+
+        ``first_buffered(tp)`` is the offset of the first record already fetched for the
+        task, if any: where processing starts when nothing is committed yet.
+        """
         await self._open_stores()
         if not self.changelogs:
             return 0
         offsets = checkpoint.read(self.directory) if self.persistent else {}
         ends = await consumer.end_offsets(list(self.changelogs.values()))
-        committed: dict[str, int] = {}
+        committed: dict[str, ProcessedInput] = {}
         for tp in inputs:
             om = await consumer.committed(tp)
             if om is not None:
-                committed[tp.topic] = om.offset
-            else:
-                committed[tp.topic] = 0
+                done = decode_completed(om.offset, om.metadata) if om.metadata else set()
+                committed[tp.topic] = ProcessedInput(om.offset, frozenset(done))
+                continue
+            # Nothing committed: processing starts at the reset position (auto.offset.reset);
+            # an update from a record before it will not be made again, so it is applied.
+            start = first_buffered(tp)
+            if start is None:
+                start = await consumer.position(tp)
+            committed[tp.topic] = ProcessedInput(start, frozenset())
         total = 0
         for name, tp in self.changelogs.items():
             store = self.stores[name]
@@ -175,12 +182,10 @@ class TaskStateManager:
                 store.expire()
         return flushed
 
-    def checkpoint_due(self) -> bool:
-        writes = sum(s.writes for s in self.stores.values())
-        return self.persistent and bool(self.changelogs) and writes - self._writes_at_checkpoint >= CHECKPOINT_AFTER_WRITES
-
     async def write_checkpoint(self, end_offsets: Mapping[TopicPartition, int]) -> None:
-        """After a commit: the persistent stores hold everything up to these changelog offsets."""
+        """After the last commit of a clean close: the persistent stores hold everything up to
+        these changelog offsets, and nothing more. (Never while the task runs: its local state
+        moves ahead of the commit, and a kill must then lead to a full restore.)"""
         if not self.persistent:
             return
         for store in self.stores.values():
@@ -188,18 +193,18 @@ class TaskStateManager:
         offsets = {tp: end_offsets[tp] for name, tp in self.changelogs.items()
                    if self.stores[name].persistent and tp in end_offsets}
         checkpoint.write(self.directory, offsets)
-        self._writes_at_checkpoint = sum(s.writes for s in self.stores.values())
 
     # -- close --------------------------------------------------------------------
     def close(self, clean: bool) -> None:
         """Close every store. After a dirty close the local state may be ahead of the commit: no checkpoint."""
+        if not clean:
+            # Before the stores close: a thread waiting for their locks must not find it.
+            checkpoint.remove(self.directory)
         for store in self.stores.values():
             try:
                 store.close()
             except Exception:  # noqa: BLE001 - one store failing to close must not keep the others open
                 self._log.exception("Error closing store '%s'", store.name)
-        if not clean:
-            checkpoint.remove(self.directory)
 
     def wipe(self) -> None:
         """Delete the task's local state (after a corrupted store or under exactly-once)."""

@@ -49,9 +49,12 @@ class TimeWindows:
 
     def windows_for(self, timestamp: int) -> list[int]:
         """Starts of the windows that contain ``timestamp``, oldest first."""
-        last = timestamp - timestamp % self.advance_ms
-        first = max(0, last - self.size_ms + self.advance_ms)
-        return list(range(first, last + 1, self.advance_ms))
+        advance = self.advance_ms
+        last = timestamp - timestamp % advance
+        # The oldest window still containing ``timestamp``: its start is on the advance grid.
+        earliest = max(0, timestamp - self.size_ms + 1)
+        first = -(-earliest // advance) * advance
+        return list(range(first, last + 1, advance))
 
     @property
     def retention_ms(self) -> int:

@@ -151,7 +151,8 @@ class TaskManager:
             listener = self._state.restore_listener if self._state is not None else None
             reader_factory = self._state.reader_factory if self._state is not None else None
             inputs = sorted(partitions)
-            task.restore = lambda: state.restore(self._consumer, reader_factory, inputs, listener)  # type: ignore[arg-type]
+            task.restore = lambda: state.restore(
+                self._consumer, reader_factory, inputs, listener, task.first_buffered_offset)  # type: ignore[arg-type]
         if isinstance(collector, HeldCollector):
             task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
         task.errors = self._errors
@@ -237,20 +238,29 @@ class TaskManager:
                 clean = False
                 if task.cancel_scope is not None:
                     task.cancel_scope.cancel()
-        if clean:
-            try:
-                await self._committer.commit(tasks)
-                await self._committer.checkpoint(tasks)
-            except CommitFailedError:
-                clean = False  # the new owner starts from the last successful commit
-        for task in tasks:
-            task.close(clean)
-            self.closed_processed += task.processed
-            self.closed_timeouts += task.timeouts
-            self.tasks.pop(task.id, None)
-            for tp in task.partitions:
-                self._by_partition.pop(tp, None)
-                self._backpressured.discard(tp)
+        try:
+            if clean:
+                try:
+                    await self._committer.commit(tasks)
+                    if self._committer.timed_out:
+                        clean = False  # nothing of it is committed: the tasks' state is ahead
+                    else:
+                        await self._committer.checkpoint(tasks)
+                except CommitFailedError:
+                    clean = False  # the new owner starts from the last successful commit
+                except BaseException:
+                    clean = False
+                    raise
+        finally:
+            # Whatever the commit did, the stores close (and release their files) here.
+            for task in tasks:
+                task.close(clean)
+                self.closed_processed += task.processed
+                self.closed_timeouts += task.timeouts
+                self.tasks.pop(task.id, None)
+                for tp in task.partitions:
+                    self._by_partition.pop(tp, None)
+                    self._backpressured.discard(tp)
         self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
 
     async def shutdown(self, clean: bool, timeout: float) -> None:

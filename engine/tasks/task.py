@@ -417,6 +417,11 @@ class StreamTask:
         lowest = self.window.lowest_in_flight(tp) if self.window is not None else None
         return offset if lowest is None else min(offset, lowest)
 
+    def first_buffered_offset(self, partition: TopicPartition) -> int | None:
+        """The offset of the first fetched record waiting in ``partition``'s queue, if any."""
+        queue = self._queues.get(partition)
+        return queue[0].offset if queue else None
+
     def position(self, partition: TopicPartition) -> int | None:
         """The next offset to process on ``partition``, once one was processed (or failed)."""
         return self._next_offsets.get(partition)

@@ -58,8 +58,8 @@ class KGroupedStream:
         """``reducer(aggregate, value)`` over each key's values; the first value starts it."""
         _sync(reducer, "reduce()")
         store = self._builder._store_name(materialized, "KSTREAM-REDUCE-STATE-STORE")
-        return self._table(store, materialized, None, lambda: ReduceProcessor(store, reducer), "KSTREAM-REDUCE",
-                           name)
+        return self._table(store, materialized, self._value_serde, lambda: ReduceProcessor(store, reducer),
+                           "KSTREAM-REDUCE", name)
 
     def aggregate(self, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any], *,
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
@@ -117,7 +117,8 @@ class TimeWindowedKStream:
                name: str | None = None) -> KTable:
         _sync(reducer, "reduce()")
         return self._aggregate("reduce", lambda: None,
-                               lambda _k, v, agg: v if agg is None else reducer(agg, v), materialized, name, None)
+                               lambda _k, v, agg: v if agg is None else reducer(agg, v), materialized, name,
+                               self._grouped._value_serde)
 
     def _aggregate(self, what: str, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any],
                    materialized: Materialized | str | None, name: str | None,
@@ -173,6 +174,10 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
     _sync(joiner, "join()")
     if not isinstance(table, KTable):
         raise TopologyError(f"join() needs a KTable, got {table!r}")
+    if stream._key_changed:
+        # The table's records of a key are in the task of the key's partition: bring the
+        # stream's records there too, as Kafka Streams does before a join.
+        stream = stream._repartition(stream._key_serde, stream._value_serde)
     builder = stream._builder
     node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
     store = table.queryable_store_name

@@ -7,6 +7,7 @@ moving to another client, with a repartition, and queryable while running.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
 from typing import Any
@@ -14,14 +15,14 @@ from typing import Any
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import InvalidStateStoreError
+from engine.errors import ConfigError, InternalTopicError, InvalidStateStoreError
 from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
 from engine.state import Materialized, TimeWindows
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, committed_position
 
 pytestmark = pytest.mark.asyncio
 
@@ -309,3 +310,69 @@ async def test_restore_and_cache_metrics(cluster: Cluster, names, tmp_path) -> N
         await eventually_async(lambda: restored() == len(records), timeout=30, what="30 updates restored")
         cache = [m.value for m in streams.metrics() if m.name == "record-cache-bytes"]
         assert len(cache) == 1 and cache[0] >= 0
+
+
+async def test_two_clients_of_one_application_cannot_share_a_state_dir(cluster: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    one = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(tmp_path))
+    two = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(tmp_path))
+    async with one:
+        with pytest.raises(ConfigError, match="state.dir.*in use by another client"):
+            await two.start_async()
+    async with two:  # free again once the first closed
+        assert await two.wait_for_state_async(ClientState.RUNNING, timeout=30)
+
+
+async def test_an_internal_topic_with_the_wrong_partition_count_is_refused_at_start(cluster: Cluster, names,
+                                                                                   tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 2, sink: 2, f"{names.app}-counts-changelog": 1})
+    streams = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(tmp_path))
+    with pytest.raises(InternalTopicError, match=r"'.*-counts-changelog' has 1 partitions, expected 2"):
+        await streams.start_async()
+
+
+async def test_updates_of_records_done_in_flight_survive_a_crash(cluster: Cluster, names, tmp_path) -> None:
+    """With records in flight a commit lists records done above the watermark; after a crash they
+    are not processed again, so their store updates must come back from the changelog."""
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [("J", "stuck")] + [("K", f"v{i}") for i in range(1, 6)], STR, STR,
+                          partitions=1)
+    release, crash = asyncio.Event(), [True]
+
+    def topology() -> Any:
+        async def work(value: str) -> str:
+            if value == "stuck":
+                await release.wait()
+                if crash[0]:
+                    raise RuntimeError("crash while a record is in flight")
+            return value
+
+        builder = StreamsBuilder()
+        (builder.stream(source, key_serde=STR, value_serde=STR).map_values(work)
+                .group_by_key().count(materialized=Materialized("counts", persistent=False))
+                .to_stream().to(sink, key_serde=STR, value_serde=LONG))
+        return builder.build()
+
+    tp = TopicPartition(source, 0)
+    first = make_streams(topology(), cluster.bootstrap, names.app, state_dir=str(tmp_path),
+                         num_threads_per_task=8, processing_ordering="unordered")
+    loop = asyncio.get_running_loop()
+    async with first:
+        async def done_above_watermark() -> bool:
+            position = await committed_position(cluster, names.app, tp)
+            return position is not None and position[0] == 0 and position[1].startswith("sl1:")
+        await eventually_async(done_above_watermark, timeout=30, what="a commit at 0 listing 1..5 as done")
+        loop.call_soon_threadsafe(release.set)  # the stuck record fails: the thread dies
+        assert await first.wait_for_state_async(ClientState.ERROR, timeout=30)
+    crash[0] = False
+    release = asyncio.Event()
+    release.set()
+    async with make_streams(topology(), cluster.bootstrap, names.app, state_dir=str(tmp_path),
+                            num_threads_per_task=8, processing_ordering="unordered") as second:
+        async def counted() -> bool:
+            store = second.store("counts")
+            return store.get("K") == 5 and store.get("J") == 1
+        await eventually_async(counted, timeout=30, what="K counted 5 times, J once")

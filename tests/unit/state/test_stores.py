@@ -141,3 +141,10 @@ def test_checkpoint_round_trip_and_corrupt_file_reads_as_missing(tmp_path) -> No
     assert checkpoint.read(str(tmp_path)) == {}
     checkpoint.remove(str(tmp_path))
     assert checkpoint.read(str(tmp_path)) == {}
+
+
+def test_restore_applies_updates_of_records_that_will_not_be_processed_again() -> None:
+    from engine.state.restore import ProcessedInput
+
+    committed = ProcessedInput(10, frozenset({12, 15}))
+    assert [o for o in range(8, 17) if committed.covers(o)] == [8, 9, 12, 15]

@@ -129,3 +129,39 @@ def test_cleaner_deletes_unowned_task_dirs_after_the_delay_and_only_while_thread
     now[0] = 6.0
     assert cleaner.clean_once() == ["0_1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0_0", "1_0"]
+
+
+def test_hopping_windows_whose_size_is_not_a_multiple_of_the_advance() -> None:
+    windows = TimeWindows.of_size_with_no_grace(10).advance_by(3)
+    assert windows.windows_for(11) == [3, 6, 9]  # [3,13) [6,16) [9,19); [0,10) ended before 11
+    assert windows.windows_for(12) == [3, 6, 9, 12]
+
+
+def test_a_join_after_a_key_change_repartitions_the_stream() -> None:
+    builder = StreamsBuilder()
+    users = builder.table("users", materialized="users")
+    builder.stream("clicks").select_key(lambda _k, v: v).join(users, lambda c, u: (c, u)).to("out")
+    topology = builder.build()
+    topology.set_application_id("app")
+    assert len(topology.repartition_topics()) == 1
+    joined = topology.subtopology_of_store("users")
+    assert set(joined.source_topics) == {"users", topology.repartition_topics()[0]}
+
+
+def test_aggregations_ignore_records_without_a_value_and_reduce_keeps_the_grouped_serde() -> None:
+    from engine.serdes import LongSerde
+    from engine.testing import TopologyTestDriver
+
+    builder = StreamsBuilder()
+    grouped = builder.stream("in", key_serde=StringSerde(), value_serde=StringSerde()).group_by_key()
+    grouped.count(materialized="counts").to_stream().to("counts", key_serde=StringSerde(), value_serde=LongSerde())
+    grouped.reduce(lambda a, b: a + b, materialized="joined").to_stream().to("joined", key_serde=StringSerde(),
+                                                                              value_serde=StringSerde())
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", StringSerde(), StringSerde())
+        counts = driver.create_output_topic("counts", StringSerde(), LongSerde())
+        joined = driver.create_output_topic("joined", StringSerde(), StringSerde())
+        for value in ["a", None, "b", None]:
+            source.pipe_input("k", value)
+        assert counts.read_key_values() == [("k", 1), ("k", 2)]
+        assert joined.read_key_values() == [("k", "a"), ("k", "ab")]
