@@ -1,0 +1,195 @@
+"""``processing.guarantee = exactly_once_v2`` on real Kafka.
+
+The memory broker models no transactions, so exactly-once there is a ConfigError
+(tested in tests/unit/test_exactly_once_config.py). Every check here reads the
+output with a ``read_committed`` reader: a record of an aborted transaction must
+never be seen, and each input's effect must be there exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from engine import StreamsBuilder
+from engine.errors import ConfigError
+from engine.records import ConsumerRecord, TopicPartition
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from engine.state import Materialized
+from engine.testing import eventually_async
+from handlers import StreamThreadExceptionResponse
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
+
+STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
+EOS = {"processing_guarantee": "exactly_once_v2"}
+
+
+@pytest.fixture
+def kafka(kafka_bootstrap: str) -> Cluster:
+    from engine.transport import open_transport
+
+    return Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
+
+
+async def read_committed(cluster: Cluster, topic: str) -> list[ConsumerRecord]:
+    """Every committed record of ``topic`` up to its last stable offset, in offset order per partition."""
+    counts = await cluster.partition_counts([topic])
+    reader = cluster.transport.reader("eos-test-reader", read_committed=True)
+    await reader.start()
+    tps = [TopicPartition(topic, p) for p in range(counts[topic])]
+    reader.assign(tps)
+    for tp in tps:
+        reader.seek(tp, 0)
+    result: list[ConsumerRecord] = []
+    try:
+        ends = await reader.end_offsets(tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        pending = {tp for tp in tps if ends[tp] > 0}
+        while pending:
+            if loop.time() > deadline:
+                raise TimeoutError(f"Could not read {topic} up to {ends}")
+            batch = await reader.poll(200, 10_000)
+            for records in batch.values():
+                result.extend(records)
+            # Transaction markers take offsets too: the reader's position says where it is.
+            pending = {tp for tp in pending if await reader.position(tp) < ends[tp]}
+    finally:
+        await reader.close()
+    return result
+
+
+def count_topology(source: str, sink: str, fail_on: set[str] | None = None) -> Any:
+    """Counts per key; a value in ``fail_on`` makes the thread die once (the handler replaces it)."""
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=STR, value_serde=STR)
+    if fail_on:
+        failed: set[str] = set()
+
+        def maybe_fail(value: str) -> str:
+            if value in fail_on and value not in failed:
+                failed.add(value)
+                raise RuntimeError(f"injected failure at {value}")
+            return value
+
+        stream = stream.map_values(maybe_fail)
+    (stream.group_by_key(key_serde=STR)
+           .count(materialized=Materialized("counts"))
+           .to_stream()
+           .to(sink, key_serde=STR, value_serde=LONG))
+    return builder.build()
+
+
+def assert_counts_exactly_once(output: list[ConsumerRecord], expected: Counter[str]) -> None:
+    """Without a cache every input is one update: per key the counts are 1, 2, … n, each once."""
+    per_key: dict[str, list[int]] = {}
+    for record in sorted(output, key=lambda r: (r.partition, r.offset)):
+        per_key.setdefault(STR.deserialize(record.key), []).append(LONG.deserialize(record.value))
+    assert {k: v[-1] for k, v in per_key.items()} == dict(expected)
+    for key, counts in per_key.items():
+        assert counts == list(range(1, expected[key] + 1)), f"key {key}: {counts[:50]}"
+
+
+async def wait_for_counts(cluster: Cluster, sink: str, expected: Counter[str], timeout: float = 90) -> None:
+    latest: dict[str, int] = {}
+
+    async def done() -> bool:
+        latest.clear()
+        for record in await read_committed(cluster, sink):
+            latest[STR.deserialize(record.key)] = LONG.deserialize(record.value)
+        return latest == dict(expected)
+
+    try:
+        await eventually_async(done, timeout, f"counts {dict(expected)}")
+    except TimeoutError as exc:
+        raise AssertionError(f"last counts {latest} != {dict(expected)}") from exc
+
+
+def keyed(start: int, n: int, keys: int = 5) -> list[tuple[str, str]]:
+    return [(f"k{i % keys}", f"v{i}") for i in range(start, start + n)]
+
+
+async def test_count_with_thread_deaths_at_random_points_is_exactly_once(kafka: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 2, sink: 2})
+    rng = random.Random(12)
+    records = keyed(0, 600)
+    fail_on = {f"v{i}" for i in rng.sample(range(600), 4)}
+    streams = make_streams(count_topology(source, sink, fail_on), kafka.bootstrap, names.app,
+                           state_dir=str(tmp_path), cache_max_bytes_buffering=0, num_stream_threads=2,
+                           **EOS)
+    streams.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.REPLACE_THREAD)
+    async with streams:
+        for start in range(0, 600, 100):  # records keep flowing while threads die and are replaced
+            await kafka.produce(source, records[start:start + 100], STR, STR, partitions=2)
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in records))
+        assert streams.metric("failed-stream-threads") == 4
+    output = await read_committed(kafka, sink)
+    assert_counts_exactly_once(output, Counter(k for k, _ in records))
+
+
+async def test_adding_and_removing_threads_while_records_flow(kafka: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("out")
+    await kafka.create_topics({source: 4, sink: 4})
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(lambda value: {"n": value["n"]})
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path), **EOS)
+    total = 0
+    async with streams:
+        for step in ("add", "add", "remove", "add", "remove", "remove"):
+            batch = [(i, {"n": i}) for i in range(total, total + 150)]
+            await kafka.produce(source, batch, INT, JSON, partitions=4)
+            total += len(batch)
+            if step == "add":
+                assert await streams.add_stream_thread_async() is not None
+            else:
+                assert await streams.remove_stream_thread_async(timeout=30) is not None
+
+        async def all_out() -> bool:
+            return len(await read_committed(kafka, sink)) >= total
+        await eventually_async(all_out, 90, f"{total} records out")
+    seen = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
+    assert set(seen) == set(range(total))
+    assert [n for n, c in seen.items() if c > 1] == []
+
+
+async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, tmp_path) -> None:
+    """A second instance takes a task over while the first still runs it: the first one's producer is
+    fenced (its commit fails), it closes its tasks dirty and rejoins; no output is duplicated."""
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 1, sink: 1})
+    first = keyed(0, 200)
+    await kafka.produce(source, first, STR, STR, partitions=1)
+    one = make_streams(count_topology(source, sink), kafka.bootstrap, names.app, state_dir=str(tmp_path / "one"),
+                       cache_max_bytes_buffering=0, **EOS)
+    async with one:
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in first))
+        # A stranger initialises the task's transactional.id, as a new owner would.
+        zombie_killer = kafka.transport.producer(_settings(f"{names.app}-0_0"))
+        await zombie_killer.start()
+        await zombie_killer.close()
+        second = keyed(200, 100)
+        await kafka.produce(source, second, STR, STR, partitions=1)
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in first + second))
+    assert_counts_exactly_once(await read_committed(kafka, sink), Counter(k for k, _ in first + second))
+    assert await committed_offset(kafka, names.app, TopicPartition(source, 0)) == 300
+
+
+def _settings(transactional_id: str) -> Any:
+    from engine.transport.base import ProducerSettings
+
+    return ProducerSettings(client_id="fencer", transactional_id=transactional_id)
+
+
+async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> None:
+    with pytest.raises(ConfigError, match="processing.guarantee.*memory"):
+        make_streams(count_topology("a", "b"), "memory://eos", names.app, **EOS)
