@@ -1068,7 +1068,15 @@ class KafkaProducer:
         self._open = {}
         self._ready = []
         if producer is not None:
-            await producer.stop()
+            try:
+                await producer.stop()
+            finally:
+                if self._transactional:
+                    # A fenced or failed transaction leaves its waiter failed and unawaited; asyncio
+                    # would log "Future exception was never retrieved" when it is collected.
+                    waiter = getattr(producer._txn_manager, "_transaction_waiter", None)
+                    if waiter is not None and waiter.done() and not waiter.cancelled():
+                        waiter.exception()
 
 
 # -- admin ------------------------------------------------------------------------------

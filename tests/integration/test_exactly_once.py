@@ -193,3 +193,56 @@ def _settings(transactional_id: str) -> Any:
 async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> None:
     with pytest.raises(ConfigError, match="processing.guarantee.*memory"):
         make_streams(count_topology("a", "b"), "memory://eos", names.app, **EOS)
+
+
+@pytest.mark.timeout(240)
+async def test_sigkill_mid_stream_then_restart_duplicates_nothing(kafka: Cluster, names) -> None:
+    """The whole process dies with SIGKILL (no abort, no leave-group); the restarted instance's
+    producers fence the dead one's transactions. A read_committed reader sees every input once."""
+    import json
+    import os
+    import signal
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    source, sink = names("in"), names("out")
+    await kafka.create_topics({source: 2, sink: 2})
+    records = [(i, {"n": i}) for i in range(3000)]
+    await kafka.produce(source, records, INT, JSON, partitions=2)
+    root = Path(__file__).resolve().parents[2]
+    kill_after = random.Random(7).randrange(300, 1500)
+    with tempfile.TemporaryFile() as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.app_process", "--bootstrap", kafka.bootstrap,
+            "--application-id", names.app, "--source", source, "--sink", sink, "--exactly-once",
+            cwd=root, stdout=asyncio.subprocess.PIPE, stderr=stderr)
+        try:
+            seen = 0
+            assert process.stdout is not None
+            while seen < kill_after:  # the app prints a line per record it processes
+                line = await asyncio.wait_for(process.stdout.readline(), 90)
+                if not line:
+                    stderr.seek(0)
+                    pytest.fail(f"the app processed {seen} records, then stopped:\n"
+                                f"{stderr.read().decode(errors='replace')[-3000:]}")
+                if json.loads(line)["event"] == "processed":
+                    seen += 1
+            os.kill(process.pid, signal.SIGKILL)  # mid-transaction: no abort, no commit, no leave-group
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(lambda value: {"n": value["n"]})
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_streams(builder.build(), kafka.bootstrap, names.app, **EOS):
+        async def complete() -> bool:
+            return len(await read_committed(kafka, sink)) >= len(records)
+
+        await eventually_async(complete, 120, "every input record in the committed output after the restart")
+    seen_n = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
+    assert set(seen_n) == {v["n"] for _, v in records}
+    assert [n for n, c in seen_n.items() if c > 1] == []

@@ -1,7 +1,7 @@
 """Run one streams client in its own process, for tests that need several processes.
 
     python -m tests.support.app_process --bootstrap HOST:PORT --application-id APP \\
-        --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION]
+        --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION] [--exactly-once]
 
 The app reads int keys and JSON values ``{"n": int}`` from ``--source`` and writes
 ``{"n": n}`` to ``--sink``; a value with ``"poison": true`` makes it raise, every
@@ -56,6 +56,8 @@ def build(args: argparse.Namespace) -> KafkaStreams:
             .map_values(lambda value: {"n": value["n"]})
             .to(args.sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
     config = streams_config(args.bootstrap, args.application_id, num_stream_threads=args.threads)
+    if args.exactly_once:
+        config["processing.guarantee"] = "exactly_once_v2"
     streams = KafkaStreams(builder.build(), config)
     response = StreamThreadExceptionResponse[args.response]
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--exactly-once", action="store_true", help="processing.guarantee=exactly_once_v2")
     parser.add_argument("--response", default="SHUTDOWN_APPLICATION",
                         choices=[r.name for r in StreamThreadExceptionResponse])
     args = parser.parse_args(argv)
