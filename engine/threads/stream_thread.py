@@ -581,6 +581,11 @@ class StreamThread:
             self._shutdown_requested.set()
             self._on_shutdown_requested(self)
             return
+        if not self.state.state.is_alive() or self._shutdown_requested.is_set():
+            # As Kafka Streams: a thread on its way out (its consumer may be closing, which can still
+            # complete a rebalance) creates no tasks; they would restore through a closed consumer.
+            self.log.debug("Skipping task creation: the thread is shutting down")
+            return
         if self._manager is not None:
             self.log.info("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             self._manager.handle_assignment(assigned)
