@@ -72,6 +72,22 @@ Timeouts
     reach the engine wrapped (``ProduceError``, ``TransportError``) with the
     aiokafka exception as ``__cause__``; :func:`is_timeout` tells them apart.
 
+Transactions (exactly-once)
+    With ``ProducerSettings.transactional_id`` the aiokafka producer is
+    transactional: ``start`` sends InitProducerId (fencing older producers of
+    the id and aborting their open transaction), a transaction begins with the
+    first batch handed over, and ``commit_transaction`` flushes, sends
+    AddOffsetsToTxn + TxnOffsetCommit and EndTxn. aiokafka 0.14 sends
+    TxnOffsetCommit **v0**: group id, transactional id, producer id and epoch,
+    offsets — no generation id, member id or group instance id, so the group
+    coordinator cannot fence a zombie member (KIP-447); only the
+    transactional.id fences. aiokafka sends EndTxn without waiting for batches
+    in flight, so ``commit_transaction`` waits for every ack first and
+    ``abort_transaction`` waits for them (bounded) too. It also waits for the
+    end of a transaction without a deadline: both calls are bounded by
+    ``request_timeout_ms`` here. Fencing (ProducerFenced, InvalidProducerEpoch,
+    TransactionCoordinatorFenced) surfaces as ``ProducerFencedError``.
+
 Topic auto-creation
     aiokafka's own metadata requests (consumer and producer) allow broker-side
     auto-creation. :meth:`KafkaAdmin.partition_counts` never asks for a topic
@@ -1043,8 +1059,13 @@ class KafkaProducer:
         manager = producer._txn_manager
         if not manager.is_in_transaction() and manager.state.name != "ABORTABLE_ERROR":
             return  # nothing open, or fenced/failed for good: closing is all that is left
+        timeout = self._settings.request_timeout_ms / 1000
+        if self._pending:
+            # aiokafka sends EndTxn without waiting for batches in flight: let them land first, so
+            # the abort marker follows every record of the transaction.
+            await asyncio.wait(list(self._pending), timeout=timeout)
         try:
-            await asyncio.wait_for(producer.abort_transaction(), self._settings.request_timeout_ms / 1000)
+            await asyncio.wait_for(producer.abort_transaction(), timeout)
         except Exception as exc:
             raise self._transaction_error(exc, "aborting the transaction") from exc
 
