@@ -3,8 +3,9 @@ at_least_once, same run, same data, with the ratio.
 
 On a real broker (started here unless ``--bootstrap`` is given): N records on 4
 partitions, one stream thread. Stateless: ``map_values`` to a sink; stateful:
-``group_by_key().count()`` with the record cache on. A run ends when the sink
-(stateless) or the store (stateful) has everything. Rounds alternate the two
+``group_by_key().count()`` with the record cache on. Throughput is measured from
+the first record the pipeline sees to the last (group join and restore left out,
+as in ``stateless_pipeline.py``); the commits in between are paid for. Rounds alternate the two
 guarantees; the figure is the median. Under exactly-once ``commit.interval.ms``
 keeps its default of 100 ms (a transaction per task per 100 ms); at-least-once
 keeps its 30 s.
@@ -35,21 +36,35 @@ STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
 GUARANTEES = ("at_least_once", "exactly_once_v2")
 
 
-def stateless(source: str, sink: str, done: list[int]):
-    def double(value: dict) -> dict:
-        done[0] += 1
-        return {"n": value["n"], "double": value["n"] * 2}
+class Progress:
+    """Counts records seen by the pipeline, with the times of the first and the last one."""
 
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    def __call__(self, _key: object, _value: object) -> None:
+        now = time.perf_counter()
+        if self.count == 0:
+            self.first = now
+        self.count += 1
+        self.last = now
+
+
+def stateless(source: str, sink: str, progress: Progress):
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .map_values(double)
+            .peek(progress)
+            .map_values(lambda value: {"n": value["n"], "double": value["n"] * 2})
             .to(sink, key_serde=INT, value_serde=JSON))
     return builder.build()
 
 
-def stateful(source: str, sink: str):
+def stateful(source: str, sink: str, progress: Progress):
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .peek(progress)
             .group_by_key()
             .count(materialized=Materialized("counts", persistent=False))
             .to_stream()
@@ -65,25 +80,20 @@ async def run_once(bootstrap: str, cluster: Cluster, source: str, records: int, 
     config = {"application.id": app, "bootstrap.servers": bootstrap, "processing.guarantee": guarantee,
               "linger.ms": 5, "poll.ms": 50}
     with tempfile.TemporaryDirectory() as state_dir:
-        done = [0]
-        topology = stateless(source, sink, done) if kind == "stateless" else stateful(source, sink)
+        progress = Progress()
+        topology = (stateless if kind == "stateless" else stateful)(source, sink, progress)
         streams = KafkaStreams(topology, {**config, "state.dir": state_dir})
-        started = time.perf_counter()
         async with streams:
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                if kind == "stateless":
-                    if done[0] >= records:
-                        break
-                elif streams.state is ClientState.RUNNING:
-                    store = streams.store("counts")
-                    if sum(v for _, v in store.all()) == records:
-                        break
-                await asyncio.sleep(0.02)
-            else:
-                raise TimeoutError(f"{kind} {guarantee} did not finish within 300 s")
-            elapsed = time.perf_counter() - started
-    return records / elapsed
+            while progress.count < records:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{kind} {guarantee} did not finish within 300 s")
+                await asyncio.sleep(0.02)  # a benchmark polls its own progress; tests never sleep
+            if kind == "stateful":
+                while streams.state is not ClientState.RUNNING or sum(
+                        v for _, v in streams.store("counts").all()) != records:
+                    await asyncio.sleep(0.02)
+    return records / (progress.last - progress.first)
 
 
 async def main_async(bootstrap: str, records: int, rounds: int) -> None:
@@ -106,8 +116,7 @@ async def main_async(bootstrap: str, records: int, rounds: int) -> None:
                 rates[guarantee].append(await run_once(bootstrap, cluster, source, records, guarantee, kind))
         alos, eos = (statistics.median(rates[g]) for g in GUARANTEES)
         print(f"{kind:<12}{alos:>16,.0f}{eos:>18,.0f}{eos / alos:>8.2f}")
-    print("records/s from start (including the group join) to everything done; ratio = exactly_once_v2 / "
-          "at_least_once")
+    print("records/s from the first record processed to the last; ratio = exactly_once_v2 / at_least_once")
 
 
 def main() -> None:
