@@ -324,9 +324,10 @@ class TaskManager:
         partitions = [tp for task in failed for tp in task.partitions]
         await self.close_tasks(failed, clean=False, timeout=timeout)
         for tp in partitions:
+            # Nothing committed yet: from the start, as revive_all does (an offset no longer in the
+            # log is reset by auto.offset.reset).
             committed = await self._consumer.committed(tp)
-            if committed is not None:
-                self._consumer.seek(tp, committed.offset)
+            self._consumer.seek(tp, committed.offset if committed is not None else 0)
         for task in self.handle_assignment(partitions):
             if task.id in timers:
                 task.timer = timers[task.id]

@@ -162,7 +162,7 @@ async def test_adding_and_removing_threads_while_records_flow(kafka: Cluster, na
     assert [n for n, c in seen.items() if c > 1] == []
 
 
-async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, tmp_path) -> None:
+async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, tmp_path, caplog) -> None:
     """A second instance takes a task over while the first still runs it: the first one's producer is
     fenced (its commit fails), it closes its tasks dirty and rejoins; no output is duplicated."""
     source, sink = names("input"), names("counts")
@@ -182,6 +182,44 @@ async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, t
         await wait_for_counts(kafka, sink, Counter(k for k, _ in first + second))
     assert_counts_exactly_once(await read_committed(kafka, sink), Counter(k for k, _ in first + second))
     assert await committed_offset(kafka, names.app, TopicPartition(source, 0)) == 300
+    assert any("fenced: closing every task dirty and rejoining" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_timeout_corrupts_the_task_instead_of_retrying_the_record(kafka: Cluster, names, tmp_path,
+                                                                           caplog) -> None:
+    """Under at-least-once a timeout retries the record in place; under exactly-once part of the
+    record's output may already be in the transaction, so the task is revived from its last commit."""
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 1, sink: 1})
+    timed_out: set[str] = set()
+
+    def flaky(value: str) -> str:
+        if value == "v150" and value not in timed_out:
+            timed_out.add(value)
+            raise TimeoutError("the lookup service did not answer")
+        return value
+
+    # The count forwards its update before the flaky branch runs: retrying the record in place would
+    # count it twice; under exactly-once the transaction holding the first attempt is aborted.
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=STR, value_serde=STR)
+    (stream.group_by_key(key_serde=STR)
+           .count(materialized=Materialized("counts"))
+           .to_stream()
+           .to(sink, key_serde=STR, value_serde=LONG))
+    stream.map_values(flaky).to(names("side"), key_serde=STR, value_serde=STR)
+    await kafka.create_topics({names("side"): 1})
+    records = keyed(0, 300)
+    await kafka.produce(source, records, STR, STR, partitions=1)
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path),
+                           cache_max_bytes_buffering=0, **EOS)
+    async with streams:
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in records))
+        assert streams.metric("failed-stream-threads") == 0
+    assert_counts_exactly_once(await read_committed(kafka, sink), Counter(k for k, _ in records))
+    side = Counter(STR.deserialize(r.value) for r in await read_committed(kafka, names("side")))
+    assert set(side) == {v for _, v in records} and max(side.values()) == 1
+    assert any("Revived tasks ['0_0'] from their last commit" in r.getMessage() for r in caplog.records)
 
 
 def _settings(transactional_id: str) -> Any:
