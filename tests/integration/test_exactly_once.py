@@ -234,9 +234,12 @@ async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> Non
 
 
 @pytest.mark.timeout(240)
-async def test_sigkill_mid_stream_then_restart_duplicates_nothing(kafka: Cluster, names) -> None:
-    """The whole process dies with SIGKILL (no abort, no leave-group); the restarted instance's
-    producers fence the dead one's transactions. A read_committed reader sees every input once."""
+async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Cluster, names, tmp_path,
+                                                                     caplog) -> None:
+    """The whole process dies with SIGKILL mid-transaction (no abort, no leave-group, no checkpoint)
+    while counting into a RocksDB store. The restart wipes the local store (it may hold uncommitted
+    counts), restores it from the committed changelog, and its producers fence the dead one's
+    transactions: per key the committed output is 1, 2, … n, each once."""
     import json
     import os
     import signal
@@ -246,15 +249,17 @@ async def test_sigkill_mid_stream_then_restart_duplicates_nothing(kafka: Cluster
 
     source, sink = names("in"), names("out")
     await kafka.create_topics({source: 2, sink: 2})
-    records = [(i, {"n": i}) for i in range(3000)]
+    keys = 10
+    records = [(i % keys, {"n": i}) for i in range(3000)]
     await kafka.produce(source, records, INT, JSON, partitions=2)
     root = Path(__file__).resolve().parents[2]
+    state_dir = str(tmp_path / "state")
     kill_after = random.Random(7).randrange(300, 1500)
     with tempfile.TemporaryFile() as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.support.app_process", "--bootstrap", kafka.bootstrap,
-            "--application-id", names.app, "--source", source, "--sink", sink, "--exactly-once",
-            cwd=root, stdout=asyncio.subprocess.PIPE, stderr=stderr)
+            "--application-id", names.app, "--source", source, "--sink", sink, "--exactly-once", "--count",
+            "--state-dir", state_dir, cwd=root, stdout=asyncio.subprocess.PIPE, stderr=stderr)
         try:
             seen = 0
             assert process.stdout is not None
@@ -266,7 +271,7 @@ async def test_sigkill_mid_stream_then_restart_duplicates_nothing(kafka: Cluster
                                 f"{stderr.read().decode(errors='replace')[-3000:]}")
                 if json.loads(line)["event"] == "processed":
                     seen += 1
-            os.kill(process.pid, signal.SIGKILL)  # mid-transaction: no abort, no commit, no leave-group
+            os.kill(process.pid, signal.SIGKILL)
         finally:
             if process.returncode is None:
                 process.kill()
@@ -274,13 +279,21 @@ async def test_sigkill_mid_stream_then_restart_duplicates_nothing(kafka: Cluster
 
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .map_values(lambda value: {"n": value["n"]})
-            .to(sink, key_serde=INT, value_serde=JSON))
-    async with make_streams(builder.build(), kafka.bootstrap, names.app, **EOS):
+            .group_by_key()
+            .count(materialized=Materialized("counts"))
+            .to_stream()
+            .to(sink, key_serde=INT, value_serde=LONG))
+    expected = Counter(k for k, _ in records)
+    async with make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=state_dir,
+                            cache_max_bytes_buffering=0, **EOS):
         async def complete() -> bool:
-            return len(await read_committed(kafka, sink)) >= len(records)
+            latest = {INT.deserialize(r.key): LONG.deserialize(r.value) for r in await read_committed(kafka, sink)}
+            return latest == dict(expected)
 
-        await eventually_async(complete, 120, "every input record in the committed output after the restart")
-    seen_n = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
-    assert set(seen_n) == {v["n"] for _, v in records}
-    assert [n for n, c in seen_n.items() if c > 1] == []
+        await eventually_async(complete, 120, "every key's full count in the committed output after the restart")
+    per_key: dict[int, list[int]] = {}
+    for record in sorted(await read_committed(kafka, sink), key=lambda r: (r.partition, r.offset)):
+        per_key.setdefault(INT.deserialize(record.key), []).append(LONG.deserialize(record.value))
+    assert per_key == {k: list(range(1, n + 1)) for k, n in expected.items()}
+    # The killed process left RocksDB stores and no checkpoint: the restart restored from the changelog.
+    assert any(r.getMessage().startswith("Restored store 'counts'") for r in caplog.records)
