@@ -296,4 +296,4 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
         per_key.setdefault(INT.deserialize(record.key), []).append(LONG.deserialize(record.value))
     assert per_key == {k: list(range(1, n + 1)) for k, n in expected.items()}
     # The killed process left RocksDB stores and no checkpoint: the restart restored from the changelog.
-    assert any(r.getMessage().startswith("Restored store 'counts'") for r in caplog.records)
+    assert any("Restored store 'counts'" in r.getMessage() for r in caplog.records)
