@@ -241,12 +241,14 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     counts), restores it from the committed changelog, and its producers fence the dead one's
     transactions: per key the committed output is 1, 2, … n, each once."""
     import json
+    import logging
     import os
     import signal
     import sys
     import tempfile
     from pathlib import Path
 
+    caplog.set_level(logging.INFO, logger="engine")
     source, sink = names("in"), names("out")
     await kafka.create_topics({source: 2, sink: 2})
     keys = 10
