@@ -188,6 +188,20 @@ class StreamTask:
         finally:
             self.finished.set()
 
+    async def _prepare(self, step: Callable[[], Awaitable[object]], what: str) -> bool:
+        """Run a step before processing; False when the task is closing (then a failure is expected:
+        the thread may be closing the consumer the step uses)."""
+        if self._closing:
+            return False
+        try:
+            await step()
+        except Exception as exc:
+            if not self._closing:
+                raise
+            self.log.info("Stopped %s: the task is closing (%r)", what, exc)
+            return False
+        return not self._closing
+
     def transaction_failed(self, error: TaskCorruptedError | TaskMigratedError) -> None:
         """Exactly-once: the task's transaction must be aborted; the task manager revives or migrates it."""
         if self.transaction_error is None:
@@ -205,14 +219,13 @@ class StreamTask:
         queue.clear()
 
     async def _run(self) -> None:
-        if self.initialize is not None:
-            await self.initialize()
+        if self.initialize is not None and not await self._prepare(self.initialize, "initialising"):
+            return
+        if self.restore is not None:
             if self._closing:
                 return
-        if self.restore is not None:
             self.state.transition_to(TaskState.RESTORING)
-            await self.restore()
-            if self._closing:
+            if not await self._prepare(self.restore, "restoring"):
                 return
         self.state.transition_to(TaskState.RUNNING)
         if self.window is not None:
