@@ -43,6 +43,14 @@ class RecordCollector:
         self._round_robin: dict[str, itertools.count[int]] = {}
         self.sent = 0
 
+    def sibling(self, producer: Producer) -> RecordCollector:
+        """A collector over another producer (one task's, under exactly-once) that shares this one's
+        partition counts and key hashes."""
+        other = RecordCollector(producer, self._partitions, self._lookup)
+        other._hash_cache = self._hash_cache
+        other._round_robin = self._round_robin
+        return other
+
     def send(
         self,
         topic: str,

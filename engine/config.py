@@ -74,6 +74,10 @@ RETRY_BACKOFF_MAX_MS = "retry.backoff.max.ms"
 AUTO_OFFSET_RESET = "auto.offset.reset"
 GROUP_INSTANCE_ID = "group.instance.id"
 PROCESSING_GUARANTEE = "processing.guarantee"
+AT_LEAST_ONCE = "at_least_once"
+EXACTLY_ONCE_V2 = "exactly_once_v2"
+# Kafka Streams' default commit interval under exactly-once: a transaction per 100 ms.
+EOS_COMMIT_INTERVAL_MS = 100
 DEFAULT_KEY_SERDE = "default.key.serde"
 DEFAULT_VALUE_SERDE = "default.value.serde"
 REPLICATION_FACTOR = "replication.factor"
@@ -115,7 +119,8 @@ KEYS: tuple[ConfigKey, ...] = (
               "Prefix of thread and client names; defaults to <application.id>-<process uuid>."),
     ConfigKey(NUM_STREAM_THREADS, int, 1, "Stream threads started by start().", _at_least(0)),
     ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
-              "How often a stream thread commits the offsets of fully processed records.", _at_least(0)),
+              "How often a stream thread commits the offsets of fully processed records "
+              "(100 under exactly_once_v2 unless set).", _at_least(0)),
     ConfigKey(CACHE_MAX_BYTES_BUFFERING, int, 10 * 1024 * 1024,
               "Record cache size of the whole client, split evenly across its alive stream threads.",
               _at_least(0)),
@@ -138,8 +143,9 @@ KEYS: tuple[ConfigKey, ...] = (
               "Where a partition without committed offset starts.", _one_of("earliest", "latest", "none")),
     ConfigKey(GROUP_INSTANCE_ID, (str, type(None)), None,
               "Static membership id; each stream thread appends -<n>."),
-    ConfigKey(PROCESSING_GUARANTEE, str, "at_least_once",
-              "Delivery guarantee.", _one_of("at_least_once")),
+    ConfigKey(PROCESSING_GUARANTEE, str, AT_LEAST_ONCE,
+              "Delivery guarantee: at_least_once, or exactly_once_v2 (transactions; Kafka only, "
+              "see docs/exactly_once.md).", _one_of(AT_LEAST_ONCE, EXACTLY_ONCE_V2)),
     ConfigKey(DEFAULT_KEY_SERDE, object, None, "Serde for keys where the topology names none (bytes)."),
     ConfigKey(DEFAULT_VALUE_SERDE, object, None, "Serde for values where the topology names none (bytes)."),
     ConfigKey(REPLICATION_FACTOR, int, -1,
@@ -237,7 +243,23 @@ class StreamsConfig(Mapping[str, Any]):
         for name, value in settings.items():
             if name.startswith(PASS_THROUGH_PREFIXES):
                 values[name] = value
+        if values[PROCESSING_GUARANTEE] == EXACTLY_ONCE_V2:
+            self._check_exactly_once(values, settings)
         self._values = values
+
+    @staticmethod
+    def _check_exactly_once(values: dict[str, Any], settings: Mapping[str, Any]) -> None:
+        if COMMIT_INTERVAL_MS not in settings:
+            values[COMMIT_INTERVAL_MS] = EOS_COMMIT_INTERVAL_MS
+        if str(values[BOOTSTRAP_SERVERS]).startswith("memory://"):
+            raise ConfigError(PROCESSING_GUARANTEE, "exactly_once_v2 needs Kafka transactions (read_committed, "
+                              "abort), which the in-process memory:// broker does not model; use a Kafka cluster")
+        if str(values[ACKS]) not in ("all", "-1"):
+            raise ConfigError(ACKS, f"must be 'all' under exactly_once_v2 (transactions are idempotent), "
+                              f"got {values[ACKS]!r}")
+        if values[NUM_THREADS_PER_TASK] > 1:
+            raise ConfigError(NUM_THREADS_PER_TASK, "records in flight cannot be committed atomically with their "
+                              "output; use 1 under exactly_once_v2")
 
     @staticmethod
     def _check(key: ConfigKey, value: Any) -> Any:

@@ -17,11 +17,16 @@
     ├── TaskError                    something went wrong in one task (carries task_id)
     │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
     │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
-    │   └── TaskTimeoutError         the task kept timing out past task.timeout.ms (not a TimeoutError:
-    │                                it ends the retries of timeouts, it is not one of them)
+    │   ├── TaskTimeoutError         the task kept timing out past task.timeout.ms (not a TimeoutError:
+    │   │                            it ends the retries of timeouts, it is not one of them)
+    │   ├── TaskCorruptedError       exactly-once: the task's open transaction cannot commit (a timeout,
+    │   │                            an aborted send); it is closed dirty, wiped and revived
+    │   └── TaskMigratedError        exactly-once: another producer with the task's transactional.id
+    │                                fenced this one (a zombie); close dirty and rejoin the group
     └── TransportError               a broker-side failure
         ├── CommitFailedError        the group moved on: the member no longer owns the partitions
-        └── ProduceError             a record could not be delivered (topic, partition)
+        ├── ProduceError             a record could not be delivered (topic, partition)
+        └── ProducerFencedError      a newer producer with the same transactional.id took over
 
 A ``TaskError`` always has the original exception as ``__cause__``.
 
@@ -179,6 +184,28 @@ class InternalTopicError(StreamsError):
                          "their partition count.")
 
 
+class TaskCorruptedError(TaskError):
+    """Exactly-once: the task's transaction must be aborted; its state is wiped and restored.
+
+    Handled inside the stream thread (the task is revived from its last commit), never raised
+    to the user, except as ``__cause__`` of a ``TaskTimeoutError`` once ``task.timeout.ms`` ran out.
+    """
+
+    def __init__(self, task_id: TaskId | None, what: str) -> None:
+        super().__init__(f"is corrupted ({what}); its transaction is aborted and it restarts from its last commit",
+                         task_id)
+        self.what = what
+
+
+class TaskMigratedError(TaskError):
+    """Exactly-once: the task's producer was fenced: a newer owner of the task initialised the same
+    ``transactional.id``. This member is a zombie for the task; it closes it dirty and rejoins."""
+
+    def __init__(self, task_id: TaskId | None, what: str) -> None:
+        super().__init__(f"was migrated: {what}", task_id)
+        self.what = what
+
+
 class StateStoreError(StreamsError):
     """A state store cannot be opened, restored or used as asked."""
 
@@ -227,3 +254,7 @@ class SparkBatchTimeoutError(TimeoutError):
         self.stage = stage
         self.size = size
         self.timeout_ms = timeout_ms
+
+
+class ProducerFencedError(TransportError):
+    """A newer producer initialised this producer's ``transactional.id``: this one may never write again."""

@@ -8,6 +8,7 @@ that topic whatever the answer, through the task's own producer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -41,6 +42,9 @@ class ErrorHandling:
         self._processing = processing
         self._dlq_topic = dlq_topic
         self._collector = collector
+        # Under exactly-once a dead letter goes through the failing task's own producer, so that it
+        # is part of the task's transaction (aborted with it, never duplicated).
+        self.collector_of: Callable[[TaskId], RecordCollector | None] | None = None
         self.dropped = 0
         self.paused = 0
 
@@ -68,7 +72,10 @@ class ErrorHandling:
     async def _act(self, context: ErrorContext, cause: BaseException, action: FailureAction) -> FailureAction:
         if self._dlq_topic is not None:
             letter = dead_letter(self._dlq_topic, context, cause)
-            await self._collector.send_raw(letter.topic, letter.key, letter.value, context.timestamp,
+            collector = self._collector
+            if self.collector_of is not None:
+                collector = self.collector_of(context.task_id) or collector
+            await collector.send_raw(letter.topic, letter.key, letter.value, context.timestamp,
                                            letter.headers)
         if action is FailureAction.CONTINUE:
             self.dropped += 1

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.errors import CommitFailedError, ProduceError
+from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
@@ -25,7 +26,7 @@ from engine.processors.context import CURRENT
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
-from engine.transport.base import Consumer
+from engine.transport.base import Consumer, Producer
 
 from .task import StreamTask
 from .task_id import TaskId
@@ -35,6 +36,13 @@ from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
     from engine.spark.session import SparkSessions
+
+
+@dataclass(frozen=True)
+class ExactlyOnce:
+    """What the task manager needs under exactly-once: a (not started) transactional producer per task."""
+
+    producer: Callable[[TaskId], Producer]
 
 
 class TaskManager:
@@ -62,6 +70,7 @@ class TaskManager:
         state: StateSettings | None = None,
         config: Mapping[str, Any] | None = None,
         spark: SparkSessions | None = None,
+        exactly_once: ExactlyOnce | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -83,6 +92,9 @@ class TaskManager:
         self._spark = spark
         self._monotonic_ms = monotonic_ms
         self._state = state
+        self._eos = exactly_once
+        # Exactly-once: tasks whose transaction failed, waiting for the poll loop to revive or migrate them.
+        self.failed_transactions: list[StreamTask] = []
         self.tasks: dict[TaskId, StreamTask] = {}
         # Counts of tasks already closed, so the thread's totals survive rebalances.
         self.closed_processed = 0
@@ -126,15 +138,23 @@ class TaskManager:
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
         context = TaskContext(self._application_id, task_id, self._clock_ms, self._spark)
-        collector: RecordCollector | HeldCollector = self._collector
+        own = self._collector
+        if self._eos is not None:
+            # The task's own transactional producer: its output, changelog writes and offsets
+            # commit together (engine.transactions).
+            own = self._collector.sibling(self._eos.producer(task_id))
+        collector: RecordCollector | HeldCollector = own
         concurrency, ordering = self._topology.concurrency_of(task_id.subtopology, self._config)
         limit = self._threads_per_task if concurrency is None else concurrency
         ordering = ordering or self._ordering
         if limit > 1:
+            if self._eos is not None:
+                raise ConfigError("num.threads.per.task", f"sub-topology {task_id.subtopology} runs records in "
+                                  "flight, which exactly_once_v2 cannot commit atomically with their output")
             # Each record in flight gets its own forwarding state and holds its output.
             context.forwarder = ContextualForwarder()
             collector = HeldCollector(self._collector)
-        state = self._state_manager(task_id, context, in_flight=limit > 1)
+        state = self._state_manager(task_id, context, in_flight=limit > 1, collector=own)
         try:
             graph = self._topology.build_task_graph(
                 task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]
@@ -144,8 +164,14 @@ class TaskManager:
             if state is not None:
                 state.close(clean=False)
             raise
-        task = StreamTask(task_id, partitions, graph, context, self._after_chunk, self._log, self._clock_ms,
+        send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own))
+        task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
+        if self._eos is not None:
+            task.exactly_once = True
+            task.collector = own
+            task.on_transaction_failed = self.failed_transactions.append
+            task.initialize = lambda: self._initialize_transactions(task)
         if state is not None:
             task.state_manager = state
             listener = self._state.restore_listener if self._state is not None else None
@@ -160,7 +186,29 @@ class TaskManager:
         task.meter = self.meter
         return task
 
-    def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool) -> TaskStateManager | None:
+    async def _initialize_transactions(self, task: StreamTask) -> None:
+        """Start the task's producer, then read its committed offsets again.
+
+        Starting initialises the task's transactional.id: a previous owner's open transaction
+        is aborted (or its commit completed) and that owner is fenced. Offsets fetched before
+        that point may miss the previous owner's last commit, so each partition is seeked to
+        its committed offset now and the records fetched from it so far are dropped.
+        """
+        assert task.collector is not None
+        await task.collector.producer.start()
+        for tp in sorted(task.partitions):
+            committed = await self._consumer.committed(tp)
+            if committed is not None:
+                self._consumer.seek(tp, committed.offset)
+                task.discard_buffered(tp)
+
+    def collector_of(self, task_id: TaskId) -> RecordCollector | None:
+        """The collector of a task's own producer under exactly-once (for its dead letters)."""
+        task = self.tasks.get(task_id)
+        return None if task is None else task.collector
+
+    def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool,
+                       collector: RecordCollector) -> TaskStateManager | None:
         builders = self._topology.stores_of(task_id.subtopology)
         if not builders:
             return None
@@ -182,7 +230,7 @@ class TaskManager:
 
         return TaskStateManager(
             str(task_id), self._application_id, settings.state_dir, task_id.partition, builders,
-            settings.default_persistent, self._key_serde, self._value_serde, self._collector.append_raw,
+            settings.default_persistent, self._key_serde, self._value_serde, collector.append_raw,
             # Records in flight finish out of order: their updates go down at once, uncached.
             None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "))
 
@@ -245,7 +293,7 @@ class TaskManager:
                     if self._committer.timed_out:
                         clean = False  # nothing of it is committed: the tasks' state is ahead
                     else:
-                        await self._committer.checkpoint(tasks)
+                        await self._committer.checkpoint([t for t in tasks if t.transaction_error is None])
                 except CommitFailedError:
                     clean = False  # the new owner starts from the last successful commit
                 except BaseException:
@@ -254,7 +302,10 @@ class TaskManager:
         finally:
             # Whatever the commit did, the stores close (and release their files) here.
             for task in tasks:
-                task.close(clean)
+                task_clean = clean and task.transaction_error is None
+                task.close(task_clean)
+                if self._eos is not None:
+                    await self._release_producer(task, task_clean, timeout)
                 self.closed_processed += task.processed
                 self.closed_timeouts += task.timeouts
                 self.tasks.pop(task.id, None)
@@ -262,6 +313,55 @@ class TaskManager:
                     self._by_partition.pop(tp, None)
                     self._backpressured.discard(tp)
         self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
+
+    async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:
+        """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
+        if task in self.failed_transactions:
+            self.failed_transactions.remove(task)
+        producer = task.collector.producer if task.collector is not None else None
+        if not clean:
+            if task.state_manager is not None:
+                # Its stores may hold writes of the aborted transaction: restore them in full.
+                task.state_manager.wipe()
+            if producer is not None:
+                try:
+                    await producer.abort_transaction()  # type: ignore[attr-defined]
+                except Exception as exc:  # noqa: BLE001 - fenced or unreachable: the next owner aborts it
+                    self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.close(), timeout)
+            except Exception as exc:  # noqa: BLE001 - closing must go on
+                self._log.warning("Closing the producer of task %s failed: %s", task.id, exc)
+
+    async def handle_failed_transactions(self, timeout: float) -> None:
+        """Exactly-once: revive corrupted tasks from their last commit; after a fence, close every task
+        dirty and rejoin (Kafka Streams' TaskMigratedException)."""
+        failed = [t for t in self.failed_transactions if t.id in self.tasks and self.tasks[t.id] is t]
+        self.failed_transactions.clear()
+        if not failed:
+            return
+        if any(isinstance(t.transaction_error, TaskMigratedError) for t in failed):
+            self._log.warning("Producer of tasks %s fenced: closing every task dirty and rejoining the group",
+                              [str(t.id) for t in failed])
+            await self.close_tasks(list(self.tasks.values()), clean=False, timeout=timeout)
+            self._consumer.request_rejoin()
+            self._on_tasks_changed()
+            return
+        timers = {task.id: task.timer for task in failed}
+        partitions = [tp for task in failed for tp in task.partitions]
+        await self.close_tasks(failed, clean=False, timeout=timeout)
+        for tp in partitions:
+            # Nothing committed yet: from the start, as revive_all does (an offset no longer in the
+            # log is reset by auto.offset.reset).
+            committed = await self._consumer.committed(tp)
+            self._consumer.seek(tp, committed.offset if committed is not None else 0)
+        for task in self.handle_assignment(partitions):
+            if task.id in timers:
+                task.timer = timers[task.id]
+        self._log.warning("Revived tasks %s from their last commit: %s", [str(t.id) for t in failed],
+                          "; ".join(str(t.transaction_error) for t in failed))
+        self._on_tasks_changed()
 
     async def shutdown(self, clean: bool, timeout: float) -> None:
         self.shut_down = True
@@ -280,13 +380,22 @@ class TaskManager:
                 self._consumer.pause(tp)
         return total
 
-    async def _after_chunk(self) -> None:
+    async def _after_chunk(self, collector: RecordCollector | None = None) -> None:
         if self._backpressured:
             low = self._limit // 2
             ready = [tp for tp in self._backpressured if self._by_partition[tp].buffered(tp) <= low]
             if ready:
                 self._backpressured.difference_update(ready)
                 self._consumer.resume(*ready)
+        if collector is not None:
+            if collector.buffered():
+                try:
+                    await collector.send_buffered()
+                except ProduceError as exc:
+                    if not is_timeout(exc):
+                        raise
+                    raise TaskCorruptedError(None, f"sending its output timed out: {exc}") from exc
+            return
         if self._collector.buffered():
             try:
                 await self._collector.send_buffered()

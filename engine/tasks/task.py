@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING
 
 from anyio import CancelScope
 
-from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from engine.errors import (
+    DeserializationError,
+    ProcessingError,
+    ProducerFencedError,
+    StreamsError,
+    TaskCorruptedError,
+    TaskError,
+    TaskMigratedError,
+    TransportError,
+)
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
@@ -47,6 +56,7 @@ from .in_flight import InFlightWindow, RecordSlot
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
+    from engine.collector import RecordCollector
     from engine.state.task_state import TaskStateManager
 
 log = logging.getLogger(__name__)
@@ -131,6 +141,13 @@ class StreamTask:
         self.processing = asyncio.Lock()
         self._flush_requested = False
         self._flushed_offsets: dict[TopicPartition, int] = {}
+        # Exactly-once: the task's own collector (over its transactional producer), what starts the
+        # producer before anything else, and the failure that ends the task's transaction.
+        self.exactly_once = False
+        self.collector: RecordCollector | None = None
+        self.initialize: Callable[[], Awaitable[object]] | None = None
+        self.transaction_error: TaskCorruptedError | TaskMigratedError | None = None
+        self.on_transaction_failed: Callable[[StreamTask], None] | None = None
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
@@ -164,40 +181,78 @@ class StreamTask:
 
     async def run(self) -> None:
         try:
-            if self.restore is not None:
-                if self._closing:
-                    return
-                self.state.transition_to(TaskState.RESTORING)
-                try:
-                    await self.restore()
-                except Exception as exc:
-                    if not self._closing:
-                        raise
-                    # The thread shut down (closing its consumer) while this task restored.
-                    self.log.info("Stopped restoring: the task is closing (%r)", exc)
-                    return
-                if self._closing:
-                    return
-            self.state.transition_to(TaskState.RUNNING)
-            if self.window is not None:
-                await self.window.run()
-                return
-            caching = self.state_manager is not None and self.state_manager.caching
-            while not self._closing:
-                if self._buffered == 0:
-                    await self._idle()
-                    # Punctuations may have produced output; hand it on now, not at the next chunk.
-                    await self._send_buffered()  # type: ignore[misc]
-                    continue
-                async with self.processing:
-                    await self._process_chunk()
-                    if caching and self._flush_requested:
-                        await self.flush_state()
-                # Output of this chunk goes to the network together: one batch per partition.
-                await self._send_buffered()  # type: ignore[misc]
-                await asyncio.sleep(0)
+            await self._run()
+        except (TaskCorruptedError, TaskMigratedError, ProducerFencedError) as exc:
+            if not self.exactly_once:
+                raise
+            self.transaction_failed(exc if not isinstance(exc, ProducerFencedError)
+                                    else TaskMigratedError(self.id, str(exc)))
+        except TransportError as exc:
+            if not (self.exactly_once and is_timeout(exc)):
+                raise
+            # Starting the producer or restoring timed out: start over (the timer is kept).
+            self.timer.on_timeout(exc, "Initialising", 0, cleared_by_processing=False)
+            self.transaction_failed(TaskCorruptedError(self.id, f"initialising timed out: {exc}"))
         finally:
             self.finished.set()
+
+    async def _prepare(self, step: Callable[[], Awaitable[object]], what: str) -> bool:
+        """Run a step before processing; False when the task is closing (then a failure is expected:
+        the thread may be closing the consumer the step uses)."""
+        if self._closing:
+            return False
+        try:
+            await step()
+        except Exception as exc:
+            if not self._closing:
+                raise
+            self.log.info("Stopped %s: the task is closing (%r)", what, exc)
+            return False
+        return not self._closing
+
+    def transaction_failed(self, error: TaskCorruptedError | TaskMigratedError) -> None:
+        """Exactly-once: the task's transaction must be aborted; the task manager revives or migrates it."""
+        if self.transaction_error is None:
+            self.transaction_error = error
+            self._closing = True
+            self._wakeup.set()
+            self._closed_event.set()
+            if self.on_transaction_failed is not None:
+                self.on_transaction_failed(self)
+
+    def discard_buffered(self, partition: TopicPartition) -> None:
+        """Drop the records fetched from ``partition`` (it was seeked to its committed offset)."""
+        queue = self._queues[partition]
+        self._buffered -= len(queue)
+        queue.clear()
+
+    async def _run(self) -> None:
+        if self.initialize is not None and not await self._prepare(self.initialize, "initialising"):
+            return
+        if self.restore is not None:
+            if self._closing:
+                return
+            self.state.transition_to(TaskState.RESTORING)
+            if not await self._prepare(self.restore, "restoring"):
+                return
+        self.state.transition_to(TaskState.RUNNING)
+        if self.window is not None:
+            await self.window.run()
+            return
+        caching = self.state_manager is not None and self.state_manager.caching
+        while not self._closing:
+            if self._buffered == 0:
+                await self._idle()
+                # Punctuations may have produced output; hand it on now, not at the next chunk.
+                await self._send_buffered()  # type: ignore[misc]
+                continue
+            async with self.processing:
+                await self._process_chunk()
+                if caching and self._flush_requested:
+                    await self.flush_state()
+            # Output of this chunk goes to the network together: one batch per partition.
+            await self._send_buffered()  # type: ignore[misc]
+            await asyncio.sleep(0)
 
     # -- state stores -------------------------------------------------------------
     async def flush_state(self) -> None:
@@ -449,6 +504,10 @@ class StreamTask:
         """Set this task aside for the back-off; the thread's other tasks run meanwhile."""
         self.timeouts += 1
         backoff = self.timer.on_timeout(exc, what, started)
+        if self.exactly_once:
+            # The record may have sent part of its output into the open transaction: retrying it
+            # would send that part twice. The transaction is aborted and the task revived instead.
+            raise TaskCorruptedError(self.id, f"{what} timed out") from exc
         try:
             await asyncio.wait_for(self._closed_event.wait(), backoff)
         except TimeoutError:

@@ -19,6 +19,7 @@ States, as in Kafka Streams::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,14 +47,15 @@ from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.state.task_state import StateSettings
 from engine.tasks.assignor import AssignorError, StreamsAssignor
-from engine.tasks.manager import TaskManager
+from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.timeouts import TaskTimer, retry_on_timeout
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
-from engine.transport.base import ConsumerSettings, ProducerSettings, Transport
+from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
+from engine.transport.base import ConsumerSettings, Producer, ProducerSettings, Transport
 
 if TYPE_CHECKING:
     from engine.spark.session import SparkSessions
@@ -374,6 +376,7 @@ class StreamThread:
 
     async def _run(self) -> None:
         config = self._config
+        exactly_once = config[cfg.PROCESSING_GUARANTEE] == cfg.EXACTLY_ONCE_V2
         consumer = self._transport.consumer(ConsumerSettings(
             group_id=config[cfg.APPLICATION_ID],
             client_id=self.consumer_client_id,
@@ -386,6 +389,7 @@ class StreamThread:
             heartbeat_interval_ms=config[cfg.HEARTBEAT_INTERVAL_MS],
             request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
             retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
+            isolation_level="read_committed" if exactly_once else "read_uncommitted",
             extra=config.with_prefix("consumer."),
         ))
         self._producer_settings = ProducerSettings(
@@ -411,8 +415,11 @@ class StreamThread:
                 started.append(producer)
                 collector = self._collector = RecordCollector(
                     producer, sink_partitions, lambda t: self._lookup(admin, t))
-                committer = Committer(consumer, collector, config[cfg.COMMIT_INTERVAL_MS],
-                                      self._clock.monotonic_ms, self.log)
+                committer_type = TransactionalCommitter if exactly_once else Committer
+                committer = committer_type(consumer, collector, config[cfg.COMMIT_INTERVAL_MS],
+                                           self._clock.monotonic_ms, self.log)
+                if isinstance(committer, TransactionalCommitter):
+                    committer.group_id = config[cfg.APPLICATION_ID]
                 self._manager = manager = TaskManager(
                     config[cfg.APPLICATION_ID], self._topology, consumer, collector, committer,
                     lambda task: self._spawn(group, task),
@@ -428,10 +435,14 @@ class StreamThread:
                     ordering=config[cfg.PROCESSING_ORDERING],
                     state=StateSettings(
                         config[cfg.STATE_DIR], config[cfg.DEFAULT_DSL_STORE] == "rocksDB", self.cache,
-                        lambda: self._transport.reader(f"{self.name}-restore-consumer"), self._restore_listener),
+                        lambda: self._transport.reader(f"{self.name}-restore-consumer", read_committed=exactly_once),
+                        self._restore_listener),
                     config=config,
                     spark=self._spark,
+                    exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,
                 )
+                if exactly_once and self.errors is not None:
+                    self.errors.collector_of = manager.collector_of
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
                 await consumer.start()
@@ -526,6 +537,8 @@ class StreamThread:
             self._poll_scope = None
             await manager.maybe_commit()
             self.sensors.sample(manager.meter, self.polls, manager.commits)
+            if manager.failed_transactions:
+                await manager.handle_failed_transactions(self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if manager.producer_failed is not None:
                 await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if self.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
@@ -561,6 +574,15 @@ class StreamThread:
                 total += max(0, ends.get(tp, position) - position)
             lag[task.id] = total
         self.task_lag = lag
+
+    def _task_producer(self, task_id: TaskId) -> Producer:
+        """Exactly-once: a task's own transactional producer (not started)."""
+        return self._transport.producer(dataclasses.replace(
+            self._producer_settings,
+            client_id=f"{self.name}-{task_id}-producer",
+            transactional_id=transactional_id(self._config[cfg.APPLICATION_ID], task_id),
+            transaction_timeout_ms=EOS_TRANSACTION_TIMEOUT_MS,
+        ))
 
     async def _replace_producer(self) -> None:
         """Swap in a fresh producer; the failed one's unsent records are given up (they are re-made)."""
@@ -634,6 +656,11 @@ class StreamThread:
             self.log.error("The application is shutting down on request of one of its instances")
             self._shutdown_requested.set()
             self._on_shutdown_requested(self)
+            return
+        if not self.state.state.is_alive() or self._shutdown_requested.is_set():
+            # As Kafka Streams: a thread on its way out (its consumer may be closing, which can still
+            # complete a rebalance) creates no tasks; they would restore through a closed consumer.
+            self.log.debug("Skipping task creation: the thread is shutting down")
             return
         if self._manager is not None:
             self.log.info("Partitions assigned: %s", sorted(str(tp) for tp in assigned))

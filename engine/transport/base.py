@@ -95,6 +95,8 @@ class ConsumerSettings:
     retry_backoff_ms: int = 100
     fetch_max_bytes: int = 52_428_800
     max_partition_fetch_bytes: int = 1_048_576
+    # "read_committed" under exactly-once: records of open or aborted transactions are never returned.
+    isolation_level: str = "read_uncommitted"
     # Raw pass-through of ``consumer.*`` keys for the Kafka transport.
     extra: Mapping[str, object] = field(default_factory=dict)
 
@@ -109,6 +111,9 @@ class ProducerSettings:
     delivery_timeout_ms: int = 120_000
     retry_backoff_ms: int = 100
     compression_type: str | None = None
+    # Set under exactly-once: the producer is transactional (idempotent, acks=all).
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000
     extra: Mapping[str, object] = field(default_factory=dict)
 
 
@@ -193,6 +198,24 @@ class Producer(Protocol):
     async def close(self) -> None: ...
 
 
+class TransactionalProducer(Producer, Protocol):
+    """A producer with a ``transactional_id`` (exactly-once). ``start`` initialises the id, which
+    fences any older producer with the same id and aborts its open transaction.
+
+    A transaction begins with the first record handed to the network (or with
+    ``commit_transaction``'s offsets). Fencing raises ``ProducerFencedError``; any other failure leaves the transaction to be aborted.
+    """
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    async def commit_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
+        """Flush, add ``offsets`` (for ``group_id``) to the transaction and commit it."""
+
+    async def abort_transaction(self) -> None:
+        """Drop what was not handed over and abort the open transaction (if any)."""
+
+
 class Admin(Protocol):
     async def start(self) -> None: ...
 
@@ -221,5 +244,8 @@ class Transport(Protocol):
 
     def admin(self, client_id: str) -> Admin: ...
 
-    def reader(self, client_id: str) -> Consumer:
-        """A consumer with no group, for tests and tools: ``assign`` then ``seek``/``poll``."""
+    def reader(self, client_id: str, read_committed: bool = False) -> Consumer:
+        """A consumer with no group, for tests and tools: ``assign`` then ``seek``/``poll``.
+
+        ``read_committed``: skip records of open and aborted transactions (restoring under exactly-once).
+        """

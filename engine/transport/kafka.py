@@ -72,6 +72,22 @@ Timeouts
     reach the engine wrapped (``ProduceError``, ``TransportError``) with the
     aiokafka exception as ``__cause__``; :func:`is_timeout` tells them apart.
 
+Transactions (exactly-once)
+    With ``ProducerSettings.transactional_id`` the aiokafka producer is
+    transactional: ``start`` sends InitProducerId (fencing older producers of
+    the id and aborting their open transaction), a transaction begins with the
+    first batch handed over, and ``commit_transaction`` flushes, sends
+    AddOffsetsToTxn + TxnOffsetCommit and EndTxn. aiokafka 0.14 sends
+    TxnOffsetCommit **v0**: group id, transactional id, producer id and epoch,
+    offsets — no generation id, member id or group instance id, so the group
+    coordinator cannot fence a zombie member (KIP-447); only the
+    transactional.id fences. aiokafka sends EndTxn without waiting for batches
+    in flight, so ``commit_transaction`` waits for every ack first and
+    ``abort_transaction`` waits for them (bounded) too. It also waits for the
+    end of a transaction without a deadline: both calls are bounded by
+    ``request_timeout_ms`` here. Fencing (ProducerFenced, InvalidProducerEpoch,
+    TransactionCoordinatorFenced) surfaces as ``ProducerFencedError``.
+
 Topic auto-creation
     aiokafka's own metadata requests (consumer and producer) allow broker-side
     auto-creation. :meth:`KafkaAdmin.partition_counts` never asks for a topic
@@ -106,6 +122,7 @@ from engine.errors import (
     ConfigError,
     IllegalStateError,
     ProduceError,
+    ProducerFencedError,
     TransportError,
 )
 from engine.records import ConsumerRecord, Headers, TopicPartition
@@ -132,6 +149,13 @@ log = logging.getLogger(__name__)
 # Error codes of CreateTopics/DeleteTopics responses that are not failures here.
 _TOPIC_ALREADY_EXISTS = aioerrors.TopicAlreadyExistsError.errno
 _UNKNOWN_TOPIC = aioerrors.UnknownTopicOrPartitionError.errno
+
+# Another producer initialised our transactional.id (or the transaction timed out on the broker).
+_FENCED_ERRORS: tuple[type[BaseException], ...] = (
+    aioerrors.ProducerFenced,
+    aioerrors.InvalidProducerEpoch,
+    aioerrors.TransactionCoordinatorFenced,
+)
 
 _TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
@@ -460,7 +484,9 @@ class KafkaConsumer:
         common: Mapping[str, object],
         settings: ConsumerSettings | None,
         client_id: str,
+        read_committed: bool = False,
     ) -> None:
+        self._read_committed = read_committed
         self._bootstrap = bootstrap_servers
         self._common = dict(common)
         self._settings = settings
@@ -483,6 +509,8 @@ class KafkaConsumer:
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest" if s is None else s.auto_offset_reset,
         }
+        if s is None and self._read_committed:
+            kwargs["isolation_level"] = "read_committed"
         if s is not None:
             kwargs.update(
                 group_id=s.group_id,
@@ -497,6 +525,7 @@ class KafkaConsumer:
                 retry_backoff_ms=s.retry_backoff_ms,
                 fetch_max_bytes=s.fetch_max_bytes,
                 max_partition_fetch_bytes=s.max_partition_fetch_bytes,
+                isolation_level=s.isolation_level,
             )
         kwargs.update(_client_kwargs(AIOKafkaConsumer, self._common))
         if s is not None:
@@ -846,9 +875,13 @@ class KafkaProducer:
             "retry_backoff_ms": settings.retry_backoff_ms,
             "compression_type": compression,
         }
+        if settings.transactional_id is not None:
+            kwargs["transactional_id"] = settings.transactional_id
+            kwargs["transaction_timeout_ms"] = settings.transaction_timeout_ms
         kwargs.update(_client_kwargs(AIOKafkaProducer, common))
         kwargs.update(_client_kwargs(AIOKafkaProducer, settings.extra))
         self._kwargs = kwargs
+        self._transactional = settings.transactional_id is not None
         self._producer: AIOKafkaProducer | None = None
         self._closed = False
         # Open builder per (topic, partition); full builders wait in _ready.
@@ -917,6 +950,8 @@ class KafkaProducer:
         if producer is None:
             raise IllegalStateError("the producer is not started")
         async with self._handoff:  # keeps hand-overs (and so partition order) sequential
+            if self._transactional and not producer._txn_manager.is_in_transaction():
+                await self._begin(producer)
             batches = self._ready
             batches.extend((tp[0], tp[1], slot) for tp, slot in self._open.items())
             self._ready = []
@@ -964,6 +999,9 @@ class KafkaProducer:
     def _raise_failure(self) -> None:
         if self._failure is not None:
             topic, partition, cause = self._failure
+            if self._transactional and isinstance(cause, _FENCED_ERRORS):
+                raise ProducerFencedError(f"Producing to {topic}-{partition} failed: producer "
+                                          f"{self._settings.transactional_id} was fenced") from cause
             raise ProduceError(topic, partition, _describe(cause)) from cause
 
     async def flush(self) -> None:
@@ -974,6 +1012,74 @@ class KafkaProducer:
                 self._on_delivered(future)
         self._raise_failure()
 
+    # -- transactions (exactly-once) ---------------------------------------------------
+    #
+    # aiokafka 0.14 sends TxnOffsetCommit v0: no generation id, no member id (KIP-447's
+    # group fencing is missing). Zombies are therefore fenced by the transactional.id
+    # alone; see engine.transactions for the id scheme that makes that enough.
+
+    @property
+    def in_transaction(self) -> bool:
+        producer = self._producer
+        return producer is not None and self._transactional and producer._txn_manager.is_in_transaction()
+
+    async def _begin(self, producer: AIOKafkaProducer) -> None:
+        try:
+            await asyncio.wait_for(producer.begin_transaction(), self._settings.request_timeout_ms / 1000)
+        except Exception as exc:
+            raise self._transaction_error(exc, "beginning a transaction") from exc
+
+    async def commit_transaction(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
+        producer = self._producer
+        if producer is None or not self._transactional:
+            raise IllegalStateError("the producer is not a started transactional producer")
+        await self.flush()
+        if not offsets and not self.in_transaction:
+            return
+        timeout = self._settings.request_timeout_ms / 1000
+        try:
+            if not self.in_transaction:
+                await self._begin(producer)
+            if offsets:
+                payload = {_aio_tp(tp): AioOffsetAndMetadata(om.offset, om.metadata) for tp, om in offsets.items()}
+                await asyncio.wait_for(producer.send_offsets_to_transaction(payload, group_id), timeout)
+            # aiokafka waits for the transaction's end without a deadline of its own.
+            await asyncio.wait_for(producer.commit_transaction(), timeout)
+        except (ProducerFencedError, TransportError):
+            raise
+        except Exception as exc:
+            raise self._transaction_error(exc, "committing the transaction") from exc
+
+    async def abort_transaction(self) -> None:
+        producer = self._producer
+        self._open = {}
+        self._ready = []
+        if producer is None or not self._transactional:
+            return
+        manager = producer._txn_manager
+        if not manager.is_in_transaction() and manager.state.name != "ABORTABLE_ERROR":
+            return  # nothing open, or fenced/failed for good: closing is all that is left
+        timeout = self._settings.request_timeout_ms / 1000
+        if self._pending:
+            # aiokafka sends EndTxn without waiting for batches in flight: let them land first, so
+            # the abort marker follows every record of the transaction.
+            await asyncio.wait(list(self._pending), timeout=timeout)
+        try:
+            await asyncio.wait_for(producer.abort_transaction(), timeout)
+        except Exception as exc:
+            raise self._transaction_error(exc, "aborting the transaction") from exc
+
+    def _transaction_error(self, exc: BaseException, what: str) -> TransportError:
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, _FENCED_ERRORS):
+                return ProducerFencedError(
+                    f"{what} failed: producer {self._settings.transactional_id} was fenced: {_describe(cause)}")
+            cause = cause.__cause__
+        if isinstance(exc, ProduceError):
+            return exc
+        return _transport_error(exc, what)
+
     async def close(self) -> None:
         """Drop what was not handed over; wait for what was (aiokafka's ``stop``)."""
         if self._closed:
@@ -983,7 +1089,15 @@ class KafkaProducer:
         self._open = {}
         self._ready = []
         if producer is not None:
-            await producer.stop()
+            try:
+                await producer.stop()
+            finally:
+                if self._transactional:
+                    # A fenced or failed transaction leaves its waiter failed and unawaited; asyncio
+                    # would log "Future exception was never retrieved" when it is collected.
+                    waiter = getattr(producer._txn_manager, "_transaction_waiter", None)
+                    if waiter is not None and waiter.done() and not waiter.cancelled():
+                        waiter.exception()
 
 
 # -- admin ------------------------------------------------------------------------------
@@ -1120,8 +1234,8 @@ class KafkaTransport:
     def admin(self, client_id: str) -> KafkaAdmin:
         return KafkaAdmin(self.bootstrap_servers, self.extra, client_id)
 
-    def reader(self, client_id: str) -> KafkaConsumer:
-        return KafkaConsumer(self.bootstrap_servers, self.extra, None, client_id)
+    def reader(self, client_id: str, read_committed: bool = False) -> KafkaConsumer:
+        return KafkaConsumer(self.bootstrap_servers, self.extra, None, client_id, read_committed)
 
     def __repr__(self) -> str:
         return f"KafkaTransport({self.bootstrap_servers!r})"

@@ -1,10 +1,11 @@
 """Run one streams client in its own process, for tests that need several processes.
 
     python -m tests.support.app_process --bootstrap HOST:PORT --application-id APP \\
-        --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION]
+        --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION] [--exactly-once]
+        [--count] [--state-dir DIR]
 
 The app reads int keys and JSON values ``{"n": int}`` from ``--source`` and writes
-``{"n": n}`` to ``--sink``; a value with ``"poison": true`` makes it raise, every
+``{"n": n}`` to ``--sink`` (with ``--count``: the count of the key so far, a long); a value with ``"poison": true`` makes it raise, every
 time. The uncaught-exception handler answers ``--response``. The process prints
 one JSON object per line on stdout and exits once the client is in a terminal
 state (ERROR or NOT_RUNNING), or on SIGTERM after closing it:
@@ -26,7 +27,8 @@ import threading
 from typing import Any
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde
+from engine.state import Materialized
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import streams_config
 
@@ -51,11 +53,22 @@ def see(_key: int, value: dict[str, Any]) -> None:
 
 def build(args: argparse.Namespace) -> KafkaStreams:
     builder = StreamsBuilder()
-    (builder.stream(args.source, key_serde=IntegerSerde(), value_serde=JsonSerde())
-            .peek(see)
-            .map_values(lambda value: {"n": value["n"]})
-            .to(args.sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
+    stream = builder.stream(args.source, key_serde=IntegerSerde(), value_serde=JsonSerde()).peek(see)
+    if args.count:
+        (stream.group_by_key()
+               .count(materialized=Materialized("counts"))
+               .to_stream()
+               .to(args.sink, key_serde=IntegerSerde(), value_serde=LongSerde()))
+    else:
+        (stream.map_values(lambda value: {"n": value["n"]})
+               .to(args.sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
     config = streams_config(args.bootstrap, args.application_id, num_stream_threads=args.threads)
+    if args.state_dir:
+        config["state.dir"] = args.state_dir
+    if args.count:
+        config["cache.max.bytes.buffering"] = 0  # every input is one count update
+    if args.exactly_once:
+        config["processing.guarantee"] = "exactly_once_v2"
     streams = KafkaStreams(builder.build(), config)
     response = StreamThreadExceptionResponse[args.response]
 
@@ -75,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--exactly-once", action="store_true", help="processing.guarantee=exactly_once_v2")
+    parser.add_argument("--count", action="store_true",
+                        help="count per key (a RocksDB store, no cache) instead of relaying the values")
+    parser.add_argument("--state-dir", default=None)
     parser.add_argument("--response", default="SHUTDOWN_APPLICATION",
                         choices=[r.name for r in StreamThreadExceptionResponse])
     args = parser.parse_args(argv)

@@ -150,7 +150,7 @@ def test_zero_stream_threads_is_allowed() -> None:
     ("key", "value"),
     [
         ("auto.offset.reset", "smallest"),
-        ("processing.guarantee", "exactly_once_v2"),
+        ("processing.guarantee", "exactly_once"),
         ("acks", "2"),
     ],
 )

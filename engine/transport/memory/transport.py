@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.errors import ConfigError
 from engine.transport.base import ConsumerSettings, ProducerSettings
 from engine.transport.memory.admin import MemoryAdmin
 from engine.transport.memory.broker import MemoryBroker
@@ -29,10 +30,15 @@ class MemoryTransport:
         return MemoryConsumer(self.broker, settings.client_id, settings)
 
     def producer(self, settings: ProducerSettings) -> MemoryProducer:
+        if settings.transactional_id is not None:
+            # The memory broker models no transactions (no read_committed, no abort).
+            raise ConfigError("processing.guarantee", "exactly_once_v2 needs transactions, which the in-process "
+                              "memory:// broker does not model; use a Kafka cluster")
         return MemoryProducer(self.broker, settings)
 
     def admin(self, client_id: str) -> MemoryAdmin:
         return MemoryAdmin(self.broker, client_id)
 
-    def reader(self, client_id: str) -> MemoryConsumer:
+    def reader(self, client_id: str, read_committed: bool = False) -> MemoryConsumer:
+        # Every record of the memory broker is committed: it has no transactions.
         return MemoryConsumer(self.broker, client_id)

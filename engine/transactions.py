@@ -1,0 +1,122 @@
+"""Exactly-once (``processing.guarantee = exactly_once_v2``): one transaction per task and commit.
+
+Each task has its own transactional producer and record collector. Its output,
+its changelog writes, its dead letters and its input offsets (sent with
+``send_offsets_to_transaction`` for the application's group) go into one
+transaction, committed at every commit interval: they become visible to
+``read_committed`` readers together or not at all.
+
+Why one producer per task (Kafka Streams' first exactly-once design) and not one
+per thread: aiokafka (0.12–0.14) sends ``TxnOffsetCommit`` v0, which carries no
+generation and no member id, so the group coordinator cannot refuse the offsets
+of a member that was kicked out of the group (KIP-447's fencing). The only fence
+left is the ``transactional.id``: the new owner of a task initialises the same
+id (``<application.id>-<task id>``), which bumps the producer epoch, aborts the
+old owner's open transaction and makes every later write of the old owner (a
+zombie) fail with ``ProducerFencedError``. With one id per thread a zombie's
+tasks would move to a thread with a different id and nothing would stop the
+zombie committing them a second time. The cost: a producer (and its
+connections) per task, and a commit is one small transaction per task with
+progress (committed concurrently).
+
+Failures, as in Kafka Streams:
+
+- a timeout while processing, or a failed send or commit (``TaskCorruptedError``):
+  the task's transaction is aborted, the task is closed dirty, its local state
+  is wiped and it is revived from its last commit (restoring from the changelog,
+  read ``read_committed``). Its KIP-572 timer is kept, so an outage longer than
+  ``task.timeout.ms`` still ends in ``TaskTimeoutError``.
+- a fenced producer (``TaskMigratedError``): every task of the thread is closed
+  dirty and the thread rejoins the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from engine.commit import Committer
+from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
+from engine.records import TopicPartition
+from engine.tasks.timeouts import is_timeout
+from engine.transport.base import OffsetAndMetadata, TransactionalProducer
+
+if TYPE_CHECKING:
+    from engine.tasks.task import StreamTask
+    from engine.tasks.task_id import TaskId
+
+
+# Kafka Streams' producer default under exactly-once: the broker aborts a transaction left open this
+# long (a crashed instance's) even if no new owner initialises its transactional.id.
+EOS_TRANSACTION_TIMEOUT_MS = 10_000
+
+
+def transactional_id(application_id: str, task_id: TaskId) -> str:
+    """Stable per task across instances and restarts: the new owner of a task fences the old one."""
+    return f"{application_id}-{task_id}"
+
+
+class TransactionalCommitter(Committer):
+    """Commits each task's transaction with its offsets; a task that cannot commit is marked for revival.
+
+    A task's commit runs between two of its records (holding ``task.processing``):
+    a half-processed record's output must never be committed without its offset.
+    """
+
+    group_id: str = ""
+
+    async def commit(self, tasks: Iterable[StreamTask]) -> int:
+        tasks = [t for t in tasks if t.transaction_error is None]
+        self._last_commit = self._clock_ms()
+        results = await asyncio.gather(*(self._commit_task(t) for t in tasks), return_exceptions=True)
+        committed = 0
+        for task, result in zip(tasks, results):
+            if isinstance(result, BaseException):
+                if not isinstance(result, (ProducerFencedError, TransportError)) and not is_timeout(result):
+                    raise result  # a processor failing in a cache flush, a TaskTimeoutError: the thread fails
+                self._failed(task, result)
+            else:
+                committed += result
+        if committed:
+            self.commits += 1
+        return committed
+
+    async def _commit_task(self, task: StreamTask) -> int:
+        collector = task.collector
+        if collector is None:
+            return 0
+        producer: TransactionalProducer = collector.producer  # type: ignore[assignment]
+        async with task.processing:
+            if task.transaction_error is not None or task.state.state.name == "CLOSED":
+                return 0
+            if task.state_manager is not None and task.state_manager.caching:
+                await task.flush_state()
+            offsets: dict[TopicPartition, OffsetAndMetadata] = task.committable_offsets()
+            task.context.commit_requested = False
+            if not offsets and not producer.in_transaction and not collector.buffered():
+                return 0
+            started = self._monotonic_ms()
+            try:
+                await producer.commit_transaction(offsets, self.group_id)
+            except Exception as exc:
+                if is_timeout(exc) and not task.is_paused:
+                    # Charged like any timeout; past task.timeout.ms this raises TaskTimeoutError.
+                    task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
+                raise
+            task.mark_committed(offsets)
+            if task.timer.running and not task.timer.cleared_by_processing:
+                task.timer.clear()
+        self._log.debug("Committed the transaction of task %s: %s", task.id,
+                        {str(tp): om.offset for tp, om in offsets.items()})
+        return len(offsets)
+
+    def _failed(self, task: StreamTask, exc: BaseException) -> None:
+        error: TaskCorruptedError | TaskMigratedError
+        if isinstance(exc, ProducerFencedError):
+            error = TaskMigratedError(task.id, f"its producer was fenced while committing: {exc}")
+        else:
+            error = TaskCorruptedError(task.id, f"committing its transaction failed: {exc}")
+        error.__cause__ = exc
+        self._log.warning("Task %s could not commit its transaction: %s", task.id, exc)
+        task.transaction_failed(error)

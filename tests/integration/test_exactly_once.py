@@ -1,0 +1,301 @@
+"""``processing.guarantee = exactly_once_v2`` on real Kafka.
+
+The memory broker models no transactions, so exactly-once there is a ConfigError
+(tested in tests/unit/test_exactly_once_config.py). Every check here reads the
+output with a ``read_committed`` reader: a record of an aborted transaction must
+never be seen, and each input's effect must be there exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from engine import StreamsBuilder
+from engine.errors import ConfigError
+from engine.records import ConsumerRecord, TopicPartition
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from engine.state import Materialized
+from engine.testing import eventually_async
+from handlers import StreamThreadExceptionResponse
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
+
+STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
+EOS = {"processing_guarantee": "exactly_once_v2"}
+
+
+@pytest.fixture
+def kafka(kafka_bootstrap: str) -> Cluster:
+    from engine.transport import open_transport
+
+    return Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
+
+
+async def read_committed(cluster: Cluster, topic: str) -> list[ConsumerRecord]:
+    """Every committed record of ``topic`` up to its last stable offset, in offset order per partition."""
+    counts = await cluster.partition_counts([topic])
+    reader = cluster.transport.reader("eos-test-reader", read_committed=True)
+    await reader.start()
+    tps = [TopicPartition(topic, p) for p in range(counts[topic])]
+    reader.assign(tps)
+    for tp in tps:
+        reader.seek(tp, 0)
+    result: list[ConsumerRecord] = []
+    try:
+        ends = await reader.end_offsets(tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        pending = {tp for tp in tps if ends[tp] > 0}
+        while pending:
+            if loop.time() > deadline:
+                raise TimeoutError(f"Could not read {topic} up to {ends}")
+            batch = await reader.poll(200, 10_000)
+            for records in batch.values():
+                result.extend(records)
+            # Transaction markers take offsets too: the reader's position says where it is.
+            pending = {tp for tp in pending if await reader.position(tp) < ends[tp]}
+    finally:
+        await reader.close()
+    return result
+
+
+def count_topology(source: str, sink: str, fail_on: set[str] | None = None) -> Any:
+    """Counts per key; a value in ``fail_on`` makes the thread die once (the handler replaces it)."""
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=STR, value_serde=STR)
+    if fail_on:
+        failed: set[str] = set()
+
+        def maybe_fail(value: str) -> str:
+            if value in fail_on and value not in failed:
+                failed.add(value)
+                raise RuntimeError(f"injected failure at {value}")
+            return value
+
+        stream = stream.map_values(maybe_fail)
+    (stream.group_by_key(key_serde=STR)
+           .count(materialized=Materialized("counts"))
+           .to_stream()
+           .to(sink, key_serde=STR, value_serde=LONG))
+    return builder.build()
+
+
+def assert_counts_exactly_once(output: list[ConsumerRecord], expected: Counter[str]) -> None:
+    """Without a cache every input is one update: per key the counts are 1, 2, … n, each once."""
+    per_key: dict[str, list[int]] = {}
+    for record in sorted(output, key=lambda r: (r.partition, r.offset)):
+        per_key.setdefault(STR.deserialize(record.key), []).append(LONG.deserialize(record.value))
+    assert {k: v[-1] for k, v in per_key.items()} == dict(expected)
+    for key, counts in per_key.items():
+        assert counts == list(range(1, expected[key] + 1)), f"key {key}: {counts[:50]}"
+
+
+async def wait_for_counts(cluster: Cluster, sink: str, expected: Counter[str], timeout: float = 90) -> None:
+    latest: dict[str, int] = {}
+
+    async def done() -> bool:
+        latest.clear()
+        for record in await read_committed(cluster, sink):
+            latest[STR.deserialize(record.key)] = LONG.deserialize(record.value)
+        return latest == dict(expected)
+
+    try:
+        await eventually_async(done, timeout, f"counts {dict(expected)}")
+    except TimeoutError as exc:
+        raise AssertionError(f"last counts {latest} != {dict(expected)}") from exc
+
+
+def keyed(start: int, n: int, keys: int = 5) -> list[tuple[str, str]]:
+    return [(f"k{i % keys}", f"v{i}") for i in range(start, start + n)]
+
+
+async def test_count_with_thread_deaths_at_random_points_is_exactly_once(kafka: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 2, sink: 2})
+    rng = random.Random(12)
+    records = keyed(0, 600)
+    fail_on = {f"v{i}" for i in rng.sample(range(600), 4)}
+    streams = make_streams(count_topology(source, sink, fail_on), kafka.bootstrap, names.app,
+                           state_dir=str(tmp_path), cache_max_bytes_buffering=0, num_stream_threads=2,
+                           **EOS)
+    streams.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.REPLACE_THREAD)
+    async with streams:
+        for start in range(0, 600, 100):  # records keep flowing while threads die and are replaced
+            await kafka.produce(source, records[start:start + 100], STR, STR, partitions=2)
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in records))
+        assert streams.metric("failed-stream-threads") == 4
+    output = await read_committed(kafka, sink)
+    assert_counts_exactly_once(output, Counter(k for k, _ in records))
+
+
+async def test_adding_and_removing_threads_while_records_flow(kafka: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("out")
+    await kafka.create_topics({source: 4, sink: 4})
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(lambda value: {"n": value["n"]})
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path), **EOS)
+    total = 0
+    async with streams:
+        for step in ("add", "add", "remove", "add", "remove", "remove"):
+            batch = [(i, {"n": i}) for i in range(total, total + 150)]
+            await kafka.produce(source, batch, INT, JSON, partitions=4)
+            total += len(batch)
+            if step == "add":
+                assert await streams.add_stream_thread_async() is not None
+            else:
+                assert await streams.remove_stream_thread_async(timeout=30) is not None
+
+        async def all_out() -> bool:
+            return len(await read_committed(kafka, sink)) >= total
+        await eventually_async(all_out, 90, f"{total} records out")
+    seen = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
+    assert set(seen) == set(range(total))
+    assert [n for n, c in seen.items() if c > 1] == []
+
+
+async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, tmp_path, caplog) -> None:
+    """A second instance takes a task over while the first still runs it: the first one's producer is
+    fenced (its commit fails), it closes its tasks dirty and rejoins; no output is duplicated."""
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 1, sink: 1})
+    first = keyed(0, 200)
+    await kafka.produce(source, first, STR, STR, partitions=1)
+    one = make_streams(count_topology(source, sink), kafka.bootstrap, names.app, state_dir=str(tmp_path / "one"),
+                       cache_max_bytes_buffering=0, **EOS)
+    async with one:
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in first))
+        # A stranger initialises the task's transactional.id, as a new owner would.
+        zombie_killer = kafka.transport.producer(_settings(f"{names.app}-0_0"))
+        await zombie_killer.start()
+        await zombie_killer.close()
+        second = keyed(200, 100)
+        await kafka.produce(source, second, STR, STR, partitions=1)
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in first + second))
+    assert_counts_exactly_once(await read_committed(kafka, sink), Counter(k for k, _ in first + second))
+    assert await committed_offset(kafka, names.app, TopicPartition(source, 0)) == 300
+    assert any("fenced: closing every task dirty and rejoining" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_timeout_corrupts_the_task_instead_of_retrying_the_record(kafka: Cluster, names, tmp_path,
+                                                                           caplog) -> None:
+    """Under at-least-once a timeout retries the record in place; under exactly-once part of the
+    record's output may already be in the transaction, so the task is revived from its last commit."""
+    source, sink = names("input"), names("counts")
+    await kafka.create_topics({source: 1, sink: 1})
+    timed_out: set[str] = set()
+
+    def flaky(value: str) -> str:
+        if value == "v150" and value not in timed_out:
+            timed_out.add(value)
+            raise TimeoutError("the lookup service did not answer")
+        return value
+
+    # The count forwards its update before the flaky branch runs: retrying the record in place would
+    # count it twice; under exactly-once the transaction holding the first attempt is aborted.
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=STR, value_serde=STR)
+    (stream.group_by_key(key_serde=STR)
+           .count(materialized=Materialized("counts"))
+           .to_stream()
+           .to(sink, key_serde=STR, value_serde=LONG))
+    stream.map_values(flaky).to(names("side"), key_serde=STR, value_serde=STR)
+    await kafka.create_topics({names("side"): 1})
+    records = keyed(0, 300)
+    await kafka.produce(source, records, STR, STR, partitions=1)
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path),
+                           cache_max_bytes_buffering=0, **EOS)
+    async with streams:
+        await wait_for_counts(kafka, sink, Counter(k for k, _ in records))
+        assert streams.metric("failed-stream-threads") == 0
+    assert_counts_exactly_once(await read_committed(kafka, sink), Counter(k for k, _ in records))
+    side = Counter(STR.deserialize(r.value) for r in await read_committed(kafka, names("side")))
+    assert set(side) == {v for _, v in records} and max(side.values()) == 1
+    assert any("Revived tasks ['0_0'] from their last commit" in r.getMessage() for r in caplog.records)
+
+
+def _settings(transactional_id: str) -> Any:
+    from engine.transport.base import ProducerSettings
+
+    return ProducerSettings(client_id="fencer", transactional_id=transactional_id)
+
+
+async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> None:
+    with pytest.raises(ConfigError, match="processing.guarantee.*memory"):
+        make_streams(count_topology("a", "b"), "memory://eos", names.app, **EOS)
+
+
+@pytest.mark.timeout(240)
+async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Cluster, names, tmp_path,
+                                                                     caplog) -> None:
+    """The whole process dies with SIGKILL mid-transaction (no abort, no leave-group, no checkpoint)
+    while counting into a RocksDB store. The restart wipes the local store (it may hold uncommitted
+    counts), restores it from the committed changelog, and its producers fence the dead one's
+    transactions: per key the committed output is 1, 2, … n, each once."""
+    import json
+    import logging
+    import os
+    import signal
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    caplog.set_level(logging.INFO, logger="engine")
+    source, sink = names("in"), names("out")
+    await kafka.create_topics({source: 2, sink: 2})
+    keys = 10
+    records = [(i % keys, {"n": i}) for i in range(3000)]
+    await kafka.produce(source, records, INT, JSON, partitions=2)
+    root = Path(__file__).resolve().parents[2]
+    state_dir = str(tmp_path / "state")
+    kill_after = random.Random(7).randrange(300, 1500)
+    with tempfile.TemporaryFile() as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.app_process", "--bootstrap", kafka.bootstrap,
+            "--application-id", names.app, "--source", source, "--sink", sink, "--exactly-once", "--count",
+            "--state-dir", state_dir, cwd=root, stdout=asyncio.subprocess.PIPE, stderr=stderr)
+        try:
+            seen = 0
+            assert process.stdout is not None
+            while seen < kill_after:  # the app prints a line per record it processes
+                line = await asyncio.wait_for(process.stdout.readline(), 90)
+                if not line:
+                    stderr.seek(0)
+                    pytest.fail(f"the app processed {seen} records, then stopped:\n"
+                                f"{stderr.read().decode(errors='replace')[-3000:]}")
+                if json.loads(line)["event"] == "processed":
+                    seen += 1
+            os.kill(process.pid, signal.SIGKILL)
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .group_by_key()
+            .count(materialized=Materialized("counts"))
+            .to_stream()
+            .to(sink, key_serde=INT, value_serde=LONG))
+    expected = Counter(k for k, _ in records)
+    async with make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=state_dir,
+                            cache_max_bytes_buffering=0, **EOS):
+        async def complete() -> bool:
+            latest = {INT.deserialize(r.key): LONG.deserialize(r.value) for r in await read_committed(kafka, sink)}
+            return latest == dict(expected)
+
+        await eventually_async(complete, 120, "every key's full count in the committed output after the restart")
+    per_key: dict[int, list[int]] = {}
+    for record in sorted(await read_committed(kafka, sink), key=lambda r: (r.partition, r.offset)):
+        per_key.setdefault(INT.deserialize(record.key), []).append(LONG.deserialize(record.value))
+    assert per_key == {k: list(range(1, n + 1)) for k, n in expected.items()}
+    # The killed process left RocksDB stores and no checkpoint: the restart restored from the changelog.
+    assert any("Restored store 'counts'" in r.getMessage() for r in caplog.records)
