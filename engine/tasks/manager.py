@@ -351,14 +351,7 @@ class TaskManager:
         timers = {task.id: task.timer for task in failed}
         partitions = [tp for task in failed for tp in task.partitions]
         await self.close_tasks(failed, clean=False, timeout=timeout)
-        for tp in partitions:
-            # Nothing committed yet: from the start, as revive_all does (an offset no longer in the
-            # log is reset by auto.offset.reset).
-            committed = await self._consumer.committed(tp)
-            self._consumer.seek(tp, committed.offset if committed is not None else 0)
-        for task in self.handle_assignment(partitions):
-            if task.id in timers:
-                task.timer = timers[task.id]
+        await self._reopen_from_commit(partitions, timers)
         self._log.warning("Revived tasks %s from their last commit: %s", [str(t.id) for t in failed],
                           "; ".join(str(t.transaction_error) for t in failed))
         self._on_tasks_changed()
@@ -441,15 +434,21 @@ class TaskManager:
             return
         await self.close_tasks(tasks, clean=False, timeout=timeout)
         self._committer.producer_failed = None
+        await self._reopen_from_commit(partitions, timers)
+        self._log.warning("Revived tasks %s from their last commit after a producer timeout",
+                          [str(t.id) for t in tasks])
+        self._on_tasks_changed()
+
+    async def _reopen_from_commit(self, partitions: list[TopicPartition], timers: dict[TaskId, TaskTimer]) -> None:
+        """Rewind each partition to its last commit and create its tasks again, keeping their
+        KIP-572 timers. Nothing committed yet: from the start (an offset no longer in the log is
+        reset by auto.offset.reset)."""
         for tp in partitions:
             committed = await self._consumer.committed(tp)
             self._consumer.seek(tp, committed.offset if committed is not None else 0)
         for task in self.handle_assignment(partitions):
             if task.id in timers:
                 task.timer = timers[task.id]
-        self._log.warning("Revived tasks %s from their last commit after a producer timeout",
-                          [str(t.id) for t in tasks])
-        self._on_tasks_changed()
 
     async def maybe_commit(self) -> int:
         return await self._committer.maybe_commit(self.tasks.values())

@@ -22,7 +22,7 @@ from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
 from engine.state import Materialized
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
-from tests.support.apps import make_streams
+from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster, committed_offset
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
@@ -66,27 +66,6 @@ async def read_committed(cluster: Cluster, topic: str) -> list[ConsumerRecord]:
     return result
 
 
-def count_topology(source: str, sink: str, fail_on: set[str] | None = None) -> Any:
-    """Counts per key; a value in ``fail_on`` makes the thread die once (the handler replaces it)."""
-    builder = StreamsBuilder()
-    stream = builder.stream(source, key_serde=STR, value_serde=STR)
-    if fail_on:
-        failed: set[str] = set()
-
-        def maybe_fail(value: str) -> str:
-            if value in fail_on and value not in failed:
-                failed.add(value)
-                raise RuntimeError(f"injected failure at {value}")
-            return value
-
-        stream = stream.map_values(maybe_fail)
-    (stream.group_by_key(key_serde=STR)
-           .count(materialized=Materialized("counts"))
-           .to_stream()
-           .to(sink, key_serde=STR, value_serde=LONG))
-    return builder.build()
-
-
 def assert_counts_exactly_once(output: list[ConsumerRecord], expected: Counter[str]) -> None:
     """Without a cache every input is one update: per key the counts are 1, 2, … n, each once."""
     per_key: dict[str, list[int]] = {}
@@ -122,7 +101,7 @@ async def test_count_with_thread_deaths_at_random_points_is_exactly_once(kafka: 
     rng = random.Random(12)
     records = keyed(0, 600)
     fail_on = {f"v{i}" for i in rng.sample(range(600), 4)}
-    streams = make_streams(count_topology(source, sink, fail_on), kafka.bootstrap, names.app,
+    streams = make_streams(count_topology(source, sink, fail_on=fail_on), kafka.bootstrap, names.app,
                            state_dir=str(tmp_path), cache_max_bytes_buffering=0, num_stream_threads=2,
                            **EOS)
     streams.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.REPLACE_THREAD)

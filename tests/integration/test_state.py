@@ -21,34 +21,12 @@ from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
 from engine.state import Materialized, TimeWindows
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
-from tests.support.apps import make_streams
+from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster, committed_position
 
 pytestmark = pytest.mark.asyncio
 
 STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
-
-
-def count_topology(source: str, sink: str, store: str = "counts", persistent: bool | None = None,
-                   fail_on: set[str] | None = None) -> Any:
-    """Counts records per key; ``fail_on`` values make the counting processor raise once each."""
-    builder = StreamsBuilder()
-    stream = builder.stream(source, key_serde=STR, value_serde=STR)
-    if fail_on:
-        failed: set[str] = set()
-
-        def maybe_fail(value: str) -> str:
-            if value in fail_on and value not in failed:
-                failed.add(value)
-                raise RuntimeError(f"injected failure at {value}")
-            return value
-
-        stream = stream.map_values(maybe_fail)
-    (stream.group_by_key(key_serde=STR)
-           .count(materialized=Materialized(store, persistent=persistent))
-           .to_stream()
-           .to(sink, key_serde=STR, value_serde=LONG))
-    return builder.build()
 
 
 async def final_counts(cluster: Cluster, sink: str, expected: Counter[str], timeout: float = 60.0) -> dict[str, int]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from engine import KafkaStreams, StreamsBuilder, Topology
-from engine.serdes import IntegerSerde, JsonSerde
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from engine.state import Materialized
 
 
 def streams_config(bootstrap: str, app: str, **overrides: Any) -> dict[str, Any]:
@@ -40,3 +41,25 @@ def expected_doubling(records: list[tuple[int, dict[str, int]]]) -> list[tuple[i
 
 def make_streams(topology: Topology, bootstrap: str, app: str, **overrides: Any) -> KafkaStreams:
     return KafkaStreams(topology, streams_config(bootstrap, app, **overrides))
+
+
+def count_topology(source: str, sink: str, store: str = "counts", persistent: bool | None = None,
+                   fail_on: set[str] | None = None) -> Any:
+    """Counts records per key; ``fail_on`` values make the counting processor raise once each."""
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=StringSerde(), value_serde=StringSerde())
+    if fail_on:
+        failed: set[str] = set()
+
+        def maybe_fail(value: str) -> str:
+            if value in fail_on and value not in failed:
+                failed.add(value)
+                raise RuntimeError(f"injected failure at {value}")
+            return value
+
+        stream = stream.map_values(maybe_fail)
+    (stream.group_by_key(key_serde=StringSerde())
+           .count(materialized=Materialized(store, persistent=persistent))
+           .to_stream()
+           .to(sink, key_serde=StringSerde(), value_serde=LongSerde()))
+    return builder.build()
