@@ -115,6 +115,14 @@ class ThreadCache:
         cache.on_flush(dirty)
         return len(dirty)
 
+    def discard(self, cache: NamedCache, key: bytes) -> None:
+        """Drop ``key``'s entry without sending it down (undoing an update of a record to retry)."""
+        entry = cache.entries.pop(key, None)
+        if entry is not None:
+            size = entry.size(key)
+            cache.bytes -= size
+            self.size_bytes -= size
+
     def close(self, cache: NamedCache) -> None:
         """Drop a namespace and its entries, dirty or not (the caller flushed first if it had to)."""
         if self._caches.pop(cache.name, None) is None:

@@ -44,6 +44,9 @@ class StateStore:
         self._listener: FlushListener | None = None
         self.writes = 0
         self.open = True
+        # Set by the task manager while a record runs: the first write of each key records
+        # what to put back if the record is retried (see ``Journal``).
+        self.journal: Journal | None = None
 
     @property
     def persistent(self) -> bool:
@@ -59,6 +62,9 @@ class StateStore:
 
     # -- the write path ------------------------------------------------------------
     def _write(self, key: bytes, value: bytes | None) -> None:
+        journal = self.journal
+        if journal is not None and journal.active:
+            journal.remember(self, key)
         cache, ns = self._cache, self._ns
         if ns is not None and cache is not None and cache.enabled:
             cache.put(ns, key, CacheEntry(value, self._timestamp(), self._source()))
@@ -79,6 +85,29 @@ class StateStore:
 
     def _decode_key(self, key: bytes) -> Any:
         return self.key_serde.deserialize(key)
+
+    # -- undo (a record to retry) ----------------------------------------------------
+    def _before(self, key: bytes) -> tuple[CacheEntry | None, bytes | None]:
+        ns = self._ns
+        entry = ThreadCache.peek(ns, key) if ns is not None else None
+        if entry is not None:
+            entry = CacheEntry(entry.value, entry.timestamp, entry.source, entry.dirty)
+        return entry, self.inner.get(key)
+
+    def _undo(self, key: bytes, cached: CacheEntry | None, stored: bytes | None,
+              source: tuple[str, int] | None) -> None:
+        """Put ``key`` back as it was before the record: the store (with a compensating changelog
+        update, tagged with the record, if the value went down meanwhile) and the cache entry."""
+        if self.inner.get(key) != stored:
+            self.inner.put(key, stored)
+            if self.changelog is not None:
+                self.changelog.log(key, stored, self._timestamp(), source)
+        cache, ns = self._cache, self._ns
+        if cache is not None and ns is not None:
+            if cached is None:
+                cache.discard(ns, key)
+            else:
+                cache.put(ns, key, cached)
 
     def _key(self, key: Any) -> bytes:
         if key is None:
@@ -130,6 +159,50 @@ class StateStore:
         if not self.open:
             from engine.errors import InvalidStateStoreError
             raise InvalidStateStoreError(self.name, "is closed (its task moved or the client stopped)")
+
+
+class Journal:
+    """The store updates of the record in progress, to undo when it is retried.
+
+    A record retried after a timeout back-off, or resumed after a PAUSE, runs its
+    processors again from its source: updates its first attempt made must not stay,
+    or they would be applied twice. Records that end (done, or skipped by CONTINUE)
+    keep theirs. Caller: the task, around each record; stores call ``remember``.
+    """
+
+    __slots__ = ("active", "_before", "_source")
+
+    def __init__(self) -> None:
+        self.active = False
+        self._before: dict[tuple[int, bytes], tuple[StateStore, bytes, CacheEntry | None, bytes | None]] = {}
+        self._source: Source | None = None
+
+    def begin(self, source: Source) -> None:
+        self.active = True
+        self._source = source
+        if self._before:
+            self._before = {}
+
+    def end(self) -> None:
+        self.active = False
+        if self._before:
+            self._before = {}
+
+    def remember(self, store: StateStore, key: bytes) -> None:
+        slot = (id(store), key)
+        if slot not in self._before:
+            cached, stored = store._before(key)
+            self._before[slot] = (store, key, cached, stored)
+
+    def undo(self) -> int:
+        """Put every key the record wrote back as it was; returns how many."""
+        before, self._before = self._before, {}
+        self.active = False
+        source = self._source() if self._source is not None else None
+        for store, key, cached, stored in reversed(list(before.values())):
+            if store.open:
+                store._undo(key, cached, stored, source)
+        return len(before)
 
 
 class KeyValueStore(StateStore):

@@ -24,7 +24,7 @@ from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBByt
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Append, Changelogger, changelog_topic
 from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
-from engine.state.store import KeyValueStore, Source, StateStore, WindowStore
+from engine.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from engine.state.stores import StoreBuilder, StoreType
 from engine.tasks.in_flight import decode_completed
 from engine.transport.base import Consumer
@@ -65,6 +65,9 @@ class TaskStateManager:
         self._log = logger
         self.stores: dict[str, StateStore] = {}
         self.changelogs: dict[str, TopicPartition] = {}
+        # What the record in progress changed, to undo if it is retried (task-at-a-time only).
+        self.journal = Journal()
+        self._source = source
         self.restored = 0
         try:
             for builder in builders:
@@ -74,6 +77,8 @@ class TaskStateManager:
         except BaseException:
             self.close(clean=False)
             raise
+        for store in self.stores.values():
+            store.journal = self.journal
 
     def _open(self, builder: StoreBuilder, default_persistent: bool, default_key_serde: Serde,
               default_value_serde: Serde, application_id: str, append: Append, cache: ThreadCache | None,
@@ -171,6 +176,20 @@ class TaskStateManager:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.05)
+
+    # -- the record in progress ----------------------------------------------------
+    def begin_record(self) -> None:
+        self.journal.begin(self._source)
+
+    def end_record(self) -> None:
+        self.journal.end()
+
+    def undo_record(self) -> int:
+        """The record will run again (a timeout retry, or a resume after PAUSE): undo its updates."""
+        undone = self.journal.undo()
+        if undone:
+            self._log.debug("Undid %d store update(s) of a record that will be processed again", undone)
+        return undone
 
     # -- commit ---------------------------------------------------------------------
     def flush_caches(self) -> int:

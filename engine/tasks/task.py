@@ -333,6 +333,9 @@ class StreamTask:
         single = len(self._queues) == 1
         queue = self._next_partition()
         timer = self.timer
+        # Records of a task with state run one at a time here: their store updates are journaled
+        # so that a record run again (timeout retry, resume after PAUSE) does not apply them twice.
+        states = self.state_manager if self.state_manager is not None and self.state_manager.stores else None
         done = 0
         began = time.perf_counter_ns()
         while queue and done < _CHUNK and not self._closing:
@@ -357,6 +360,8 @@ class StreamTask:
                 done += 1
                 continue
             record = Record(key, value, raw.timestamp, raw.headers)
+            if states is not None:
+                states.begin_record()
             try:
                 if forwarder.start(source, record):
                     await forwarder.drain()
@@ -366,6 +371,8 @@ class StreamTask:
                 forwarder.reset()
                 if not is_timeout(exc):
                     raise
+                if states is not None:
+                    states.undo_record()
                 await self._back_off(exc, f"sending for {raw.topic}-{raw.partition} offset {raw.offset}",
                                      started)
                 break
@@ -373,15 +380,24 @@ class StreamTask:
                 node = forwarder.node.name if forwarder.node is not None else source.name
                 forwarder.reset()
                 if not is_timeout(exc):
-                    if await self._processing_failed(raw, node, record, exc) is FailureAction.PAUSE:
+                    action = await self._processing_failed(raw, node, record, exc)
+                    if action is FailureAction.PAUSE:
+                        if states is not None:
+                            states.undo_record()  # resume() runs the record again
                         break
+                    if states is not None:
+                        states.end_record()
                     self._skip(queue, raw)
                     done += 1
                     continue
                 # The record stays at the head of its queue: it is retried, never skipped.
+                if states is not None:
+                    states.undo_record()
                 await self._back_off(exc, f"Processor '{node}' on {raw.topic}-{raw.partition} offset "
                                           f"{raw.offset}", started)
                 break
+            if states is not None:
+                states.end_record()
             if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()
             queue.popleft()

@@ -354,3 +354,42 @@ async def test_updates_of_records_done_in_flight_survive_a_crash(cluster: Cluste
             store = second.store("counts")
             return store.get("K") == 5 and store.get("J") == 1
         await eventually_async(counted, timeout=30, what="K counted 5 times, J once")
+
+
+@pytest.mark.parametrize("failure", ["pause", "timeout"])
+async def test_a_record_run_again_does_not_apply_its_store_update_twice(cluster: Cluster, names, tmp_path,
+                                                                        failure: str) -> None:
+    """A processor after the count fails once on the third count: PAUSE then resume, or a timeout
+    retried after its back-off, runs that record again; its first update is undone, not kept."""
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [("K", f"v{i}") for i in range(5)], STR, STR, partitions=1)
+    failed: list[int] = []
+
+    def fail_once(n: int) -> int:
+        if n == 3 and not failed:
+            failed.append(n)
+            raise (TimeoutError if failure == "timeout" else RuntimeError)("downstream of the count, once")
+        return n
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=STR, value_serde=STR)
+            .group_by_key()
+            .count(materialized=Materialized("counts", persistent=False))
+            .to_stream().map_values(fail_once).to(sink, key_serde=STR, value_serde=LONG))
+    # No record cache: each update goes downstream while its record runs (with the cache the
+    # map would run at the flush before a commit, outside any record).
+    extra: dict[str, Any] = {"cache_max_bytes_buffering": 0}
+    if failure == "pause":
+        extra["processing_exception_handler"] = "handlers.processing.LogAndPauseProcessingExceptionHandler"
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, state_dir=str(tmp_path), **extra)
+    async with streams:
+        if failure == "pause":
+            await eventually_async(lambda: bool(streams.paused_local_tasks()), timeout=30, what="paused")
+            assert await streams.resume_async("0_0")
+
+        async def all_counted() -> bool:
+            return streams.state is ClientState.RUNNING and streams.store("counts").get("K") == 5
+        await eventually_async(all_counted, timeout=30, what="K counted 5 times")
+        assert failed == [3]
+    assert [LONG.deserialize(r.value) for r in await cluster.read_all(sink)] == [1, 2, 3, 4, 5]

@@ -148,3 +148,29 @@ def test_restore_applies_updates_of_records_that_will_not_be_processed_again() -
 
     committed = ProcessedInput(10, frozenset({12, 15}))
     assert [o for o in range(8, 17) if committed.covers(o)] == [8, 9, 12, 15]
+
+
+def test_the_journal_puts_a_records_updates_back_in_store_cache_and_changelog() -> None:
+    from engine.state.store import Journal
+
+    log = Log()
+    cache = ThreadCache(1 << 20)
+    store = kv(cache, log)
+    journal = Journal()
+    store.journal = journal
+    store.put("a", 1)
+    store.flush_cache()  # a=1 is down (store and changelog)
+    store.put("b", 7)    # b=7 only cached
+    journal.begin(lambda: ("in", 9))
+    store.put("a", 2)
+    store.put("b", 8)
+    store.put("c", 3)
+    store.flush_cache()  # the record's updates went down too
+    assert journal.undo() == 3
+    assert (store.get("a"), store.get("b"), store.get("c")) == (1, 7, None)
+    # The changelog ends with compensations tagged with the record, so a restore agrees.
+    changes = [(k, v) for _, _, k, v, _, _ in log.records]
+    assert changes[-3:] == [(b"c", None), (b"b", None), (b"a", LONG.serialize(1))]
+    assert decode_source(log.records[-1][5]) == ("in", 9)
+    store.flush_cache()
+    assert store.inner.get(b"b") == LONG.serialize(7)  # the earlier dirty entry is still there to go down
