@@ -48,7 +48,7 @@ from engine.state.store import StateStore
 from engine.state.task_state import StateSettings
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.manager import ExactlyOnce, TaskManager
-from engine.tasks.task import StreamTask
+from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.timeouts import TaskTimer, retry_on_timeout
@@ -296,7 +296,7 @@ class StreamThread:
         stores = []
         for task in self._tasks_view:
             manager = task.state_manager
-            if manager is not None and name in manager.stores and task.state.state.name == "RUNNING":
+            if manager is not None and name in manager.stores and task.state.state is TaskState.RUNNING:
                 stores.append(manager.stores[name])
         return stores
 
@@ -334,7 +334,7 @@ class StreamThread:
             deadline = task.timer.deadline_ms
             if task.is_paused:
                 state = TaskRunState.PAUSED
-            elif task.state.state.name in ("CREATED", "RESTORING") and task.state_manager is not None:
+            elif task.state.state in (TaskState.CREATED, TaskState.RESTORING) and task.state_manager is not None:
                 state = TaskRunState.RESTORING
             elif deadline is not None:
                 state = TaskRunState.RETRYING

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import pytest_asyncio
 
+from engine.testing import eventually_async
 from tests.support.fault_proxy import FaultProxy, Mode
 
 pytestmark = pytest.mark.asyncio
@@ -109,11 +110,7 @@ async def connect(
 
 
 async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE} s waiting for {what}")
-        await asyncio.sleep(0.005)
+    await eventually_async(condition, timeout=DEADLINE, what=what)
 
 
 async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from engine.clock import ManualClock
 from engine.errors import CommitFailedError, IllegalStateError, ProduceError, TransportError
 from engine.records import FetchedRecord, TopicPartition
+from engine.testing import eventually_async
 from engine.transport.base import (
     ConsumerSettings,
     MemberAssignment,
@@ -113,12 +114,7 @@ class Member:
 
 
 async def eventually(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"Timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.005)
+    await eventually_async(cond, timeout=timeout, what=what)
 
 
 async def poll_until(members: Sequence[Member], cond: Callable[[], bool], what: str, timeout: float = 5) -> None:
