@@ -20,6 +20,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
+import anyio
+
 from engine.client import ClientState, KafkaStreams
 from engine.errors import ConfigError, MissingExtraError
 
@@ -58,9 +60,13 @@ def run(target: str, close_timeout: float, monitor: bool = False) -> int:
 
 
 async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool) -> int:
-    """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it."""
+    """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it.
+
+    It waits on the client's state itself rather than through ``set_state_listener``: that is the
+    user's one listener (Kafka Streams has one), and the application may have set it already.
+    """
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = anyio.Event()
 
     def on_signal(signum: signal.Signals) -> None:
         log.info("Received %s: closing", signum.name)
@@ -69,15 +75,10 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
 
-    def on_state(new: ClientState, _old: ClientState) -> None:
-        # Runs on whichever thread changed the state; the loop may be gone after a timed-out close.
-        if new in (ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR):
-            try:
-                loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:
-                pass  # the loop is closed: the runner is done already
+    async def until_stopped_by_itself() -> None:
+        await streams.wait_for_state_async(ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR)
+        stop.set()
 
-    streams.set_state_listener(on_state)
     console = None
     try:
         if monitor:
@@ -87,7 +88,10 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
             console = open_monitor(streams, loop)
         await streams.start_async()
         log.info("Started %s (%s)", target, streams.client_id)
-        await stop.wait()
+        async with anyio.create_task_group() as group:
+            group.start_soon(until_stopped_by_itself)
+            await stop.wait()
+            group.cancel_scope.cancel()
     finally:
         if console is not None:
             console.close()

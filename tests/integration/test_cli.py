@@ -55,6 +55,19 @@ APP = textwrap.dedent('''
     def poisoned():
         return make(poison=True)
 
+    def _print_state(new, old):
+        print("user listener", old.name, "->", new.name, flush=True)
+
+    def listening():
+        streams = make()
+        streams.set_state_listener(_print_state)
+        return streams
+
+    def listening_poisoned():
+        streams = make(poison=True)
+        streams.set_state_listener(_print_state)
+        return streams
+
     not_an_app = 42
 ''')
 
@@ -103,6 +116,29 @@ def test_a_client_that_ends_in_error_exits_non_zero(app_dir: Path) -> None:
     finally:
         process.kill()
     assert process.returncode == 1
+    assert "Stopped in state ERROR" in output
+
+
+def test_the_runner_keeps_the_users_state_listener(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:listening")
+    try:
+        read_until(process, "user listener REBALANCING -> RUNNING")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert "user listener PENDING_SHUTDOWN -> NOT_RUNNING" in rest
+
+
+def test_a_client_with_a_user_listener_that_ends_in_error_still_exits(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:listening_poisoned")
+    try:
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1
+    assert "user listener PENDING_ERROR -> ERROR" in output
     assert "Stopped in state ERROR" in output
 
 
