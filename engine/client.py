@@ -660,13 +660,14 @@ class KafkaStreams:
                     result.append(Metric("stream-task-metrics", name, task_tags, value))
             result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
                                  float(thread.cache_size)))
-            for task_id, lag in thread.task_lag.items():
+            for task_id, lag in thread.task_lags().items():
                 result.append(Metric("stream-task-metrics", "records-lag", {**thread_tags, "task-id": str(task_id)},
                                      float(lag)))
             if thread.errors is not None:
                 result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags,
                                      float(thread.errors.dropped)))
-                result.append(Metric("stream-thread-metrics", "paused-tasks-total", thread_tags,
+                # Pauses so far; how many tasks are paused now is paused-tasks-total (the thread's counters).
+                result.append(Metric("stream-thread-metrics", "pause-total", thread_tags,
                                      float(thread.errors.paused)))
         return result
 

@@ -75,6 +75,8 @@ class StreamThreadState(Enum):
 
 
 _T = StreamThreadState
+# How often a thread reads its partitions' log end for the records-lag metric.
+LAG_REFRESH_MS = 1_000
 THREAD_TRANSITIONS: dict[StreamThreadState, frozenset[StreamThreadState]] = {
     _T.CREATED: frozenset({_T.STARTING, _T.PENDING_SHUTDOWN}),
     _T.STARTING: frozenset({_T.PARTITIONS_REVOKED, _T.PARTITIONS_ASSIGNED, _T.PENDING_SHUTDOWN}),
@@ -202,7 +204,8 @@ class StreamThread:
         self._failure_reported = False
         self._carry_shutdown = False
         self._failed_member = False
-        self.task_lag: dict[TaskId, int] = {}
+        # Log end offsets of the tasks' partitions, read at most once a second (see task_lags).
+        self._log_ends: dict[TopicPartition, int] = {}
         self._next_lag_ms = 0
         self.sensors = ThreadSensors(
             SensorSettings(config[cfg.METRICS_SAMPLE_WINDOW_MS], config[cfg.METRICS_NUM_SAMPLES]),
@@ -312,6 +315,8 @@ class StreamThread:
             "process-total": float(closed_processed + sum(t.processed for t in tasks)),
             "commit-total": float(manager.commits if manager is not None else 0),
             "timeout-retries-total": float(closed_timeouts + sum(t.timeouts for t in tasks)),
+            # Tasks paused now (a PAUSE answer not yet resumed), not pause events (pause-total).
+            "paused-tasks-total": float(sum(t.is_paused for t in tasks)),
             "record-cache-bytes": float(self.cache.size_bytes),
             "record-cache-evictions-total": float(self.cache.evictions),
         }
@@ -328,7 +333,7 @@ class StreamThread:
         """Each active task's state, offsets, lag and timeout deadline; safe from any thread
         (attribute reads and dict copies of the task's own fields, no lock, no loop call)."""
         now = self._clock.monotonic_ms()
-        lag = self.task_lag
+        lag = self.task_lags()
         result = []
         for task in self._tasks_view:
             deadline = task.timer.deadline_ms
@@ -546,34 +551,47 @@ class StreamThread:
             await self._maybe_measure_lag(consumer, manager)
 
     async def _maybe_measure_lag(self, consumer: object, manager: TaskManager) -> None:
-        """Consumer lag per task (log end minus next offset to process), at most once a second.
+        """Read the log end of the tasks' partitions, at most once a second.
 
-        A paused task's lag keeps growing here, which is how operators see it.
+        The lag itself is computed when read (``task_lags``) from these ends and the tasks' live
+        positions, so it follows processing at once and does not wait for a commit interval.
+        A paused task's lag keeps growing, which is how operators see it.
         """
         now = self._clock.monotonic_ms()
         if now < self._next_lag_ms or not manager.tasks:
             return
-        self._next_lag_ms = now + max(1_000, self._config[cfg.COMMIT_INTERVAL_MS])
+        self._next_lag_ms = now + LAG_REFRESH_MS
         tasks = list(manager.tasks.values())
         partitions = [tp for task in tasks for tp in task.partitions]
         try:
             ends = await consumer.end_offsets(partitions)  # type: ignore[attr-defined]
+            for task in tasks:
+                for tp in task.partitions:
+                    if task.position(tp) is None and tp not in task.group_committed:
+                        committed = await consumer.committed(tp)  # type: ignore[attr-defined]
+                        if committed is not None:
+                            task.group_committed[tp] = committed.offset
         except Exception as exc:  # noqa: BLE001 - a metric must never fail the thread
             self.log.debug("Could not read end offsets for the lag metric: %r", exc)
             return
-        lag: dict[TaskId, int] = {}
-        for task in tasks:
+        self._log_ends = ends
+
+    def task_lags(self) -> dict[TaskId, int]:
+        """Each task's lag: last known log end minus the next offset to process, summed over its
+        partitions (a task not measured yet has none). Safe from any thread (plain reads)."""
+        ends = self._log_ends
+        lags: dict[TaskId, int] = {}
+        for task in self._tasks_view:
+            if not all(tp in ends for tp in task.partitions):
+                continue
             total = 0
             for tp in task.partitions:
                 position = task.position(tp)
                 if position is None:
-                    committed = await consumer.committed(tp)  # type: ignore[attr-defined]
-                    position = committed.offset if committed is not None else 0
-                    if committed is not None:
-                        task.group_committed[tp] = committed.offset
-                total += max(0, ends.get(tp, position) - position)
-            lag[task.id] = total
-        self.task_lag = lag
+                    position = task.group_committed.get(tp, 0)
+                total += max(0, ends[tp] - position)
+            lags[task.id] = total
+        return lags
 
     def _task_producer(self, task_id: TaskId) -> Producer:
         """Exactly-once: a task's own transactional producer (not started)."""
@@ -676,8 +694,6 @@ class StreamThread:
                                      for t in manager.tasks.values())
             self._tasks_view = tuple(manager.tasks.values())
             self.assignor.owned_tasks = sorted(manager.tasks)
-            # A revoked task's lag is someone else's now; drop it without waiting for the next measure.
-            self.task_lag = {task_id: lag for task_id, lag in self.task_lag.items() if task_id in manager.tasks}
 
 
 def _serde(value: object, key: str) -> Serde:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -100,3 +101,34 @@ async def test_metrics_after_a_known_workload_and_through_prometheus(cluster: Cl
     assert streams.prometheus is None
     with pytest.raises(urllib.error.URLError):
         await scrape(port)
+
+
+async def test_records_lag_follows_processing_with_a_long_commit_interval(cluster: Cluster, names) -> None:
+    """The lag is the log end minus the live position, measured every second whatever the commit
+    interval (Kafka Streams' default is 30 s): it shows a backlog growing and going away."""
+    source, sink = names("input"), names("output")
+    await cluster.create_topics({source: 1, sink: 1})
+    released = threading.Event()
+
+    async def gate(value: dict) -> dict:
+        while not released.is_set():
+            await asyncio.sleep(0.01)  # stands in for a slow call; the test releases it
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(gate)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = KafkaStreams(builder.build(), streams_config(cluster.bootstrap, names.app, commit_interval_ms=60_000))
+
+    def lag() -> float | None:
+        values = [m.value for m in streams.metrics() if m.name == "records-lag"]
+        return sum(values) if values else None
+
+    async with streams:
+        await eventually_async(lambda: lag() == 0, 30, "the lag measured once")
+        await cluster.produce(source, [(i, {"n": i}) for i in range(50)], INT, JSON, partitions=1)
+        await eventually_async(lambda: lag() == 50, 10, "a lag of 50 while the first record waits")
+        released.set()
+        await cluster.read(sink, 50)
+        await eventually_async(lambda: lag() == 0, 10, "the lag back to 0 once the records are processed")

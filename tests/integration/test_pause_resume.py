@@ -92,6 +92,10 @@ async def test_pause_stops_only_that_task_and_commits_up_to_the_failed_record(cl
         await eventually_async(lambda: lag_of_paused_task() == 6, 30, "the paused task's lag grows to 6")
 
 
+def thread_metric(streams, name: str) -> float:
+    return sum(m.value for m in streams.metrics() if m.group == "stream-thread-metrics" and m.name == name)
+
+
 async def _committed_is(cluster: Cluster, group: str, tp: TopicPartition, offset: int) -> bool:
     return await committed_offset(cluster, group, tp) == offset
 
@@ -106,10 +110,14 @@ async def test_resume_retries_the_failed_record_and_skip_goes_past_it(cluster: C
         assert await streams.resume_async(TaskId(0, 0))  # the record is still bad: pauses again
         await eventually_async(lambda: streams.paused_local_tasks(), 30, "paused again")
         assert streams.metrics()  # metrics stay readable while paused
+        # One task paused (twice): the gauge counts tasks, the total counts pauses.
+        assert thread_metric(streams, "paused-tasks-total") == 1
+        assert thread_metric(streams, "pause-total") == 2
         assert await streams.resume_async("0_0", skip=True)
         output = await cluster.read(sink, 15)
         assert values(output) == [0, 1, 2, 4, 5] + list(range(100, 110))
         assert not streams.paused_local_tasks()
+        assert thread_metric(streams, "paused-tasks-total") == 0
         await eventually_async(
             lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 6), 30, "commit past the end")
 
