@@ -82,6 +82,16 @@ async def restore_store(
                 applied += count
                 if listener is not None and count:
                     listener.on_batch_restored(partition, store.name, position, count)
+                if position >= end:
+                    # Some Kafka-protocol brokers answer ListOffsets "latest" short of the end
+                    # (the first offset of the last batch + 1); the fetch responses' end is right.
+                    # Nothing else writes to this changelog partition while we own the task.
+                    reported = reader.fetched_end(partition)
+                    if reported is not None and reported > end:
+                        log.info("Changelog %s goes on to offset %d past the %d ListOffsets reported; "
+                                 "restoring up to it", partition, reported, end)
+                        end = reported
+                        reader.seek(partition, position)  # the records past the old end were dropped
         finally:
             await reader.close(leave_group=False)
     if listener is not None:

@@ -293,7 +293,8 @@ class TaskManager:
                     if self._committer.timed_out:
                         clean = False  # nothing of it is committed: the tasks' state is ahead
                     else:
-                        await self._committer.checkpoint([t for t in tasks if t.transaction_error is None])
+                        await self._committer.checkpoint(
+                            [t for t in tasks if t.transaction_error is None and t.stores_restored])
                 except CommitFailedError:
                     clean = False  # the new owner starts from the last successful commit
                 except BaseException:

@@ -511,6 +511,13 @@ class StreamTask:
     def is_paused(self) -> bool:
         return self.state.state is TaskState.PAUSED
 
+    @property
+    def stores_restored(self) -> bool:
+        """Whether its stores were brought up to their changelogs (it got past RESTORING): only
+        then may a clean close checkpoint them. A task closed before that (a rebalance at
+        start-up) holds empty or partial stores, and a checkpoint would make them final."""
+        return self.state.state in (TaskState.RUNNING, TaskState.PAUSED)
+
     def committed_offsets(self) -> dict[TopicPartition, int]:
         """The last committed position per partition; a copy, safe to take from another thread."""
         own = {TopicPartition(*tp): offset for tp, offset in dict(self._committed).items()}

@@ -203,6 +203,9 @@ class _DriverConsumer:
     async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         return {TopicPartition(*tp): len(self._driver._log(tp.topic).partitions[tp.partition]) for tp in partitions}
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        return len(self._driver._log(partition.topic).partitions[partition.partition])
+
     def fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
         """Records after each assigned, unpaused position, in partition order."""
         fetched: dict[TopicPartition, list[FetchedRecord]] = {}

@@ -157,6 +157,10 @@ class Consumer(Protocol):
 
     async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        """The log end the last fetch of ``partition`` reported (the high watermark; the last stable
+        offset for a ``read_committed`` reader), without a request; None before any fetch."""
+
     def request_rejoin(self) -> None:
         """Make this member rejoin (a rebalance of the whole group)."""
 

@@ -718,6 +718,17 @@ class KafkaConsumer:
             raise _transport_error(exc, "end_offsets") from exc
         return {TopicPartition(tp.topic, tp.partition): int(off) for tp, off in offsets.items()}
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        tp = _aio_tp(partition)
+        try:
+            end = consumer.last_stable_offset(tp) if self._read_committed else consumer.highwater(tp)
+        except (AssertionError, aioerrors.IllegalStateError):
+            return None  # not assigned
+        return None if end is None else int(end)
+
     # -- commits ---------------------------------------------------------------------
 
     async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:

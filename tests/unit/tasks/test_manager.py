@@ -61,6 +61,9 @@ class RecordingConsumer:
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
 
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: 100 for tp in partitions}  # changelogs that hold updates
+
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         if self.fail_commits:
             raise CommitFailedError("the group rebalanced")
@@ -410,3 +413,33 @@ async def test_a_resumed_partition_is_paused_again_when_it_fills_up() -> None:
         assert rig.consumer.pauses == [A0, A0]
     finally:
         await rig.spawner.stop()
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_task_closed_before_its_restore_leaves_no_checkpoint(tmp_path) -> None:
+    """A rebalance at start-up closes a task cleanly before it restored (a wiped state dir): its empty
+    stores must not be checkpointed at the changelog's end, or the next owner trusts them and skips
+    the restore (counts lower than the input)."""
+    from engine.state import Materialized
+    from engine.state.cache import ThreadCache
+    from engine.state.task_state import StateSettings
+
+    builder = StreamsBuilder()
+    builder.stream("a").group_by_key().count(materialized=Materialized("counts", persistent=True))
+    clock = ManualClock(0)
+    consumer = RecordingConsumer()
+    collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
+    committer = Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG)  # type: ignore[arg-type]
+    spawner = Spawner(run=True)  # its coroutine starts after the close request: it never restores
+    settings = StateSettings(str(tmp_path), True, ThreadCache(0), lambda: None)  # type: ignore[arg-type,return-value]
+    manager = TaskManager("app", builder.build(), consumer, collector, committer, spawner, LOG,  # type: ignore[arg-type]
+                          clock.wall_ms, BytesSerde(), BytesSerde(), 1000, state=settings)
+    consumer.manager = manager
+    (task,) = manager.handle_assignment([A0])
+    assert task.state.state is TaskState.CREATED
+    await manager.close_tasks([task], clean=True, timeout=WAIT)
+    assert not list(tmp_path.rglob(".checkpoint"))
+    await spawner.stop()
