@@ -402,22 +402,26 @@ class KafkaStreams:
         it returns once the shutdown has started, and the removed thread keeps its
         index until it is DEAD (``remove_stream_thread_async`` waits without blocking).
         Otherwise raises ``StreamsTimeoutError`` if the thread is not dead within
-        ``timeout`` seconds.
+        ``timeout`` seconds: the call never waits longer, whatever the thread is doing
+        (a long record, a loop blocked on the client); the thread goes on shutting down.
         """
         if not self.state.is_running_or_rebalancing():
             self.log.warning("Cannot remove a stream thread in state %s", self.state.name)
             return None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
         current = self._threads.current()
-        with self._threads.lock:
-            alive = self._threads.alive()
-            others = [t for t in alive if t is not current]
-            victim = others[0] if others else (current if current in alive else None)
-            if victim is None:
-                return None
-            victim.shutdown(leave_group=True)
-            share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-            self.log.info("Removing %s; cache size per thread %d", victim.name, share)
+        # The choice is the victim's own state machine: moving it to PENDING_SHUTDOWN claims it,
+        # so two removals never pick the same thread, and no registry lock is held while the
+        # victim's loop is reached (that loop may be waiting for the registry itself).
+        started_threads = [t for t in self._threads.alive() if t.state.state is not StreamThreadState.CREATED]
+        candidates = [t for t in started_threads if t is not current] + [t for t in started_threads if t is current]
+        victim = next((t for t in candidates if t.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)),
+                      None)
+        if victim is None:
+            return None
+        victim.shutdown(leave_group=True)  # never waits for the victim's loop
+        self.log.info("Removing %s; cache size per thread %d", victim.name,
+                      self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING]))
         if victim is current:
             return victim.name  # waiting for ourselves would deadlock
         if current is not None and _on_running_loop():
@@ -426,9 +430,12 @@ class KafkaStreams:
             # consumer's close waits for its JoinGroup): it would hang until this thread
             # is evicted from the group.
             return victim.name
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         if not victim.join(remaining):
-            raise StreamsTimeoutError(f"Thread {victim.name} did not stop within {timeout} s")
+            raise StreamsTimeoutError(
+                f"Thread {victim.name} was asked to shut down and is still shutting down after {timeout} s "
+                "(it finishes its current records, commits and leaves the group in the background; its "
+                "cache share already went to the other threads, and its index is free once it is DEAD)")
         self._threads.remove(victim)
         return victim.name
 

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 from anyio import CancelScope, create_task_group
-from anyio.from_thread import BlockingPortal
 
 from engine import config as cfg
 from engine.clock import SYSTEM_CLOCK, Clock
@@ -410,8 +409,8 @@ class StreamThread:
         admin = self._transport.admin(f"{self.name}-admin")
         started: list[object] = []
         clean = False
-        async with BlockingPortal() as portal, create_task_group() as group:
-            self.commands.open(portal, group)
+        async with create_task_group() as group:
+            self.commands.open(group)
             try:
                 await admin.start()
                 started.append(admin)
@@ -473,7 +472,6 @@ class StreamThread:
                         producer = self._producer
                     await self._close(consumer, producer, admin, started, clean)
                     self.commands.close()
-                    await portal.stop(cancel_remaining=True)
                 group.cancel_scope.cancel()
 
     def _error_handling(self, collector: RecordCollector) -> ErrorHandling:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -45,8 +47,8 @@ def loop_thread() -> Iterator[LoopThread]:
 @pytest.fixture
 def channel(loop_thread: LoopThread) -> Iterator[CommandChannel]:
     channel = CommandChannel("stream-thread [t-1]")
-    # As the stream thread does: open on its own loop, once the portal runs.
-    loop_thread.portal.call(channel.open, loop_thread.portal, loop_thread.task_group)
+    # As the stream thread does: open on its own loop, inside its task group.
+    loop_thread.portal.call(channel.open, loop_thread.task_group)
     yield channel
     channel.close()
 
@@ -169,7 +171,7 @@ def test_submit_after_the_loop_stopped_raises_command_rejected() -> None:
     channel = CommandChannel("stream-thread [t-1]")
     with start_blocking_portal("asyncio") as portal:
         with portal.wrap_async_context_manager(task_group_on_loop()) as task_group:
-            portal.call(channel.open, portal, task_group)
+            portal.call(channel.open, task_group)
 
     # The loop has ended but nobody closed the channel.
     with pytest.raises(CommandRejected, match="is not running"):
@@ -178,3 +180,48 @@ def test_submit_after_the_loop_stopped_raises_command_rejected() -> None:
 
 def test_command_rejected_is_a_runtime_error() -> None:
     assert issubclass(CommandRejected, RuntimeError)
+
+
+def test_submit_never_waits_for_a_blocked_loop(channel: CommandChannel, loop_thread: LoopThread) -> None:
+    """The loop is stuck in a plain (blocking) step, as a stream thread in a processor or waiting
+    for a lock the submitter holds: submitting returns at once, and the command runs once the
+    loop is free. (anyio's portal would wait for the loop to accept the task: a deadlock.)"""
+    blocked, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(10)
+
+    stuck = loop_thread.portal.start_task_soon(_run_blocking, block)
+    assert blocked.wait(5)
+    started = time.monotonic()
+    future = channel.submit(double, 21)
+    assert time.monotonic() - started < 0.5
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.result(0.2)
+    release.set()
+    assert future.result(5) == 42
+    stuck.result(5)
+
+
+def test_a_command_not_started_when_the_channel_closes_is_rejected(loop_thread: LoopThread) -> None:
+    channel = CommandChannel("stream-thread [t-2]")
+    loop_thread.portal.call(channel.open, loop_thread.task_group)
+    blocked, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        release.wait(10)
+
+    stuck = loop_thread.portal.start_task_soon(_run_blocking, block)
+    assert blocked.wait(5)
+    future = channel.submit(double, 1)
+    channel.close()
+    release.set()
+    with pytest.raises(CommandRejected):
+        future.result(5)
+    stuck.result(5)
+
+
+async def _run_blocking(fn: Callable[[], None]) -> None:
+    fn()  # on the loop itself: the loop can run nothing else meanwhile
