@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import statistics
 import sys
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import ClientState, KafkaStreams, StreamsBuilder  # noqa: E402
 from engine.serdes import IntegerSerde, JsonSerde  # noqa: E402
 from engine.transport import open_transport  # noqa: E402
+from engine.transport.base import ProducerSettings  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 
 INT, JSON = IntegerSerde(), JsonSerde()
@@ -68,7 +70,8 @@ class Probe:
         return value
 
 
-def streams_for(bootstrap: str, app: str, source: str, sink: str, probe: Probe, threads: int) -> KafkaStreams:
+def streams_for(bootstrap: str, app: str, source: str, sink: str, probe: Probe, threads: int,
+                heartbeat_ms: int = 300) -> KafkaStreams:
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
             .map_values(probe)
@@ -76,7 +79,7 @@ def streams_for(bootstrap: str, app: str, source: str, sink: str, probe: Probe, 
     return KafkaStreams(builder.build(), {
         "application.id": app, "bootstrap.servers": bootstrap, "num.stream.threads": threads,
         "commit.interval.ms": 500, "linger.ms": 5, "poll.ms": 50,
-        "session.timeout.ms": 10_000, "heartbeat.interval.ms": 300,
+        "session.timeout.ms": 10_000, "heartbeat.interval.ms": heartbeat_ms,
     })
 
 
@@ -101,20 +104,55 @@ async def backlog(cluster: Cluster, topic: str, count: int, partitions: int) -> 
 
 def summary(values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
-    return f"median {statistics.median(ms):7.1f} ms   min {ms[0]:7.1f} ms   max {ms[-1]:7.1f} ms"
+    p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+    return (f"median {statistics.median(ms):7.1f} ms   p99 {p99:7.1f} ms   min {ms[0]:7.1f} ms   "
+            f"max {ms[-1]:7.1f} ms")
 
 
-async def add_remove_latency(cluster: Cluster, partitions: int, rounds: int) -> None:
+async def add_remove_latency(cluster: Cluster, partitions: int, rounds: int, base: int = 1,
+                             heartbeat_ms: int = 300) -> dict[str, list[float]]:
+    """``base`` threads; each round adds one (timed to its first record) and removes one."""
     run = uuid.uuid4().hex[:6]
     source, sink = f"threads-in-{run}", f"threads-out-{run}"
     await cluster.create_topics({source: partitions, sink: partitions})
-    # Enough backlog that every partition still has records when a new thread gets it.
-    await backlog(cluster, source, 40_000, partitions)
     probe = Probe()
-    streams = streams_for(cluster.bootstrap, f"threads-latency-{run}", source, sink, probe, 1)
-    returned, first_record, removed = [], [], []
+
+    async def feed() -> None:
+        # A steady trickle on every partition, so a new thread has records whenever it gets its tasks.
+        producer = cluster.transport.producer(ProducerSettings(client_id=f"feed-{run}", linger_ms=0))
+        await producer.start()
+        try:
+            i = 0
+            while True:
+                for p in range(partitions):
+                    producer.append(source, p, INT.serialize(i), JSON.serialize({"i": i}), None, ())
+                    i += 1
+                await producer.send_buffered()
+                await asyncio.sleep(0.02)
+        finally:
+            await producer.close()
+
+    streams = streams_for(cluster.bootstrap, f"threads-latency-{run}", source, sink, probe, base, heartbeat_ms)
+    returned: list[float] = []
+    first_record: list[float] = []
+    removed: list[float] = []
+    feeder = asyncio.ensure_future(feed())
+    try:
+        await _add_remove_rounds(streams, probe, partitions, rounds, base, returned, first_record, removed)
+    finally:
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+    print(f"  add_stream_thread() returns       {summary(returned)}")
+    print(f"  ... new thread's first record     {summary(first_record)}")
+    print(f"  remove_stream_thread() returns    {summary(removed)}")
+    return {"returned": returned, "first_record": first_record, "removed": removed}
+
+
+async def _add_remove_rounds(streams: KafkaStreams, probe: Probe, partitions: int, rounds: int, base: int,
+                             returned: list[float], first_record: list[float], removed: list[float]) -> None:
     async with streams:
-        await wait_for(lambda: settled(streams, 1, partitions), 60, "the first thread running")
+        await wait_for(lambda: settled(streams, base, partitions), 60, f"{base} threads running")
         for _ in range(rounds):
             probe.forget_threads()  # a new thread may reuse a removed one's name
             started = time.monotonic()
@@ -123,14 +161,11 @@ async def add_remove_latency(cluster: Cluster, partitions: int, rounds: int) -> 
             assert name is not None
             await wait_for(lambda: name in probe.first_by_thread, 60, f"{name}'s first record")
             first_record.append(probe.first_by_thread[name] - started)
-            await wait_for(lambda: settled(streams, 2, partitions), 60, "two threads running")
+            await wait_for(lambda: settled(streams, base + 1, partitions), 60, f"{base + 1} threads running")
             started = time.monotonic()
             assert await streams.remove_stream_thread_async(timeout=60) is not None
             removed.append(time.monotonic() - started)
-            await wait_for(lambda: settled(streams, 1, partitions), 60, "one thread running")
-    print(f"  add_stream_thread() returns       {summary(returned)}")
-    print(f"  ... new thread's first record     {summary(first_record)}")
-    print(f"  remove_stream_thread() returns    {summary(removed)}")
+            await wait_for(lambda: settled(streams, base, partitions), 60, f"{base} threads running")
 
 
 async def throughput(cluster: Cluster, threads: int, records: int, partitions: int, source: str) -> float:
@@ -150,11 +185,15 @@ async def throughput(cluster: Cluster, threads: int, records: int, partitions: i
     return rate
 
 
-async def main_async(bootstrap: str, partitions: int, records: int, rounds: int) -> None:
+async def main_async(bootstrap: str, partitions: int, records: int, rounds: int, base: int,
+                     heartbeat_ms: int, latency_only: bool) -> None:
     cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
     print(f"broker {bootstrap}; {partitions} partitions; the processor awaits {IO_WAIT_S * 1000:.0f} ms per record\n")
-    print(f"Adding and removing a thread ({rounds} rounds, 1 <-> 2 threads, a backlog on every partition):")
-    await add_remove_latency(cluster, partitions, rounds)
+    print(f"Adding and removing a thread ({rounds} rounds, {base} <-> {base + 1} threads, heartbeat.interval.ms "
+          f"{heartbeat_ms}, a backlog on every partition):")
+    await add_remove_latency(cluster, partitions, rounds, base, heartbeat_ms)
+    if latency_only:
+        return
 
     source = f"threads-backlog-{uuid.uuid4().hex[:6]}"
     await cluster.create_topics({source: partitions})
@@ -172,13 +211,17 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--records", type=int, default=16_000)
     parser.add_argument("--rounds", type=int, default=5, help="add/remove rounds")
+    parser.add_argument("--threads", type=int, default=1, help="threads before each add")
+    parser.add_argument("--heartbeat-ms", type=int, default=300, help="heartbeat.interval.ms (Kafka's default: 3000)")
+    parser.add_argument("--latency-only", action="store_true", help="only the add/remove figures")
     parser.add_argument("--verbose", action="store_true", help="show the clients' warnings")
     args = parser.parse_args()
     if not args.verbose:
         # Rebalances make aiokafka warn ("Heartbeat failed … rebalancing"): expected here.
         logging.basicConfig(level=logging.ERROR)
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    run = lambda bootstrap: asyncio.run(main_async(bootstrap, args.partitions, args.records, args.rounds))  # noqa: E731
+    run = lambda bootstrap: asyncio.run(main_async(  # noqa: E731
+        bootstrap, args.partitions, args.records, args.rounds, args.threads, args.heartbeat_ms, args.latency_only))
     if args.memory:
         run(f"memory://thread-scaling-{uuid.uuid4().hex[:6]}")
     elif args.bootstrap:

@@ -344,7 +344,7 @@ class KafkaStreams:
         if missing:
             raise MissingSinkTopicError(missing)
 
-    def _create_thread(self) -> StreamThread:
+    def _create_thread(self, at_runtime: bool = False) -> StreamThread:
         with self._threads.lock:
             thread = StreamThread(
                 index=self._threads.next_index(),
@@ -360,6 +360,7 @@ class KafkaStreams:
                 clock=self._clock,
                 restore_listener=self._restore_listener,
                 spark=self._spark,
+                on_first_join=self._rejoin_others if at_runtime else None,
             )
             self._threads.add(thread)
         return thread
@@ -374,7 +375,7 @@ class KafkaStreams:
             if not self.state.is_running_or_rebalancing():
                 self.log.warning("Cannot add a stream thread in state %s", self.state.name)
                 return None
-            thread = self._create_thread()
+            thread = self._create_thread(at_runtime=True)
             share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
             self.log.info("Adding %s; %d live threads, cache size per thread %d",
                           thread.name, len(self._threads.alive()), share)
@@ -388,6 +389,14 @@ class KafkaStreams:
         self._threads.remove(thread)
         self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
         return None
+
+    def _rejoin_others(self, joining: StreamThread) -> None:
+        """A thread added at runtime is about to join: the others rejoin now, so the rebalance
+        that gives it tasks completes at once instead of at their next heartbeat
+        (``heartbeat.interval.ms``, when the coordinator tells them)."""
+        for thread in self._threads.alive():
+            if thread is not joining and thread.state.state is not StreamThreadState.CREATED:
+                thread.rejoin()
 
     async def add_stream_thread_async(self) -> str | None:
         return await anyio.to_thread.run_sync(self.add_stream_thread)

@@ -162,8 +162,12 @@ class StreamThread:
         clock: Clock = SYSTEM_CLOCK,
         restore_listener: StateRestoreListener | None = None,
         spark: SparkSessions | None = None,
+        on_first_join: Callable[[StreamThread], None] | None = None,
     ) -> None:
         self.index = index
+        # Called right before this thread's first JoinGroup (a thread added at runtime): the
+        # client asks its other threads to rejoin now, not at their next heartbeat.
+        self._on_first_join = on_first_join
         self._spark = spark
         self.name = f"{client_id}-StreamThread-{index}"
         self._config = config
@@ -269,6 +273,13 @@ class StreamThread:
     async def _rejoin(self) -> None:
         if self._consumer is not None:
             self._consumer.request_rejoin()  # type: ignore[attr-defined]
+
+    def rejoin(self) -> None:
+        """Make this thread rejoin its group soon (from any thread; never waits)."""
+        try:
+            self.commands.submit(self._rejoin)
+        except CommandRejected:
+            pass  # not polling yet (it joins anyway) or stopped
 
     def join(self, timeout: float | None = None) -> bool:
         if self._os_thread.ident is None:
@@ -656,7 +667,10 @@ class StreamThread:
 
     # -- rebalance listener (on this thread's loop) ------------------------------------
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        first_join = self.state.state is StreamThreadState.STARTING
         self.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
+        if first_join and self._on_first_join is not None:
+            self._on_first_join(self)
         if self._manager is not None and revoked:
             self.log.info("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
             if self._failed_member:

@@ -27,6 +27,7 @@ from tests.integration.test_stream_threads import (
     thread_name,
     topics,
     wait_for_output,
+    settled,
     wait_settled,
 )
 from tests.support.cluster import Cluster
@@ -166,5 +167,24 @@ async def test_two_threads_failing_while_a_removal_runs_do_not_hang(
             DEADLINE, "the client RUNNING again with replacement threads")
         await wait_for_output(cluster, topics, set(range(PARTITIONS)), "every record, the poisoned ones again")
         assert streams.metric("failed-stream-threads") == 2
+    finally:
+        await close(streams)
+
+
+async def test_an_added_thread_gets_tasks_without_waiting_for_the_others_heartbeat(
+        cluster: Cluster, names, topics: Topics) -> None:
+    """The others learn of the rebalance from the new thread, not from the coordinator at their
+    next heartbeat: with heartbeats 30 s apart the new thread still owns tasks well before that."""
+    streams = new_streams(cluster, names, topics, num_stream_threads=2, heartbeat_interval_ms=30_000,
+                          session_timeout_ms=90_000)
+    await streams.start_async()
+    try:
+        await wait_settled(streams, 2)
+        started = time.monotonic()
+        added = await streams.add_stream_thread_async()
+        assert added == thread_name(streams, 3)
+        await eventually_async(lambda: settled(streams, 3), 20, "three threads sharing the tasks")
+        took = time.monotonic() - started
+        assert took < 20, f"the added thread got tasks only after {took:.1f} s"
     finally:
         await close(streams)
