@@ -406,7 +406,8 @@ class KStream:
         """Write the stream to ``topic`` (or to the topic a function picks per record).
 
         Without ``key_serde``/``value_serde`` the sink uses the serde the stream knows at this
-        point (see ``docs/dsl.md``, "Serdes"), else ``default.key.serde``/``default.value.serde``.
+        point (the DSL page of the docs lists the rules), else ``default.key.serde`` /
+        ``default.value.serde``. A serde that cannot write a record raises ``SerializationError``.
         """
         node_name = self._builder._name(name, "KSTREAM-SINK")
         ks = self._key_serde if key_serde is None else as_serde(key_serde, f"key serde of '{node_name}'")
