@@ -55,9 +55,15 @@ class RecordCollector:
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
         ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended)."""
-        count = self._partitions.get(topic)
-        if count is None:
-            return self._send_after_lookup(topic, record, sink)
+        key_bytes, value_bytes = self.serialize(topic, record, sink)
+        return self.send_serialized(topic, record, sink, key_bytes, value_bytes)
+
+    def serialize(self, topic: str, record: Record, sink: SinkNode) -> tuple[bytes | None, bytes | None]:
+        """The key and value bytes of ``record`` as the sink writes them to ``topic``.
+
+        Caller: ``send``, and ``HeldCollector`` for a record in flight, which holds the bytes
+        until the record's turn so that a serde failure is raised while the record runs.
+        """
         try:
             key_bytes = sink.key_serde.serialize(record.key)
         except Exception as exc:
@@ -66,6 +72,15 @@ class RecordCollector:
             value_bytes = sink.value_serde.serialize(record.value)
         except Exception as exc:
             raise _serialization_error(sink, topic, "value", record.value, exc) from exc
+        return key_bytes, value_bytes
+
+    def send_serialized(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
+                        value_bytes: bytes | None) -> Awaitable[None] | None:
+        """Partition and append what ``serialize`` made; an awaitable when the topic's
+        partition count must be looked up first, else None."""
+        count = self._partitions.get(topic)
+        if count is None:
+            return self._send_after_lookup(topic, record, sink, key_bytes, value_bytes)
         partition = None
         partitioner = sink.partitioner
         if partitioner is not None:
@@ -78,12 +93,13 @@ class RecordCollector:
         self.sent += 1
         return None
 
-    async def _send_after_lookup(self, topic: str, record: Record, sink: SinkNode) -> None:
+    async def _send_after_lookup(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
+                                 value_bytes: bytes | None) -> None:
         count = await self._lookup(topic)
         if count is None:
             raise MissingSinkTopicError([topic])
         self._partitions[topic] = count
-        self.send(topic, record, sink)
+        self.send_serialized(topic, record, sink, key_bytes, value_bytes)
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
                        headers: Headers) -> None:

@@ -14,7 +14,7 @@ from engine import ClientState, KafkaStreams, StreamsBuilder
 from engine.errors import ProcessingError, SerializationError
 from engine.serdes import IntegerSerde, JsonSerde, StringSerde
 from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from handlers import LogAndContinueProcessingExceptionHandler, StreamThreadExceptionResponse
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 
@@ -80,3 +80,33 @@ async def test_a_value_no_serde_can_write_fails_at_its_first_record_naming_the_s
     assert "a value of type int" in str(cause)
     assert "value_serde=" in str(cause) and "default.value.serde" in str(cause)
     assert await cluster.read_all(sink) == []
+
+
+async def test_with_records_in_flight_the_processing_handler_decides_about_a_record_the_sink_cannot_write(
+        cluster: Cluster, names) -> None:
+    """With ``num.threads.per.task`` > 1 a record's output is held until its turn, but it is
+    serialised while the record runs, so a serde failure reaches the handler as it does without."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [{"n": 0}, {"n": 1}, {"n": 0}, {"n": 2}, {"n": 0}]
+    await cluster.produce(source, [("k", v) for v in values], STR, JSON, partitions=1)
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=STR, value_serde=JSON)
+            .map_values(lambda v: v["n"] or b"zero")    # ints, which no serde here can write, but for 0
+            .to(sink))
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=2,
+                           processing_exception_handler=LogAndContinueProcessingExceptionHandler)
+    errors = failures_of(streams)
+
+    async with streams:
+        reading = asyncio.ensure_future(cluster.read(sink, 3))
+        try:
+            await eventually_async(lambda: reading.done() or errors, 45, f"3 records in {sink}")
+        finally:
+            if not reading.done():
+                reading.cancel()
+        assert errors == [], f"the client failed: {errors[0]!r}"
+        output = reading.result()
+        assert streams.state is ClientState.RUNNING
+
+    assert [(STR.deserialize(r.key), r.value) for r in output] == [("k", b"zero")] * 3
