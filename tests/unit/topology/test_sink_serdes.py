@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder, TimeWindows, Topology
+from engine import KafkaStreams, StreamsBuilder, TimeWindows, Topology
 from engine.errors import MissingSerdeError, ProcessingError, SerializationError
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
 from engine.testing import TopologyTestDriver
@@ -310,3 +310,12 @@ def test_a_spark_stages_dict_values_without_a_value_serde_fail_when_the_driver_s
     with pytest.raises(MissingSerdeError, match=r"'to-out'.*topic 'out'.*value.*dict") as failed:
         TopologyTestDriver(builder.build())
     assert failed.value.what == "value"
+
+
+def test_windowed_keys_without_a_key_serde_fail_when_the_client_is_created() -> None:
+    config = {"application.id": "windowed-app", "bootstrap.servers": "memory://sink-serdes-client"}
+
+    with pytest.raises(MissingSerdeError, match=r"Sink 'to-out' \(topic 'out'\) writes keys that are Windowed"):
+        KafkaStreams(windowed_counts(), config)
+    client = KafkaStreams(windowed_counts(), {**config, "default.key.serde": WindowedSerde()})
+    client.close(timeout=5)
