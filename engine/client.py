@@ -143,6 +143,7 @@ class KafkaStreams:
         for key in (cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, cfg.PROCESSING_EXCEPTION_HANDLER):
             load_handler(self.config, key)
         topology.validate()
+        topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])
         self.topology = topology
         self._restore_listener: StateRestoreListener | None = None

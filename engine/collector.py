@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
-
+from typing import TYPE_CHECKING
 
 from aiokafka.partitioner import murmur2
 
-from engine.errors import MissingSinkTopicError, ProduceError
+from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
 from engine.records import Headers, Record
-from engine.serdes import Serde
-from engine.topology.nodes import Partitioner
 from engine.transport.base import Producer
+
+if TYPE_CHECKING:
+    from engine.topology.nodes import SinkNode
 
 _HASH_CACHE_LIMIT = 65_536
 
@@ -51,40 +52,54 @@ class RecordCollector:
         other._round_robin = self._round_robin
         return other
 
-    def send(
-        self,
-        topic: str,
-        record: Record,
-        key_serde: Serde,
-        value_serde: Serde,
-        partitioner: Partitioner | None,
-        node_name: str,
-    ) -> Awaitable[None] | None:
+    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
+        """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
+        ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended)."""
+        key_bytes, value_bytes = self.serialize(topic, record, sink)
+        return self.send_serialized(topic, record, sink, key_bytes, value_bytes)
+
+    def serialize(self, topic: str, record: Record, sink: SinkNode) -> tuple[bytes | None, bytes | None]:
+        """The key and value bytes of ``record`` as the sink writes them to ``topic``.
+
+        Caller: ``send``, and ``HeldCollector`` for a record in flight, which holds the bytes
+        until the record's turn so that a serde failure is raised while the record runs.
+        """
+        try:
+            key_bytes = sink.key_serde.serialize(record.key)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "key", record.key, exc) from exc
+        try:
+            value_bytes = sink.value_serde.serialize(record.value)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "value", record.value, exc) from exc
+        return key_bytes, value_bytes
+
+    def send_serialized(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
+                        value_bytes: bytes | None) -> Awaitable[None] | None:
+        """Partition and append what ``serialize`` made; an awaitable when the topic's
+        partition count must be looked up first, else None."""
         count = self._partitions.get(topic)
         if count is None:
-            return self._send_after_lookup(topic, record, key_serde, value_serde, partitioner, node_name)
-        key_bytes = key_serde.serialize(record.key)
-        value_bytes = value_serde.serialize(record.value)
+            return self._send_after_lookup(topic, record, sink, key_bytes, value_bytes)
         partition = None
+        partitioner = sink.partitioner
         if partitioner is not None:
             partition = partitioner(topic, record.key, record.value, count)
             if partition is not None and not 0 <= partition < count:
-                raise ProduceError(topic, partition, f"partitioner of '{node_name}' chose a partition outside 0..{count - 1}")
+                raise ProduceError(topic, partition, f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
         if partition is None:
             partition = self.default_partition(topic, key_bytes, count)
         self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)
         self.sent += 1
         return None
 
-    async def _send_after_lookup(
-        self, topic: str, record: Record, key_serde: Serde, value_serde: Serde,
-        partitioner: Partitioner | None, node_name: str,
-    ) -> None:
+    async def _send_after_lookup(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
+                                 value_bytes: bytes | None) -> None:
         count = await self._lookup(topic)
         if count is None:
             raise MissingSinkTopicError([topic])
         self._partitions[topic] = count
-        self.send(topic, record, key_serde, value_serde, partitioner, node_name)
+        self.send_serialized(topic, record, sink, key_bytes, value_bytes)
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
                        headers: Headers) -> None:
@@ -126,3 +141,7 @@ class RecordCollector:
         await self.producer.flush()
 
 
+def _serialization_error(sink: SinkNode, topic: str, what: str, value: object, cause: Exception) -> SerializationError:
+    key = what == "key"
+    return SerializationError(sink.name, topic, what, value, sink.key_serde if key else sink.value_serde,
+                              sink.origins[0 if key else 1], sink.serde_call, cause)

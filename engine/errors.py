@@ -5,6 +5,8 @@
     StreamsError
     ├── ConfigError                  a config key has a wrong type or value (names the key)
     ├── TopologyError                the topology cannot be built (names the node or topic)
+    │   └── MissingSerdeError        a sink must write keys or values known not to be bytes (Windowed keys,
+    │                                a Spark stage's rows) and no serde is given, known or set as default
     ├── IllegalStateError            a call made in a client state that does not allow it
     ├── MissingSourceTopicError      source topics do not exist (names them)
     ├── MissingSinkTopicError        sink topics do not exist (names them)
@@ -30,10 +32,14 @@
 
 A ``TaskError`` always has the original exception as ``__cause__``.
 
-Two errors of Spark stages are deliberately *not* ``StreamsError``s, because they go
-where a user processor's failure goes: ``SparkBatchError`` (a batch's job raised; to
-the processing exception handler, once per record of the batch) and
-``SparkBatchTimeoutError`` (a builtin ``TimeoutError``: retried under ``task.timeout.ms``).
+Three errors are deliberately *not* ``StreamsError``s, because they go where a user
+processor's failure goes: ``SerializationError`` (a sink's serde cannot write a record's
+key or value; to the processing exception handler, as the sink's failure on that record),
+and two of Spark stages: ``SparkBatchError`` (a batch's job raised; to the processing
+exception handler, once per record of the batch) and ``SparkBatchTimeoutError`` (a
+builtin ``TimeoutError``: retried under ``task.timeout.ms``). ``MissingSerdeError`` is
+the same mistake as ``SerializationError`` found before any record runs: when the type
+a sink must write is known when the client (or the test driver) is created.
 """
 
 from __future__ import annotations
@@ -59,6 +65,38 @@ class ConfigError(StreamsError, ValueError):
 
 class TopologyError(StreamsError):
     """The topology is malformed (an unknown parent, a duplicate name, no source)."""
+
+
+def _serde_fixes(what: str, call: str | None, origin: str = "default") -> str:
+    """How to fix a sink's missing or wrong serde. ``call`` takes the sink's serdes (None: an
+    internal sink, which takes the stream's); ``origin`` is where its serde came from."""
+    if call is None:
+        return (f"Set the config default.{what}.serde (this internal sink writes with the serdes the stream "
+                "knows; no call takes its own).")
+    if origin == "sink":
+        return f"Pass {what}_serde= to {call} a serde that writes it."
+    if origin == "stream":
+        return f"Pass {what}_serde= to {call} for this sink: it replaces the stream's."
+    return (f"Either pass {what}_serde= to {call} for this sink, or set the config default.{what}.serde "
+            "for every sink that knows no serde.")
+
+
+class MissingSerdeError(TopologyError):
+    """A sink must write keys or values whose type is known not to be bytes, with no serde for them.
+
+    Raised when the client (or the test driver) is created: the sink has no serde of its own,
+    the stream knows none at that point, and ``default.key.serde``/``default.value.serde`` is not
+    set. The same mistake found only at a record is a ``SerializationError``.
+    """
+
+    def __init__(self, sink: str, topic: str, what: str, kind: str, call: str | None) -> None:
+        super().__init__(
+            f"Sink '{sink}' (topic '{topic}') writes {what}s that are {kind}, not bytes, and has no {what} "
+            f"serde: none is given to it, the stream knows none here, and default.{what}.serde is not set. "
+            + _serde_fixes(what, call))
+        self.sink = sink
+        self.topic = topic
+        self.what = what
 
 
 class IllegalStateError(StreamsError, RuntimeError):
@@ -233,6 +271,30 @@ class ProduceError(TransportError):
         super().__init__(f"Failed to produce to {topic}-{partition}: {cause}")
         self.topic = topic
         self.partition = partition
+
+
+class SerializationError(Exception):
+    """A sink's serde could not write a record's key or value; the serde's error is ``__cause__``.
+
+    Not a ``StreamsError``: it goes to the processing exception handler as the sink's failure
+    on that record (the default handler fails the task; ``CONTINUE`` drops the record). Its
+    sibling ``MissingSerdeError`` is the same mistake found before any record runs.
+    """
+
+    def __init__(self, sink: str, topic: str, what: str, value: object, serde: object, origin: str,
+                 call: str | None, cause: BaseException) -> None:
+        if origin == "default":
+            unset = " (bytes only, the default when the setting is not set)" if type(serde).__name__ == "BytesSerde" else ""
+            reason = (f"no {what} serde is given to the sink or known for the stream here, so it uses "
+                      f"default.{what}.serde, {serde!r}{unset}")
+        else:
+            where = "given to the sink" if origin == "sink" else "the stream's, known from upstream"
+            reason = f"its {what} serde is {serde!r}, {where}"
+        super().__init__(f"Sink '{sink}' (topic '{topic}') cannot write a {what} of type {type(value).__name__}: "
+                         f"{reason}; it raised {type(cause).__name__}: {cause}. " + _serde_fixes(what, call, origin))
+        self.sink = sink
+        self.topic = topic
+        self.what = what
 
 
 class SparkBatchError(RuntimeError):

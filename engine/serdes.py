@@ -4,6 +4,9 @@ A serde is any object with ``serialize(value) -> bytes | None`` and
 ``deserialize(data) -> value``; ``None`` passes through both ways, as a Kafka
 tombstone does. Ready ones: bytes, UTF-8 strings, 32/64-bit big-endian integers
 (Kafka's ``IntegerSerde``/``LongSerde`` layout) and JSON through orjson.
+
+The ready serdes compare equal when they write the same bytes (same class and settings), so
+that a ``merge`` of two streams read with ``StringSerde()`` each still knows its key serde.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ class BytesSerde:
     def __repr__(self) -> str:
         return "BytesSerde()"
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
 
 class StringSerde:
     def __init__(self, encoding: str = "utf-8") -> None:
@@ -54,6 +63,12 @@ class StringSerde:
 
     def __repr__(self) -> str:
         return f"StringSerde({self.encoding!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.encoding == self.encoding  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.encoding))
 
 
 class IntegerSerde:
@@ -86,6 +101,12 @@ class IntegerSerde:
     def __repr__(self) -> str:
         return f"IntegerSerde({self._struct.size})"
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._struct.size == self._struct.size  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._struct.size))
+
 
 class LongSerde(IntegerSerde):
     def __init__(self) -> None:
@@ -103,6 +124,12 @@ class JsonSerde:
 
     def __repr__(self) -> str:
         return "JsonSerde()"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
 
 
 def as_serde(value: object, what: str) -> Serde:

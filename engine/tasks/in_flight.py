@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from engine.processors.context import CURRENT
-from engine.records import ConsumerRecord, TopicPartition
-from engine.topology.nodes import Forwarder, Node
+from engine.records import ConsumerRecord, Record, TopicPartition
+from engine.topology.nodes import Forwarder, Node, SinkNode
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -94,16 +94,19 @@ class HeldCollector:
     def __init__(self, collector: RecordCollector) -> None:
         self._collector = collector
 
-    def send(self, *args: Any) -> Awaitable[None] | None:
+    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         slot = CURRENT.get()
         if slot is None:
-            return self._collector.send(*args)
-        slot.outputs.append(args)
+            return self._collector.send(topic, record, sink)
+        # Serialised now, while the record runs, so that a serde failure goes to the processing
+        # handler as the sink's failure on this record; the bytes wait for the record's turn.
+        key_bytes, value_bytes = self._collector.serialize(topic, record, sink)
+        slot.outputs.append((topic, record, sink, key_bytes, value_bytes))
         return None
 
     async def emit(self, slot: RecordSlot) -> None:
-        for args in slot.outputs:
-            pending = self._collector.send(*args)
+        for output in slot.outputs:
+            pending = self._collector.send_serialized(*output)
             if pending is not None:
                 await pending
         slot.outputs.clear()

@@ -291,6 +291,7 @@ class TopologyTestDriver:
         topology.validate()
         self.topology = topology
         self.config = StreamsConfig({**_DEFAULTS, **(config or {})})
+        topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])
         self._strict = strict_topics
         self._partition_counts = dict(partitions or {})

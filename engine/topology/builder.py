@@ -95,19 +95,28 @@ class KStream:
     """A stream of records; each method returns the stream after the new node."""
 
     def __init__(self, builder: StreamsBuilder, node: str, key_changed: bool = False,
-                 key_serde: Serde | None = None, value_serde: Serde | None = None) -> None:
+                 key_serde: Serde | None = None, value_serde: Serde | None = None,
+                 key_kind: str | None = None, value_kind: str | None = None) -> None:
         self._builder = builder
         self._node = node
         # Set after an operation that may change keys: grouping then repartitions first.
         self._key_changed = key_changed
         # The serdes known to fit the keys and values here (from the source, while unchanged);
-        # grouping and tables use them where none are given, as Kafka Streams does.
+        # sinks, grouping and tables use them where none are given, as Kafka Streams does.
         self._key_serde = key_serde
         self._value_serde = value_serde
+        # What keys or values are known to be when that is never bytes and no serde is known
+        # (a windowed table's keys, a Spark stage's rows): a sink without a serde for them fails
+        # when the client is created instead of at its first record.
+        self._key_kind = key_kind
+        self._value_kind = value_kind
 
     def _after(self, node: str, changes_key: bool, keeps_value: bool) -> KStream:
+        """The stream after ``node``: a serde (and kind) is kept only for what the node leaves unchanged."""
+        keeps_key = not changes_key
         return KStream(self._builder, node, self._key_changed or changes_key,
-                       None if changes_key else self._key_serde, self._value_serde if keeps_value else None)
+                       self._key_serde if keeps_key else None, self._value_serde if keeps_value else None,
+                       self._key_kind if keeps_key else None, self._value_kind if keeps_value else None)
 
     def _then(self, prefix: str, name: str | None, factory: Callable[[str], Node],
               *functions: Callable[..., Any], concurrency: int | None = None,
@@ -209,7 +218,8 @@ class KStream:
         topology.add_processor(node_name, supplier, self._node, stores=stores)
         if concurrency is not None or ordering is not None:
             topology.set_concurrency(node_name, concurrency, ordering)
-        return self._after(node_name, False, False)
+        # A processor may forward keys and values of any type: no serde of this stream is known to fit.
+        return KStream(self._builder, node_name, self._key_changed)
 
     # -- grouping and joins (the stateful DSL, see engine.topology.tables) ----------------
     def group_by_key(self, *, key_serde: Serde | type | None = None,
@@ -217,7 +227,8 @@ class KStream:
         """Group by the current key; after a key-changing operation the records are repartitioned."""
         ks = self._key_serde if key_serde is None else as_serde(key_serde, "key serde of group_by_key()")
         vs = self._value_serde if value_serde is None else as_serde(value_serde, "value serde of group_by_key()")
-        stream = self._repartition(ks, vs) if self._key_changed else self
+        inherited = (key_serde is None and ks is not None, value_serde is None and vs is not None)
+        stream = self._repartition(ks, vs, inherited, "group_by_key()") if self._key_changed else self
         return KGroupedStream(self._builder, stream._node, ks, vs)
 
     def group_by(self, selector: Callable[[Any, Any], Any], *, key_serde: Serde | type | None = None,
@@ -234,16 +245,27 @@ class KStream:
         """As ``join``, but a record whose key the table lacks is joined with None."""
         return stream_table_join(self, table, joiner, True, name)
 
-    def _repartition(self, key_serde: Serde | None, value_serde: Serde | None) -> KStream:
+    def _repartition(self, key_serde: Serde | None, value_serde: Serde | None, inherited: tuple[bool, bool],
+                     call: str | None) -> KStream:
+        """Through an internal topic, written and read with these serdes (None: the defaults).
+
+        ``inherited`` says which are this stream's; ``call`` names the DSL method whose
+        ``key_serde=``/``value_serde=`` give the others (None: no method does), for errors.
+        """
         builder = self._builder
         base = builder._name(None, "KSTREAM-REPARTITION")
         topic = f"{base}-repartition"
         sink = builder._name(None, "KSTREAM-SINK")
         builder._topology.add_sink(sink, topic, self._node, key_serde=key_serde, value_serde=value_serde,
-                                   internal=True)
+                                   internal=True, inherited=inherited, kinds=self._kinds(key_serde, value_serde),
+                                   call=call)
         source = builder._name(None, "KSTREAM-SOURCE")
         builder._topology.add_source(source, topic, key_serde, value_serde, internal=True)
-        return KStream(builder, source)
+        return KStream(builder, source, False, key_serde, value_serde, *self._kinds(key_serde, value_serde))
+
+    def _kinds(self, key_serde: object, value_serde: object) -> tuple[str | None, str | None]:
+        """The known non-bytes kinds a sink with these serdes has no serde for."""
+        return (self._key_kind if key_serde is None else None, self._value_kind if value_serde is None else None)
 
     def spark_batch(
         self,
@@ -333,7 +355,8 @@ class KStream:
         builder._spark_stages.add(node_name)
         # Records of a batch wait in flight together; "key" ordering would let only one per key in.
         topology.set_concurrency(node_name, settings.window, "partition")
-        return KStream(self._builder, node_name)
+        # A batch's rows are new records: no serde of the input fits them, and each value is a dict.
+        return KStream(self._builder, node_name, value_kind="dict (a Spark stage's rows)")
 
     def _upstream_spark_stage(self) -> str | None:
         topology = self._builder._topology
@@ -367,9 +390,9 @@ class KStream:
         """A stream of the records of both streams."""
         node_name = self._builder._name(name, "KSTREAM-MERGE")
         self._builder._topology.add_node(node_name, _pass_through(node_name), self._node, other._node)
-        both = self._key_serde if self._key_serde is other._key_serde else None
-        return KStream(self._builder, node_name, self._key_changed or other._key_changed, both,
-                       self._value_serde if self._value_serde is other._value_serde else None)
+        return KStream(self._builder, node_name, self._key_changed or other._key_changed,
+                       _common(self._key_serde, other._key_serde), _common(self._value_serde, other._value_serde),
+                       _common(self._key_kind, other._key_kind), _common(self._value_kind, other._value_kind))
 
     def to(
         self,
@@ -380,11 +403,19 @@ class KStream:
         partitioner: Partitioner | None = None,
         name: str | None = None,
     ) -> None:
-        """Write the stream to ``topic`` (or to the topic a function picks per record)."""
+        """Write the stream to ``topic`` (or to the topic a function picks per record).
+
+        Without ``key_serde``/``value_serde`` the sink uses the serde the stream knows at this
+        point (the DSL page of the docs lists the rules), else ``default.key.serde`` /
+        ``default.value.serde``. A serde that cannot write a record raises ``SerializationError``.
+        """
         node_name = self._builder._name(name, "KSTREAM-SINK")
+        ks = self._key_serde if key_serde is None else as_serde(key_serde, f"key serde of '{node_name}'")
+        vs = self._value_serde if value_serde is None else as_serde(value_serde, f"value serde of '{node_name}'")
         self._builder._topology.add_sink(
-            node_name, topic, self._node, key_serde=key_serde, value_serde=value_serde,  # type: ignore[arg-type]
-            partitioner=partitioner,
+            node_name, topic, self._node, key_serde=ks, value_serde=vs, partitioner=partitioner,
+            inherited=(key_serde is None and ks is not None, value_serde is None and vs is not None),
+            kinds=self._kinds(ks, vs), call="to()",
         )
 
 
@@ -419,6 +450,11 @@ class BranchedKStream:
         self._done = True
         streams = self._stream.branch(*self._predicates, name=f"{self._prefix}split" if self._prefix else None)
         return {f"{self._prefix}{n}": s for n, s in zip(self._names, streams, strict=True)}
+
+
+def _common(mine: Any, theirs: Any) -> Any:
+    """What both merged streams know alike (the same serde, or equal ones), else None."""
+    return mine if mine is theirs or (mine is not None and mine == theirs) else None
 
 
 def _made(node: Node, blocking: bool) -> Node:

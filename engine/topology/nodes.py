@@ -170,7 +170,14 @@ class ProcessorNode(Node):
 
 
 class SinkNode(Node):
-    __slots__ = ("topic", "key_serde", "value_serde", "partitioner", "collector")
+    """Hands each record to the collector, which writes it with ``key_serde``/``value_serde``.
+
+    ``origins`` says where each serde came from ("sink": given to it, "stream": known for the
+    stream, "default": the config's), and ``serde_call`` the call that takes the sink's serdes,
+    so that a serialization error can say how to fix it.
+    """
+
+    __slots__ = ("topic", "key_serde", "value_serde", "partitioner", "collector", "origins", "serde_call")
 
     def __init__(
         self,
@@ -186,10 +193,10 @@ class SinkNode(Node):
         self.value_serde = value_serde
         self.partitioner = partitioner
         self.collector: RecordCollector | None = None
+        self.origins = ("sink", "sink")
+        self.serde_call: str | None = "add_sink()"
 
     def process(self, record: Record) -> Awaitable[None] | None:
         topic = self.topic if isinstance(self.topic, str) else self.topic(record.key, record.value, record)
         # Not None only when the topic's partition count must be looked up first.
-        return self.collector.send(  # type: ignore[union-attr]
-            topic, record, self.key_serde, self.value_serde, self.partitioner, self.name
-        )
+        return self.collector.send(topic, record, self)  # type: ignore[union-attr]

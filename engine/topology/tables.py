@@ -95,8 +95,10 @@ class KGroupedStream:
         node = builder._name(name, prefix)
         builder._topology.add_processor(node, supplier, self._node)
         builder._topology.add_state_store(store_builder, node)
-        return KTable(builder, node, store, None if windows is not None else store_builder.key_serde,
-                      store_builder.value_serde)
+        if windows is not None:
+            return KTable(builder, node, store, None, store_builder.value_serde,
+                          key_kind="Windowed (a windowed table's keys)")
+        return KTable(builder, node, store, store_builder.key_serde, store_builder.value_serde)
 
 
 class TimeWindowedKStream:
@@ -137,12 +139,13 @@ class KTable:
     """A table: the latest value per key, kept in the store ``queryable_store_name``."""
 
     def __init__(self, builder: StreamsBuilder, node: str, store: str, key_serde: Serde | None = None,
-                 value_serde: Serde | None = None) -> None:
+                 value_serde: Serde | None = None, key_kind: str | None = None) -> None:
         self._builder = builder
         self._node = node
         self.queryable_store_name = store
         self._key_serde = key_serde
         self._value_serde = value_serde
+        self._key_kind = key_kind  # as on KStream: known never to be bytes, with no serde known
 
     def to_stream(self, *, name: str | None = None) -> KStream:
         """The table's updates as a stream (coalesced per key while the record cache holds them)."""
@@ -150,7 +153,8 @@ class KTable:
 
         node = self._builder._name(name, "KTABLE-TOSTREAM")
         self._builder._topology.add_node(node, _pass_through(node), self._node)
-        return KStream(self._builder, node, key_serde=self._key_serde, value_serde=self._value_serde)
+        return KStream(self._builder, node, key_serde=self._key_serde, value_serde=self._value_serde,
+                       key_kind=self._key_kind)
 
 
 def table_source(builder: StreamsBuilder, source: str, materialized: Materialized | str | None,
@@ -177,13 +181,14 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
     if stream._key_changed:
         # The table's records of a key are in the task of the key's partition: bring the
         # stream's records there too, as Kafka Streams does before a join.
-        stream = stream._repartition(stream._key_serde, stream._value_serde)
+        stream = stream._repartition(stream._key_serde, stream._value_serde,
+                                     (stream._key_serde is not None, stream._value_serde is not None), None)
     builder = stream._builder
     node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
     store = table.queryable_store_name
     builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left), stream._node,
                                     stores=[store])
-    return KStream(builder, node, stream._key_changed, stream._key_serde)
+    return KStream(builder, node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
 
 
 def store_name_from(materialized: Materialized | str | None) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
+from engine.errors import MissingSerdeError, TopologyError
 from engine.processors.api import ProcessorSupplier
 from engine.processors.context import NodeContext, TaskContext
 from engine.serdes import BytesSerde, Serde, as_serde
@@ -49,6 +49,12 @@ class NodeSpec:
     stores: tuple[str, ...] = ()
     # Internal (repartition) topics are named relative to the application id until it is set.
     internal: bool = False
+    # Sinks only. Whether key_serde/value_serde are the stream's rather than given to the sink;
+    # what keys/values are known to be when no serde is known and they are never bytes; and the
+    # call that takes the sink's serdes (None when none does), for the errors about them.
+    inherited: tuple[bool, bool] = (False, False)
+    kinds: tuple[str | None, str | None] = (None, None)
+    serde_call: str | None = "add_sink()"
 
 
 ORDERINGS = ("partition", "key", "unordered")  # strictest first
@@ -243,7 +249,15 @@ class Topology:
         value_serde: Serde | None = None,
         partitioner: Partitioner | None = None,
         internal: bool = False,
+        inherited: tuple[bool, bool] = (False, False),
+        kinds: tuple[str | None, str | None] = (None, None),
+        call: str | None = "add_sink()",
     ) -> Topology:
+        """A sink writing to ``topic``; a serde left None is ``default.key.serde``/``default.value.serde``.
+
+        The DSL passes the stream's known serdes (``inherited`` says which are those), the
+        ``kinds`` of keys/values known never to be bytes, and the ``call`` that takes serdes.
+        """
         if not parents:
             raise TopologyError(f"Sink '{name}' needs at least one parent")
         if isinstance(topic, str) and not topic:
@@ -252,8 +266,25 @@ class Topology:
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
         self._add(NodeSpec(name, NodeKind.SINK, parents,
                            lambda: SinkNode(name, topic, BytesSerde(), BytesSerde(), partitioner),
-                           sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal))
+                           sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal,
+                           inherited=inherited, kinds=kinds, serde_call=call))
         return self
+
+    def check_sink_serdes(self, default_key_serde: object, default_value_serde: object) -> None:
+        """Raise ``MissingSerdeError`` for a sink that must write keys or values known never to be
+        bytes (a windowed table's keys, a Spark stage's rows) with no serde: none given, none
+        known for the stream, and the config default (``default_*_serde``) not set (None).
+
+        Caller: ``KafkaStreams`` and ``TopologyTestDriver`` when created, as the defaults are known.
+        """
+        for spec in self._specs.values():
+            if spec.kind is not NodeKind.SINK:
+                continue
+            for what, serde, default, kind in (("key", spec.key_serde, default_key_serde, spec.kinds[0]),
+                                               ("value", spec.value_serde, default_value_serde, spec.kinds[1])):
+                if kind is not None and serde is None and default is None:
+                    topic = spec.sink_topic if isinstance(spec.sink_topic, str) else _callable_name(spec.sink_topic)
+                    raise MissingSerdeError(spec.name, topic, what, kind, spec.serde_call)
 
     def set_concurrency(self, name: str, concurrency: int | Callable[[Mapping[str, Any]], int] | None,
                         ordering: str | None) -> None:
@@ -380,6 +411,8 @@ class Topology:
                     node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = spec.value_serde or default_value_serde
+                node.origins = (_origin(spec.key_serde, spec.inherited[0]), _origin(spec.value_serde, spec.inherited[1]))
+                node.serde_call = spec.serde_call
                 node.collector = collector
             nodes[name] = node
         for name, node in nodes.items():
@@ -449,6 +482,10 @@ class Topology:
 
     def spec(self, name: str) -> NodeSpec:
         return self._specs[name]
+
+
+def _origin(serde: Serde | None, inherited: bool) -> str:
+    return "default" if serde is None else "stream" if inherited else "sink"
 
 
 def _callable_name(fn: object) -> str:

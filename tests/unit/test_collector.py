@@ -15,9 +15,10 @@ import pytest
 from aiokafka.partitioner import murmur2
 
 from engine.collector import RecordCollector
-from engine.errors import MissingSinkTopicError, ProduceError
+from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
 from engine.records import Headers, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, StringSerde
+from engine.topology.nodes import SinkNode
 
 STR, INT, JSON, BYTES = StringSerde(), IntegerSerde(), JsonSerde(), BytesSerde()
 SINK = "KSTREAM-SINK-0000000002"
@@ -81,7 +82,7 @@ def expected_partition(key: bytes, count: int) -> int:
 def send(collector: RecordCollector, record: Record, topic: str = "out",
          partitioner: Callable[[str, Any, Any, int], int | None] | None = None,
          key_serde: Any = STR, value_serde: Any = JSON) -> Awaitable[None] | None:
-    return collector.send(topic, record, key_serde, value_serde, partitioner, SINK)
+    return collector.send(topic, record, SinkNode(SINK, topic, key_serde, value_serde, partitioner))
 
 
 # -- serialisation -------------------------------------------------------------------------
@@ -117,13 +118,24 @@ def test_output_keeps_the_timestamp_and_headers_of_the_record() -> None:
     assert producer.appended[0].headers == headers
 
 
-def test_serde_failure_propagates_and_nothing_is_appended() -> None:
+def test_serde_failure_is_a_serialization_error_naming_the_sink_and_nothing_is_appended() -> None:
     collector, producer = make_collector()
 
-    with pytest.raises(TypeError, match="StringSerde expects str"):
+    with pytest.raises(SerializationError, match=f"Sink '{SINK}' \\(topic 'out'\\) cannot write a key of type int") as failed:
         send(collector, Record(42, 1, 0), key_serde=STR)
+    assert isinstance(failed.value.__cause__, TypeError)
+    assert "StringSerde expects str" in str(failed.value)
     assert producer.appended == []
     assert collector.sent == 0
+
+
+def test_a_value_serde_failure_appends_nothing_either() -> None:
+    collector, producer = make_collector()
+
+    with pytest.raises(SerializationError, match="cannot write a value of type set") as failed:
+        send(collector, Record("k", {1}, 0), value_serde=JSON)
+    assert failed.value.what == "value"
+    assert producer.appended == []
 
 
 # -- partitioning -----------------------------------------------------------------------------

@@ -198,3 +198,25 @@ def test_as_serde_accepts_any_object_with_serialize_and_deserialize() -> None:
 def test_as_serde_rejects_non_serdes_with_type_error_naming_the_role(value: object) -> None:
     with pytest.raises(TypeError, match="value serde of 'sink' must have serialize"):
         as_serde(value, "value serde of 'sink'")
+
+
+@pytest.mark.parametrize("same", [
+    (BytesSerde(), BytesSerde()),
+    (StringSerde(), StringSerde("utf-8")),
+    (IntegerSerde(), IntegerSerde(4)),
+    (LongSerde(), LongSerde()),
+    (JsonSerde(), JsonSerde()),
+])
+def test_ready_serdes_with_the_same_settings_are_equal(same: tuple[Serde, Serde]) -> None:
+    assert same[0] == same[1]
+    assert hash(same[0]) == hash(same[1])
+
+
+@pytest.mark.parametrize("different", [
+    (StringSerde(), StringSerde("latin-1")),
+    (IntegerSerde(), LongSerde()),
+    (IntegerSerde(8), LongSerde()),
+    (BytesSerde(), JsonSerde()),
+])
+def test_ready_serdes_that_write_differently_or_are_other_classes_differ(different: tuple[Serde, Serde]) -> None:
+    assert different[0] != different[1]

@@ -24,12 +24,12 @@ from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor, ProcessorContext, PunctuationType
 from engine.processors.context import TaskContext
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
-from engine.topology.nodes import Partitioner
+from engine.topology.nodes import SinkNode
 from engine.topology.topology import Topology
 from engine.transport.base import OffsetAndMetadata
 
@@ -45,8 +45,7 @@ class RecordingCollector:
 
     sent: list[tuple[str, Record]] = field(default_factory=list)
 
-    def send(self, topic: str, record: Record, key_serde: Serde, value_serde: Serde,
-             partitioner: Partitioner | None, node_name: str) -> None:
+    def send(self, topic: str, record: Record, sink: SinkNode) -> None:
         self.sent.append((topic, record))
 
 

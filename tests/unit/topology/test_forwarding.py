@@ -25,7 +25,7 @@ from engine.records import Record
 from engine.serdes import BytesSerde, Serde, StringSerde
 from engine.tasks.task_id import TaskId
 from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.nodes import Partitioner
+from engine.topology.nodes import SinkNode
 from engine.topology.topology import Topology
 
 TASK = TaskId(0, 3)
@@ -46,11 +46,8 @@ class RecordingCollector:
     sent: list[Sent] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
 
-    def send(
-        self, topic: str, record: Record, key_serde: Serde, value_serde: Serde,
-        partitioner: Partitioner | None, node_name: str,
-    ) -> Awaitable[None] | None:
-        self.sent.append(Sent(topic, record.key, record.value, node_name))
+    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
+        self.sent.append(Sent(topic, record.key, record.value, sink.name))
         self.records.append(record)
         return None
 
@@ -188,8 +185,8 @@ def test_sink_hands_its_serdes_and_partitioner_to_the_collector() -> None:
     calls: list[tuple[Serde, Serde, Any]] = []
 
     class Collector(RecordingCollector):
-        def send(self, topic, record, key_serde, value_serde, partitioner, node_name):  # type: ignore[no-untyped-def]
-            calls.append((key_serde, value_serde, partitioner))
+        def send(self, topic, record, sink):  # type: ignore[no-untyped-def]
+            calls.append((sink.key_serde, sink.value_serde, sink.partitioner))
 
     def partitioner(topic: str, key: Any, value: Any, count: int) -> int:
         return 0
@@ -645,8 +642,8 @@ class LookupSend:
 
 
 class DeferringCollector(RecordingCollector):
-    def send(self, topic, record, key_serde, value_serde, partitioner, node_name):  # type: ignore[no-untyped-def]
-        return LookupSend(self, Sent(topic, record.key, record.value, node_name))
+    def send(self, topic, record, sink):  # type: ignore[no-untyped-def]
+        return LookupSend(self, Sent(topic, record.key, record.value, sink.name))
 
 
 @pytest.mark.asyncio
