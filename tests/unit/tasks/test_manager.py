@@ -22,7 +22,7 @@ from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde
-from engine.tasks.manager import TaskManager
+from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
@@ -82,6 +82,54 @@ class NullProducer:
         pass
 
 
+class GatedTransactionalProducer(NullProducer):
+    """A task's transactional producer whose ``start`` (initialising its transactional.id) waits
+    for ``gate``: on Kafka, a previous owner's open transaction is aborted meanwhile."""
+
+    in_transaction = False
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    async def start(self) -> None:
+        await self.gate.wait()
+
+    async def abort_transaction(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
+class LogConsumer(RecordingConsumer):
+    """A consumer over one log of ``end`` records per partition: it fetches from its position
+    (where a seek puts it) on partitions that are not paused, as the stream thread's poll does."""
+
+    end: int = 0
+    group_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+
+    async def committed(self, tp: TopicPartition) -> OffsetAndMetadata | None:
+        offset = self.group_offsets.get(tp)
+        return None if offset is None else OffsetAndMetadata(offset)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    def poll(self, partitions: list[TopicPartition], max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
+        fetched = {}
+        for tp in partitions:
+            if tp in self._paused:
+                continue
+            first = self.positions.get(tp, 0)
+            count = min(max_records, self.end - first)
+            if count > 0:
+                fetched[tp] = records(tp, first, count)
+                self.positions[tp] = first + count
+        return fetched
+
+
 class Spawner:
     """The manager's ``spawn``: keeps each task and, if ``run``, runs its coroutine on this loop."""
 
@@ -135,14 +183,15 @@ class Rig:
     spawner: Spawner
 
 
-def make_rig(topology: Topology, run: bool, limit: int = 1000) -> Rig:
+def make_rig(topology: Topology, run: bool, limit: int = 1000, consumer: RecordingConsumer | None = None,
+             exactly_once: ExactlyOnce | None = None) -> Rig:
     clock = ManualClock(0)
-    consumer = RecordingConsumer()
+    consumer = consumer or RecordingConsumer()
     collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
     committer = Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG)  # type: ignore[arg-type]
     spawner = Spawner(run)
     manager = TaskManager("app", topology, consumer, collector, committer, spawner, LOG,  # type: ignore[arg-type]
-                          clock.wall_ms, BytesSerde(), BytesSerde(), limit)
+                          clock.wall_ms, BytesSerde(), BytesSerde(), limit, exactly_once=exactly_once)
     consumer.manager = manager
     return Rig(manager, consumer, spawner)
 
@@ -168,7 +217,7 @@ async def parked() -> AsyncIterator[Rig]:
 
 
 def records(tp: TopicPartition, first: int, count: int) -> list[FetchedRecord]:
-    return [FetchedRecord(tp.topic, tp.partition, o, o, None, b"v") for o in range(first, first + count)]
+    return [FetchedRecord(tp.topic, tp.partition, o, o, None, str(o).encode()) for o in range(first, first + count)]
 
 
 async def processed(task: StreamTask, count: int) -> None:
@@ -408,5 +457,35 @@ async def test_a_resumed_partition_is_paused_again_when_it_fills_up() -> None:
         manager.add_records({A0: records(A0, 10, 10)})
 
         assert rig.consumer.pauses == [A0, A0]
+    finally:
+        await rig.spawner.stop()
+
+
+@pytest.mark.asyncio
+async def test_exactly_once_refetches_a_partition_whose_full_buffer_was_dropped_at_initialisation() -> None:
+    # Restart after a crash: a backlog fills the buffer and back-pressure pauses the partition
+    # while the task initialises its transactional.id; the seek to the committed offset then
+    # drops the buffer, so nothing but that drop can resume fetching (issue #19).
+    gate = asyncio.Event()
+    seen: list[int] = []
+    builder = StreamsBuilder()
+    builder.stream("c").peek(lambda k, v: seen.append(int(v)))
+    consumer = LogConsumer(end=100, group_offsets={C0: 30})
+    rig = make_rig(builder.build(), run=True, limit=10, consumer=consumer,
+                   exactly_once=ExactlyOnce(lambda task_id: GatedTransactionalProducer(gate)))  # type: ignore[arg-type]
+    try:
+        manager = rig.manager
+        (task,) = manager.handle_assignment([C0])
+        while C0 not in consumer.paused():
+            manager.add_records(consumer.poll([C0], max_records=4))
+        assert task.buffered(C0) >= 10
+
+        gate.set()
+
+        def polled_and_processed() -> bool:
+            manager.add_records(consumer.poll([C0], max_records=4))
+            return task.position(C0) == 100
+        await eventually_async(polled_and_processed, timeout=WAIT, what="offsets 30..99 processed after the seek")
+        assert seen == list(range(30, 100))
     finally:
         await rig.spawner.stop()
