@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 from anyio.abc import Process
@@ -188,7 +188,8 @@ async def _end_offsets(cluster: Cluster, tps: list[TopicPartition]) -> dict[Topi
         await reader.close()
 
 
-async def read_to_end(cluster: Cluster, topic: str, read_committed: bool, timeout: float = 30.0) -> list[Any]:
+async def read_to_end(cluster: Cluster, topic: str, read_committed: bool,
+                      timeout: float = 30.0) -> list[ConsumerRecord]:
     """Every record of ``topic`` up to its end offsets; ``read_committed`` skips aborted transactions
     (and waits for open ones to end: the end is reached when the reader's position is there)."""
     counts = await cluster.partition_counts([topic])
