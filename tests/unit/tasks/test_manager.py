@@ -8,6 +8,7 @@ keeps the task, so that its records stay buffered.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
@@ -22,13 +23,15 @@ from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde
+from engine.tasks.assignor import StreamsAssignor
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
-from engine.transport.base import OffsetAndMetadata
+from engine.transport.base import ConsumerSettings, OffsetAndMetadata, ProducerSettings
+from engine.transport.memory import MemoryBroker, MemoryTransport
 
 LOG = thread_log(__name__, "app-StreamThread-1")
 WAIT = 5.0
@@ -101,35 +104,6 @@ class GatedTransactionalProducer(NullProducer):
         pass
 
 
-@dataclass
-class LogConsumer(RecordingConsumer):
-    """A consumer over one log of ``end`` records per partition: it fetches from its position
-    (where a seek puts it) on partitions that are not paused, as the stream thread's poll does."""
-
-    end: int = 0
-    group_offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    positions: dict[TopicPartition, int] = field(default_factory=dict)
-
-    async def committed(self, tp: TopicPartition) -> OffsetAndMetadata | None:
-        offset = self.group_offsets.get(tp)
-        return None if offset is None else OffsetAndMetadata(offset)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.positions[tp] = offset
-
-    def poll(self, partitions: list[TopicPartition], max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
-        fetched = {}
-        for tp in partitions:
-            if tp in self._paused:
-                continue
-            first = self.positions.get(tp, 0)
-            count = min(max_records, self.end - first)
-            if count > 0:
-                fetched[tp] = records(tp, first, count)
-                self.positions[tp] = first + count
-        return fetched
-
-
 class Spawner:
     """The manager's ``spawn``: keeps each task and, if ``run``, runs its coroutine on this loop."""
 
@@ -183,15 +157,14 @@ class Rig:
     spawner: Spawner
 
 
-def make_rig(topology: Topology, run: bool, limit: int = 1000, consumer: RecordingConsumer | None = None,
-             exactly_once: ExactlyOnce | None = None) -> Rig:
+def make_rig(topology: Topology, run: bool, limit: int = 1000) -> Rig:
     clock = ManualClock(0)
-    consumer = consumer or RecordingConsumer()
+    consumer = RecordingConsumer()
     collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
     committer = Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG)  # type: ignore[arg-type]
     spawner = Spawner(run)
     manager = TaskManager("app", topology, consumer, collector, committer, spawner, LOG,  # type: ignore[arg-type]
-                          clock.wall_ms, BytesSerde(), BytesSerde(), limit, exactly_once=exactly_once)
+                          clock.wall_ms, BytesSerde(), BytesSerde(), limit)
     consumer.manager = manager
     return Rig(manager, consumer, spawner)
 
@@ -461,31 +434,79 @@ async def test_a_resumed_partition_is_paused_again_when_it_fills_up() -> None:
         await rig.spawner.stop()
 
 
+class Member:
+    """A group member of the memory broker reading ``c``, as the stream thread runs it: the
+    rebalance listener creates the manager's tasks, and ``poll`` hands fetched records to them."""
+
+    def __init__(self, transport: MemoryTransport, topology: Topology, name: str) -> None:
+        self.consumer = transport.consumer(ConsumerSettings("app", name, StreamsAssignor(topology, name, name)))
+        self.manager: TaskManager | None = None
+
+    async def join(self) -> None:
+        self.consumer.subscribe(["c"], self)
+        await self.consumer.start()
+
+        async def owns_c0() -> bool:
+            await self.poll()
+            return C0 in self.consumer.assignment()
+        await eventually_async(owns_c0, WAIT, "C0 assigned")
+
+    async def poll(self) -> None:
+        records = await self.consumer.poll(10, 4)
+        if self.manager is not None:
+            self.manager.add_records(records)
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self.manager is not None:
+            self.manager.handle_assignment(assigned)
+
+
 @pytest.mark.asyncio
 async def test_exactly_once_refetches_a_partition_whose_full_buffer_was_dropped_at_initialisation() -> None:
     # Restart after a crash: a backlog fills the buffer and back-pressure pauses the partition
     # while the task initialises its transactional.id; the seek to the committed offset then
     # drops the buffer, so nothing but that drop can resume fetching (issue #19).
-    gate = asyncio.Event()
+    transport = MemoryTransport(MemoryBroker(f"eos-stall-{uuid.uuid4().hex[:8]}"))
+    transport.broker.create_topics({"c": 1})
     seen: list[int] = []
     builder = StreamsBuilder()
     builder.stream("c").peek(lambda k, v: seen.append(int(v)))
-    consumer = LogConsumer(end=100, group_offsets={C0: 30})
-    rig = make_rig(builder.build(), run=True, limit=10, consumer=consumer,
-                   exactly_once=ExactlyOnce(lambda task_id: GatedTransactionalProducer(gate)))  # type: ignore[arg-type]
+    topology = builder.build()
+    producer = transport.producer(ProducerSettings("input"))
+    for offset in range(100):
+        producer.append("c", 0, None, str(offset).encode(), offset, ())
+    await producer.flush()
+    previous = Member(transport, topology, "previous")  # the owner that committed 30, then died
+    await previous.join()
+    await previous.consumer.commit({C0: OffsetAndMetadata(30)})
+    await previous.consumer.close()
+    gate = asyncio.Event()
+    restarted = Member(transport, topology, "restarted")
+    consumer = restarted.consumer
+    clock = ManualClock(0)
+    collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
+    spawner = Spawner(run=True)
+    restarted.manager = manager = TaskManager(
+        "app", topology, consumer, collector, Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG),
+        spawner, LOG, clock.wall_ms, BytesSerde(), BytesSerde(), 10,
+        exactly_once=ExactlyOnce(lambda task_id: GatedTransactionalProducer(gate)))  # type: ignore[arg-type]
     try:
-        manager = rig.manager
-        (task,) = manager.handle_assignment([C0])
+        await restarted.join()
+        (task,) = manager.tasks.values()
         while C0 not in consumer.paused():
-            manager.add_records(consumer.poll([C0], max_records=4))
+            await restarted.poll()
         assert task.buffered(C0) >= 10
 
         gate.set()
 
-        def polled_and_processed() -> bool:
-            manager.add_records(consumer.poll([C0], max_records=4))
+        async def polled_and_processed() -> bool:
+            await restarted.poll()
             return task.position(C0) == 100
         await eventually_async(polled_and_processed, timeout=WAIT, what="offsets 30..99 processed after the seek")
         assert seen == list(range(30, 100))
     finally:
-        await rig.spawner.stop()
+        await spawner.stop()
+        await consumer.close()
