@@ -201,6 +201,8 @@ class TaskManager:
             if committed is not None:
                 self._consumer.seek(tp, committed.offset)
                 task.discard_buffered(tp)
+                # No chunk may ever run to resume it: the task can be idle from now on.
+                self._release_backpressure(tp)
 
     def collector_of(self, task_id: TaskId) -> RecordCollector | None:
         """The collector of a task's own producer under exactly-once (for its dead letters)."""
@@ -374,13 +376,25 @@ class TaskManager:
                 self._consumer.pause(tp)
         return total
 
+    def _release_backpressure(self, tp: TopicPartition) -> None:
+        """Resume fetching ``tp`` if back-pressure paused it and its buffer is down to half the limit.
+
+        Whether back-pressure holds a partition follows from its buffered count alone: paused at
+        ``buffered.records.per.partition`` (``add_records``), resumed at half of it. Caller: every
+        path that shrinks a buffer: a processed chunk (``_after_chunk``) and the records dropped at
+        a seek (``_initialize_transactions``). A partition without a task here holds nothing.
+        """
+        if tp not in self._backpressured:
+            return
+        task = self._by_partition.get(tp)
+        if task is not None and task.buffered(tp) > self._limit // 2:
+            return
+        self._backpressured.discard(tp)
+        self._consumer.resume(tp)
+
     async def _after_chunk(self, collector: RecordCollector | None = None) -> None:
-        if self._backpressured:
-            low = self._limit // 2
-            ready = [tp for tp in self._backpressured if self._by_partition[tp].buffered(tp) <= low]
-            if ready:
-                self._backpressured.difference_update(ready)
-                self._consumer.resume(*ready)
+        for tp in list(self._backpressured):
+            self._release_backpressure(tp)
         if collector is not None:
             if collector.buffered():
                 try:

@@ -141,6 +141,42 @@ async def test_adding_and_removing_threads_while_records_flow(kafka: Cluster, na
     assert [n for n, c in seen.items() if c > 1] == []
 
 
+async def test_threads_joining_a_backlog_with_a_small_buffer_drain_it_exactly_once(kafka: Cluster, names,
+                                                                                  tmp_path) -> None:
+    # No crash (issue #19): each rebalance re-creates the tasks with committed offsets and a backlog
+    # ahead; back-pressure pauses a partition (10 buffered) before its task's transactional.id is
+    # initialised, and the seek back to the committed offset drops that buffer.
+    source, sink, partitions = names("input"), names("out"), 12
+    await kafka.create_topics({source: partitions, sink: partitions})
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(lambda value: {"n": value["n"]})
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path),
+                           buffered_records_per_partition=10, **EOS)
+    total = 0
+
+    async def produce(count: int) -> None:
+        nonlocal total
+        await kafka.produce(source, [(i, {"n": i}) for i in range(total, total + count)], INT, JSON,
+                            partitions=partitions)
+        total += count
+
+    async def all_out() -> bool:
+        return len(await read_committed(kafka, sink)) >= total
+
+    async with streams:
+        await produce(400)
+        await eventually_async(all_out, 60, f"{total} records out before the backlog")
+        for joined in (1, 2):
+            await produce(3000)
+            assert await streams.add_stream_thread_async() is not None
+            await eventually_async(all_out, 60, f"{total} records out after thread {joined} joined")
+    seen = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
+    assert set(seen) == set(range(total))
+    assert [n for n, c in seen.items() if c > 1] == []
+
+
 async def test_a_zombie_is_fenced_and_its_tasks_migrate(kafka: Cluster, names, tmp_path, caplog) -> None:
     """A second instance takes a task over while the first still runs it: the first one's producer is
     fenced (its commit fails), it closes its tasks dirty and rejoins; no output is duplicated."""

@@ -2,7 +2,7 @@
 
     python -m tests.support.app_process --bootstrap HOST:PORT --application-id APP \\
         --source IN --sink OUT [--threads N] [--response SHUTDOWN_APPLICATION] [--exactly-once]
-        [--count] [--state-dir DIR]
+        [--count] [--state-dir DIR] [--buffered-records-per-partition N] [--session-timeout-ms MS]
 
 The app reads int keys and JSON values ``{"n": int}`` from ``--source`` and writes
 ``{"n": n}`` to ``--sink`` (with ``--count``: the count of the key so far, a long); a value with ``"poison": true`` makes it raise, every
@@ -69,6 +69,11 @@ def build(args: argparse.Namespace) -> KafkaStreams:
         config["cache.max.bytes.buffering"] = 0  # every input is one count update
     if args.exactly_once:
         config["processing.guarantee"] = "exactly_once_v2"
+    if args.buffered_records_per_partition is not None:
+        config["buffered.records.per.partition"] = args.buffered_records_per_partition
+    if args.session_timeout_ms is not None:
+        # A killed instance stays in the group this long: its restart waits for that.
+        config["session.timeout.ms"] = args.session_timeout_ms
     streams = KafkaStreams(builder.build(), config)
     response = StreamThreadExceptionResponse[args.response]
 
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", action="store_true",
                         help="count per key (a RocksDB store, no cache) instead of relaying the values")
     parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--buffered-records-per-partition", type=int, default=None)
+    parser.add_argument("--session-timeout-ms", type=int, default=None)
     parser.add_argument("--response", default="SHUTDOWN_APPLICATION",
                         choices=[r.name for r in StreamThreadExceptionResponse])
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ keeps the task, so that its records stay buffered.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
@@ -22,13 +23,15 @@ from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde
-from engine.tasks.manager import TaskManager
+from engine.tasks.assignor import StreamsAssignor
+from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
-from engine.transport.base import OffsetAndMetadata
+from engine.transport.base import ConsumerSettings, OffsetAndMetadata, ProducerSettings
+from engine.transport.memory import MemoryBroker, MemoryTransport
 
 LOG = thread_log(__name__, "app-StreamThread-1")
 WAIT = 5.0
@@ -82,6 +85,25 @@ class NullProducer:
         pass
 
     async def flush(self) -> None:
+        pass
+
+
+class GatedTransactionalProducer(NullProducer):
+    """A task's transactional producer whose ``start`` (initialising its transactional.id) waits
+    for ``gate``: on Kafka, a previous owner's open transaction is aborted meanwhile."""
+
+    in_transaction = False
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    async def start(self) -> None:
+        await self.gate.wait()
+
+    async def abort_transaction(self) -> None:
+        pass
+
+    async def close(self) -> None:
         pass
 
 
@@ -171,7 +193,7 @@ async def parked() -> AsyncIterator[Rig]:
 
 
 def records(tp: TopicPartition, first: int, count: int) -> list[FetchedRecord]:
-    return [FetchedRecord(tp.topic, tp.partition, o, o, None, b"v") for o in range(first, first + count)]
+    return [FetchedRecord(tp.topic, tp.partition, o, o, None, str(o).encode()) for o in range(first, first + count)]
 
 
 async def processed(task: StreamTask, count: int) -> None:
@@ -443,3 +465,81 @@ async def test_a_task_closed_before_its_restore_leaves_no_checkpoint(tmp_path) -
     await manager.close_tasks([task], clean=True, timeout=WAIT)
     assert not list(tmp_path.rglob(".checkpoint"))
     await spawner.stop()
+
+
+class Member:
+    """A group member of the memory broker reading ``c``, as the stream thread runs it: the
+    rebalance listener creates the manager's tasks, and ``poll`` hands fetched records to them."""
+
+    def __init__(self, transport: MemoryTransport, topology: Topology, name: str) -> None:
+        self.consumer = transport.consumer(ConsumerSettings("app", name, StreamsAssignor(topology, name, name)))
+        self.manager: TaskManager | None = None
+
+    async def join(self) -> None:
+        self.consumer.subscribe(["c"], self)
+        await self.consumer.start()
+
+        async def owns_c0() -> bool:
+            await self.poll()
+            return C0 in self.consumer.assignment()
+        await eventually_async(owns_c0, WAIT, "C0 assigned")
+
+    async def poll(self) -> None:
+        records = await self.consumer.poll(10, 4)
+        if self.manager is not None:
+            self.manager.add_records(records)
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self.manager is not None:
+            self.manager.handle_assignment(assigned)
+
+
+@pytest.mark.asyncio
+async def test_exactly_once_refetches_a_partition_whose_full_buffer_was_dropped_at_initialisation() -> None:
+    # Restart after a crash: a backlog fills the buffer and back-pressure pauses the partition
+    # while the task initialises its transactional.id; the seek to the committed offset then
+    # drops the buffer, so nothing but that drop can resume fetching (issue #19).
+    transport = MemoryTransport(MemoryBroker(f"eos-stall-{uuid.uuid4().hex[:8]}"))
+    transport.broker.create_topics({"c": 1})
+    seen: list[int] = []
+    builder = StreamsBuilder()
+    builder.stream("c").peek(lambda k, v: seen.append(int(v)))
+    topology = builder.build()
+    producer = transport.producer(ProducerSettings("input"))
+    for offset in range(100):
+        producer.append("c", 0, None, str(offset).encode(), offset, ())
+    await producer.flush()
+    previous = Member(transport, topology, "previous")  # the owner that committed 30, then died
+    await previous.join()
+    await previous.consumer.commit({C0: OffsetAndMetadata(30)})
+    await previous.consumer.close()
+    gate = asyncio.Event()
+    restarted = Member(transport, topology, "restarted")
+    consumer = restarted.consumer
+    clock = ManualClock(0)
+    collector = RecordCollector(NullProducer(), {}, _no_lookup)  # type: ignore[arg-type]
+    spawner = Spawner(run=True)
+    restarted.manager = manager = TaskManager(
+        "app", topology, consumer, collector, Committer(consumer, collector, 30_000, clock.monotonic_ms, LOG),
+        spawner, LOG, clock.wall_ms, BytesSerde(), BytesSerde(), 10,
+        exactly_once=ExactlyOnce(lambda task_id: GatedTransactionalProducer(gate)))  # type: ignore[arg-type]
+    try:
+        await restarted.join()
+        (task,) = manager.tasks.values()
+        while C0 not in consumer.paused():
+            await restarted.poll()
+        assert task.buffered(C0) >= 10
+
+        gate.set()
+
+        async def polled_and_processed() -> bool:
+            await restarted.poll()
+            return task.position(C0) == 100
+        await eventually_async(polled_and_processed, timeout=WAIT, what="offsets 30..99 processed after the seek")
+        assert seen == list(range(30, 100))
+    finally:
+        await spawner.stop()
+        await consumer.close()
