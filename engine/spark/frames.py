@@ -50,8 +50,10 @@ def to_frame(session: Any, records: Sequence[Record], key_column: str,
         return None, left_out
     # With a schema, every row has its fields in the schema's order: Spark gives the schema's
     # fields to the table's columns by position, and the schema decides the types (Arrow's
-    # inference from the values may not).
-    table = pa.Table.from_pylist(rows)
+    # inference from the values may not). Without one, the columns are every field of any row
+    # (``Table.from_pylist`` would take only the first row's).
+    names = dict.fromkeys(name for row in rows for name in row)
+    table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in names})
     try:
         return session.createDataFrame(table, schema=schema), left_out
     except TypeError:  # PySpark 3.5 takes no Arrow table: pandas, converted with Arrow
@@ -68,6 +70,12 @@ def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
         import pyarrow as pa
 
         table = pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+    names = table.column_names
+    if len(set(names)) < len(names):
+        # A row becomes a dict: all but one of the columns of a name would be lost without a word.
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"Spark stage '{stage}' returned several columns named {twice}; "
+                         "rename them (alias, withColumnRenamed) or drop all but one")
     return table.to_pylist()  # type: ignore[no-any-return]
 
 

@@ -86,3 +86,21 @@ def test_no_frame_when_no_record_fits(spark: Any) -> None:
 def test_a_stage_must_return_a_dataframe() -> None:
     with pytest.raises(TypeError, match="must return a pyspark.sql.DataFrame, got list"):
         to_rows([], "enrich")
+
+
+def test_without_a_schema_a_field_the_first_record_lacks_is_still_a_column(spark: Any) -> None:
+    records = [Record(1, {"a": 1}, 0), Record(2, {"b": "x", "a": 2}, 0)]
+
+    frame, _ = to_frame(spark, records, "key")
+
+    assert sorted(frame.columns) == ["a", "b", "key"]
+    assert [row.asDict() for row in frame.orderBy("key").collect()] == [
+        {"a": 1, "key": 1, "b": None}, {"a": 2, "key": 2, "b": "x"}]
+
+
+def test_a_result_with_two_columns_of_one_name_is_refused_naming_them(spark: Any) -> None:
+    left = spark.createDataFrame([(1, "x")], ["id", "v"])
+    right = spark.createDataFrame([(1, "y")], ["id", "v"])
+
+    with pytest.raises(ValueError, match=r"Spark stage 'enrich' returned several columns named \['id', 'v'\]"):
+        to_rows(left.join(right, left.id == right.id), "enrich")
