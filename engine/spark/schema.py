@@ -100,8 +100,8 @@ def _fit(value: Any, data_type: DataType, nullable: bool, path: str) -> Any:
             nulls = data_type.valueContainsNull  # type: ignore[attr-defined]
             return {_fit(k, keys, False, path + "{key}"): _fit(v, values, nulls, path + "{value}")
                     for k, v in value.items()}
-    elif kind == "null":
-        pass  # only None fits
+    elif kind == "void":
+        pass  # NullType: only None fits
     else:
         return value  # intervals, variants, user types: Spark checks them itself
     raise SchemaMismatch(path, data_type.simpleString(), type(value).__name__)

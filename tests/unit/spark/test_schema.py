@@ -15,6 +15,7 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     MapType,
+    NullType,
     StringType,
     StructField,
     StructType,
@@ -77,3 +78,24 @@ def test_nested_structs_arrays_and_maps_are_aligned_and_checked_by_name() -> Non
     with pytest.raises(SchemaMismatch) as caught:
         align({"tags": [{"city": "a"}, {"city": 7}]}, schema)
     assert (caught.value.field, caught.value.expected, caught.value.found) == ("tags[].city", "string", "int")
+
+
+@pytest.mark.parametrize("data_type, value, expected, found", [
+    (DecimalType(4, 2), Decimal("123.4"), "decimal(4,2)", "Decimal out of range"),
+    (DecimalType(4, 2), float("nan"), "decimal(4,2)", "float NaN"),
+    (NullType(), 0, "void", "int"),
+    (DateType(), "2026-01-02", "date", "str"),
+])
+def test_other_types_refuse_what_spark_would_not_take(data_type: object, value: object, expected: str,
+                                                      found: str) -> None:
+    with pytest.raises(SchemaMismatch) as caught:
+        align({"x": value}, StructType([StructField("x", data_type)]))  # type: ignore[arg-type]
+
+    assert (caught.value.expected, caught.value.found) == (expected, found)
+
+
+def test_a_decimal_is_rounded_half_up_to_its_scale() -> None:
+    schema = StructType([StructField("price", DecimalType(6, 2))])
+
+    assert align({"price": 1.005}, schema) == {"price": Decimal("1.01")}
+    assert align({"price": Decimal("9999.994")}, schema) == {"price": Decimal("9999.99")}
