@@ -32,14 +32,18 @@
 
 A ``TaskError`` always has the original exception as ``__cause__``.
 
-Three errors are deliberately *not* ``StreamsError``s, because they go where a user
-processor's failure goes: ``SerializationError`` (a sink's serde cannot write a record's
-key or value; to the processing exception handler, as the sink's failure on that record),
-and two of Spark stages: ``SparkBatchError`` (a batch's job raised; to the processing
-exception handler, once per record of the batch) and ``SparkBatchTimeoutError`` (a
-builtin ``TimeoutError``: retried under ``task.timeout.ms``). ``MissingSerdeError`` is
-the same mistake as ``SerializationError`` found before any record runs: when the type
-a sink must write is known when the client (or the test driver) is created.
+Some errors are deliberately *not* ``StreamsError``s, because they go where a user
+processor's failure goes (the processing exception handler)::
+
+    SerializationError               a sink's serde cannot write a record's key or value; the
+                                     sink's failure on that record
+    SparkBatchError                  a batch's job raised; once per record of the batch
+    └── SparkSchemaError             one record's value does not fit the stage's schema=; for that
+                                     record alone, before Spark is called (the rest of its batch runs)
+    SparkBatchTimeoutError           a builtin ``TimeoutError``: retried under ``task.timeout.ms``
+
+``MissingSerdeError`` is the same mistake as ``SerializationError`` found before any record
+runs: when the type a sink must write is known when the client (or the test driver) is created.
 """
 
 from __future__ import annotations
@@ -305,6 +309,32 @@ class SparkBatchError(RuntimeError):
                          f"{type(cause).__name__}: {cause}")
         self.stage = stage
         self.size = size
+
+
+class SparkSchemaError(SparkBatchError):
+    """A record's value does not fit the type that its Spark stage's ``schema=`` declares for a field.
+
+    Unlike its parent, it is about one record (``topic``, ``partition``, ``offset``): the record
+    is left out of its batch before Spark is called, and the rest of the batch runs. ``field``
+    is the field's path (``address.city``, ``items[].sku``), ``expected`` the declared type
+    (``bigint``), ``found`` the Python type of the value (``str``, or ``null``).
+    """
+
+    def __init__(self, stage: str, field: str, expected: str, found: str, topic: str | None,
+                 partition: int | None, offset: int | None) -> None:
+        # Not SparkBatchError.__init__: its message is about a whole batch.
+        RuntimeError.__init__(
+            self, f"Spark stage '{stage}': field '{field}' of the record at {topic}-{partition} offset {offset} "
+                  f"is {found}, but the schema declares {expected}. Fix the record upstream, or declare the "
+                  "field's type in schema= so that it fits.")
+        self.stage = stage
+        self.size = 1
+        self.field = field
+        self.expected = expected
+        self.found = found
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
 
 
 class SparkBatchTimeoutError(TimeoutError):

@@ -1,7 +1,8 @@
 """Records to a Spark ``DataFrame`` and rows back, through Arrow.
 
 A batch's records become one row each: the key under the key column, and the value's
-fields as the other columns (a value that is not a mapping goes under ``value``).
+fields as the other columns (a value that is not a mapping goes under ``value``). With a
+declared schema, each row is first aligned to it by name (``schema.align``).
 Both directions go through a ``pyarrow.Table`` (``createDataFrame(table)`` and
 ``DataFrame.toArrow()`` on PySpark 4; pandas with Arrow enabled on 3.5), so no row
 is built one Python object at a time inside Spark.
@@ -10,31 +11,53 @@ is built one Python object at a time inside Spark.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.records import Record
+
+from .schema import SchemaMismatch, align
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 VALUE_COLUMN = "value"
 
 
-def to_frame(session: Any, records: Sequence[Record], key_column: str, schema: Any = None) -> Any:
-    """A ``DataFrame`` of ``records`` (call on a worker thread)."""
+def to_frame(session: Any, records: Sequence[Record], key_column: str,
+             schema: StructType | None = None) -> tuple[Any, dict[int, SchemaMismatch]]:
+    """A ``DataFrame`` of ``records`` and the records left out of it (call on a worker thread).
+
+    With ``schema`` (from ``schema.resolve_schema``), each record's row is aligned to it by
+    name; a record with a value that does not fit is left out, its ``SchemaMismatch`` under its
+    index in ``records``. The frame is None when no record is left in it.
+    """
     import pyarrow as pa
 
     rows = []
-    for record in records:
+    left_out: dict[int, SchemaMismatch] = {}
+    for index, record in enumerate(records):
         value = record.value
         row = dict(value) if isinstance(value, Mapping) else {VALUE_COLUMN: value}
         row[key_column] = record.key
+        if schema is not None:
+            try:
+                row = align(row, schema)
+            except SchemaMismatch as mismatch:
+                left_out[index] = mismatch
+                continue
         rows.append(row)
-    table = pa.Table.from_pylist(rows)
-    if schema is not None:
-        # A declared schema decides the types (Arrow's inference from the first rows may not).
-        return session.createDataFrame(table.to_pandas(), schema=schema)
+    if not rows:
+        return None, left_out
+    # With a schema, every row has its fields in the schema's order: Spark gives the schema's
+    # fields to the table's columns by position, and the schema decides the types (Arrow's
+    # inference from the values may not). Without one, the columns are every field of any row
+    # (``Table.from_pylist`` would take only the first row's).
+    names = dict.fromkeys(name for row in rows for name in row)
+    table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in names})
     try:
-        return session.createDataFrame(table)
+        return session.createDataFrame(table, schema=schema), left_out
     except TypeError:  # PySpark 3.5 takes no Arrow table: pandas, converted with Arrow
-        return session.createDataFrame(table.to_pandas())
+        return session.createDataFrame(table.to_pandas(), schema=schema), left_out
 
 
 def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
@@ -47,6 +70,12 @@ def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
         import pyarrow as pa
 
         table = pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+    names = table.column_names
+    if len(set(names)) < len(names):
+        # A row becomes a dict: all but one of the columns of a name would be lost without a word.
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"Spark stage '{stage}' returned several columns named {twice}; "
+                         "rename them (alias, withColumnRenamed) or drop all but one")
     return table.to_pylist()  # type: ignore[no-any-return]
 
 

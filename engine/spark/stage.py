@@ -16,7 +16,9 @@ What that gives, with no commit logic of its own:
 - Back-pressure: the sub-topology's window is ``max.records × max.in.flight`` records,
   so a slow cluster stops new records, then fetching.
 - Errors: a failing job raises ``SparkBatchError`` for each of its records, which go
-  to the processing exception handler one by one; a batch that runs past
+  to the processing exception handler one by one. With ``schema=``, a record whose value
+  does not fit it is left out of the batch before Spark is called and raises its own
+  ``SparkSchemaError`` (the rest of the batch runs); a batch that runs past
   ``spark.batch.timeout.ms`` is cancelled (by its Spark job tag) and each record gets a
   ``SparkBatchTimeoutError``, a timeout retried under ``task.timeout.ms``.
 """
@@ -35,10 +37,11 @@ import anyio
 import anyio.to_thread
 
 from engine import config as cfg
-from engine.errors import SparkBatchError, SparkBatchTimeoutError, TopologyError
+from engine.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
 from engine.records import Record
 
 from .frames import to_frame, to_records, to_rows
+from .schema import SchemaMismatch, resolve_schema
 
 if TYPE_CHECKING:
     from engine.processors.context import NodeContext
@@ -81,19 +84,40 @@ class BatchSettings:
 
 # A batch's work on the worker thread: the batch as a DataFrame in, rows out (None for a sink).
 BatchJob = Callable[[Any], "list[dict[str, Any]] | None"]
+# What a batch's run gives back: the job's rows, and the records left out of the frame by index.
+BatchResult = tuple["list[dict[str, Any]] | None", "dict[int, SchemaMismatch]"]
 
 
 class Batch:
     """The records of one micro-batch and, once it ran, its rows or its error."""
 
-    __slots__ = ("records", "full", "done", "rows", "error")
+    __slots__ = ("records", "full", "done", "rows", "left_out", "carrier", "error")
 
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.full = anyio.Event()
         self.done = anyio.Event()
         self.rows: list[dict[str, Any]] | None = None
+        self.left_out: dict[int, SchemaMismatch] = {}
+        self.carrier = -1
         self.error: BaseException | None = None
+
+    def ran(self, result: BatchResult) -> None:
+        """Keep a run's rows and left-out records, and pick the ``carrier``: the index of the
+        record that the rows leave with.
+
+        That is the last record, released after every other one. When records were left out,
+        it is the last record before the first of them: a PAUSE at a record drops the output
+        of every record from it on, so rows riding on a later record would be lost for the
+        records before it. When the very first record was left out, it is the last that fits.
+        """
+        self.rows, self.left_out = result
+        if not self.left_out:
+            self.carrier = len(self.records) - 1
+        elif (first := min(self.left_out)) > 0:
+            self.carrier = first - 1
+        else:
+            self.carrier = max((i for i in range(len(self.records)) if i not in self.left_out), default=-1)
 
 
 class SparkBatchStage:
@@ -107,6 +131,7 @@ class SparkBatchStage:
         self._key_column = key_column
         self._value_columns = value_columns
         self._schema = schema
+        self._resolved_schema: Any = None
         self._open: Batch | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self.batches = 0
@@ -134,6 +159,7 @@ class SparkBatchStage:
         drives = batch is None
         if batch is None:
             batch = self._open = Batch()
+        index = len(batch.records)
         batch.records.append(record)
         if len(batch.records) >= self._max_records:
             self._open = None
@@ -146,8 +172,12 @@ class SparkBatchStage:
             if isinstance(batch.error, SparkBatchTimeoutError):
                 raise SparkBatchTimeoutError(self.name, len(batch.records), self._timeout_ms) from batch.error
             raise SparkBatchError(self.name, len(batch.records), batch.error) from batch.error
-        if batch.rows is not None and record is batch.records[-1]:
-            # The rows leave with the batch's last record: it is released after every other one.
+        mismatch = batch.left_out.get(index)
+        if mismatch is not None:
+            context = self._context
+            raise SparkSchemaError(self.name, mismatch.field, mismatch.expected, mismatch.found,
+                                   context.topic, context.partition, context.offset) from None
+        if batch.rows is not None and index == batch.carrier:
             for out in to_records(batch.rows, self._key_column, self._value_columns, record.timestamp):
                 self._context.forward(out)
 
@@ -164,7 +194,7 @@ class SparkBatchStage:
                 self._limiter = anyio.CapacityLimiter(self._max_in_flight)  # made on this task's loop
             async with self._limiter:
                 started = time.monotonic()
-                batch.rows = await self._run(batch)
+                batch.ran(await self._run(batch))
             self.batches += 1
             log.debug("Spark stage '%s' ran a batch of %d records in %.3f s", self.name, len(batch.records),
                       time.monotonic() - started)
@@ -173,7 +203,7 @@ class SparkBatchStage:
         finally:
             batch.done.set()
 
-    async def _run(self, batch: Batch) -> list[dict[str, Any]] | None:
+    async def _run(self, batch: Batch) -> BatchResult:
         tag = f"{self._tag_prefix}-{next(_tags)}"
         work = functools.partial(self._on_worker, list(batch.records), tag)
         try:
@@ -189,13 +219,18 @@ class SparkBatchStage:
                 await anyio.to_thread.run_sync(self._cancel, tag)
             raise
 
-    def _on_worker(self, records: list[Record], tag: str) -> list[dict[str, Any]] | None:
+    def _on_worker(self, records: list[Record], tag: str) -> BatchResult:
         session = self._sessions.get()
         context = session.sparkContext
         context.addJobTag(tag)
         context.setInterruptOnCancel(True)
         try:
-            return self._job(to_frame(session, records, self._key_column, self._schema))
+            if self._schema is not None and self._resolved_schema is None:
+                # Two batches in flight may both resolve it: the same schema either way.
+                self._resolved_schema = resolve_schema(session, self._schema)
+            frame, left_out = to_frame(session, records, self._key_column, self._resolved_schema)
+            # No record fits the schema: nothing for Spark to do, each record reports its own error.
+            return (None if frame is None else self._job(frame)), left_out
         finally:
             context.removeJobTag(tag)
 

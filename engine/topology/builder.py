@@ -284,8 +284,11 @@ class KStream:
         A batch holds up to ``max_records`` records and runs at the latest ``max_wait_ms`` after
         its first; at most ``max_batches_in_flight`` batches of a task run at once (each ``None``
         takes the ``spark.batch.*`` config key). The input has one row per record: the key in
-        ``key_column`` and the value's fields as columns (a non-mapping value in ``value``;
-        ``schema`` fixes the types). Each row of the result becomes a record downstream: key
+        ``key_column`` and the value's fields as columns (a non-mapping value in ``value``).
+        ``schema`` (DDL string or ``StructType``) fixes the columns and types and is matched to
+        each record by name: a missing field is null, an extra one dropped, and a record whose
+        value does not fit raises ``SparkSchemaError`` alone, through the processing exception
+        handler, before Spark is called. Each row of the result becomes a record downstream: key
         from ``key_column``, value a dict of ``value_columns`` (default: every other column).
         Jobs run on worker threads, never on a stream thread's loop; a record's offset is
         committed only after its batch's output is handed on. Needs ``streamloop[spark]``.
@@ -322,7 +325,7 @@ class KStream:
         """Write the stream with Spark, one write per micro-batch: files at ``path`` (Parquet
         unless ``format`` says otherwise) or the table ``table``; a terminal operation.
 
-        Batching is as in ``spark_batch``. A record's offset is committed only after the write
+        Batching and ``schema`` are as in ``spark_batch``. A record's offset is committed only after the write
         of its batch finished; a crash before that writes the batch again (at-least-once).
         """
         from engine.spark.session import require_pyspark
