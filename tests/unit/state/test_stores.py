@@ -65,6 +65,23 @@ def kv(cache: ThreadCache | None, log: Log, source: tuple[str, int] | None = ("i
                          cache, "0_3/counts", lambda: 42, lambda: source)
 
 
+def test_rocksdb_store_writes_no_write_ahead_log_and_a_flush_persists(tmp_path) -> None:
+    """As Kafka Streams: the changelog is the log, so RocksDB keeps no WAL of its own (each put
+    would be written twice); what a clean close flushed is there after a reopen."""
+    directory = str(tmp_path / "db")
+    store = RocksDBBytesStore("counts", directory)
+    store.open()
+    for i in range(1000):
+        store.put(f"k{i}".encode(), b"x" * 100)
+    wal = [p for p in (tmp_path / "db").iterdir() if p.suffix == ".log"]
+    assert wal and all(p.stat().st_size == 0 for p in wal), [(p.name, p.stat().st_size) for p in wal]
+    store.flush()
+    store.close()
+    store.open()
+    assert store.get(b"k999") == b"x" * 100
+    store.close()
+
+
 def test_uncached_writes_go_to_the_changelog_of_the_task_partition_with_their_source() -> None:
     log, down = Log(), []
     store = kv(None, log)
