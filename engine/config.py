@@ -249,8 +249,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "
-              "a consumer.-, producer.- or admin.-prefixed key overrides one for that client.",
-              _one_of(*SECURITY_PROTOCOLS)),
+              "a consumer.-, producer.- or admin.-prefixed key overrides one for that client. See "
+              "[Security](security.md).", _one_of(*SECURITY_PROTOCOLS)),
     ConfigKey(SASL_MECHANISM, (str, type(None)), None,
               "SASL mechanism, required with SASL_*: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER "
               "(Kafka's default GSSAPI is not supported).", _sasl_mechanism),
