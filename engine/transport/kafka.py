@@ -88,6 +88,17 @@ Transactions (exactly-once)
     ``request_timeout_ms`` here. Fencing (ProducerFenced, InvalidProducerEpoch,
     TransactionCoordinatorFenced) surfaces as ``ProducerFencedError``.
 
+Security
+    Kafka's ``security.protocol``, ``sasl.*`` and ``ssl.*`` keys become aiokafka options in
+    :mod:`engine.transport.security`. aiokafka's bootstrap catches every connection error,
+    a refused SASL login (``SaslAuthenticationFailed``) and a failed TLS handshake
+    (``SSLCertVerificationError``) included, logs it and raises only ``KafkaConnectionError``
+    "Unable to bootstrap", which reads as a timeout. So when a secured client cannot
+    start, the transport connects once more to each bootstrap address and raises
+    ``AuthenticationError`` (not retried) if that connection is refused. A refusal by a
+    broker other than the bootstrap ones, or after the client started, is still reported
+    as a lost connection (``NodeNotReadyError``).
+
 Topic auto-creation
     aiokafka's own metadata requests (consumer and producer) allow broker-side
     auto-creation. :meth:`KafkaAdmin.partition_counts` never asks for a topic
@@ -138,7 +149,7 @@ from engine.transport.base import (
     ProducerSettings,
     RebalanceListener,
 )
-from engine.transport.security import CLIENT_KINDS, is_security_key, security_options
+from engine.transport.security import CLIENT_KINDS, is_security_key, security_options, unused_security_keys
 
 __all__ = [
     "KafkaAdmin",
@@ -1321,12 +1332,17 @@ class KafkaTransport:
         given = {**self.extra, **(security or {})}
         every = {k: v for k, v in given.items() if is_security_key(k)}
         self._security: dict[str, tuple[tuple[str, Mapping[str, object]], ...]] = {}
+        unused: dict[str, str] = {}
         for kind in CLIENT_KINDS:
             prefix = f"{kind}."
             own = {k[len(prefix):]: v for k, v in given.items()
                    if k.startswith(prefix) and is_security_key(k[len(prefix):])}
-            self._security[kind] = (("", every), (prefix, own))
-            security_options(*self._security[kind])  # a bad value fails now, not at the first connect
+            layers = self._security[kind] = (("", every), (prefix, own))
+            options = security_options(*layers)  # a bad value fails now, not at the first connect
+            for key in unused_security_keys(*layers):
+                unused.setdefault(key, str(options.get("security_protocol")))
+        for key, protocol in unused.items():
+            log.warning("Config '%s' is set but not used: the client's security.protocol is %s", key, protocol)
 
     def consumer(self, settings: ConsumerSettings) -> KafkaConsumer:
         return KafkaConsumer(self.bootstrap_servers, self.extra, settings, settings.client_id,

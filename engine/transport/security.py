@@ -38,7 +38,7 @@ from aiokafka.abc import AbstractTokenProvider
 from engine import config as cfg
 from engine.errors import ConfigError
 
-__all__ = ["CLIENT_KINDS", "is_security_key", "security_options"]
+__all__ = ["CLIENT_KINDS", "is_security_key", "security_options", "unused_security_keys"]
 
 CLIENT_KINDS = ("consumer", "producer", "admin")
 
@@ -102,6 +102,22 @@ def security_options(*layers: tuple[str, Mapping[str, object]]) -> dict[str, obj
     if protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = _ssl_context(given)
     return options
+
+
+_SASL_ONLY = (cfg.SASL_MECHANISM, cfg.SASL_JAAS_CONFIG, cfg.SASL_LOGIN_CALLBACK_HANDLER_CLASS)
+_SSL_ONLY = (cfg.SSL_TRUSTSTORE_LOCATION, cfg.SSL_KEYSTORE_LOCATION, cfg.SSL_KEY_PASSWORD)
+
+
+def unused_security_keys(*layers: tuple[str, Mapping[str, object]]) -> list[str]:
+    """The keys set in ``layers`` (as written) that the client's ``security.protocol`` does not use:
+    ``sasl.*`` without SASL, ``ssl.*`` stores without TLS. Values are checked as in
+    :func:`security_options`."""
+    given = _Layers(layers)
+    protocol = given.get(cfg.SECURITY_PROTOCOL)
+    unused = [] if protocol.startswith("SASL_") else list(_SASL_ONLY)
+    if protocol not in ("SSL", "SASL_SSL"):
+        unused += _SSL_ONLY
+    return [given.shown(name) for name in unused if given.get(name) is not None]
 
 
 # -- SASL --------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ No broker: these tests read the options each client of the Kafka transport is ma
 
 from __future__ import annotations
 
+import logging
+import re
 import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -321,3 +323,21 @@ def test_an_authentication_error_is_not_a_timeout_to_retry() -> None:
     assert error.retriable is False
     assert not task_is_timeout(error)
     assert not transport_is_timeout(error)
+
+
+def test_sasl_and_ssl_keys_that_the_protocol_does_not_use_warn_without_their_values(
+        certificates: Certificates, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="engine.transport.kafka"):
+        transport({"sasl.mechanism": "PLAIN", "sasl.jaas.config": PLAIN_JAAS,
+                   "producer.ssl.truststore.location": str(certificates.ca)})
+
+    warned = sorted(re.findall(r"Config '([\w.]+)' is set but not used", caplog.text))
+    assert warned == ["producer.ssl.truststore.location", "sasl.jaas.config", "sasl.mechanism"]
+    assert "alice-secret" not in caplog.text
+
+
+def test_keys_the_protocol_uses_do_not_warn(certificates: Certificates, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="engine.transport.kafka"):
+        transport({**SASL_PLAIN, "security.protocol": "SASL_SSL", "ssl.truststore.location": str(certificates.ca)})
+
+    assert "not used" not in caplog.text
