@@ -1,4 +1,4 @@
-"""Pipelines over SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256), SSL and SASL_SSL against a real broker,
+"""Pipelines over SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, OAUTHBEARER), SSL and SASL_SSL against a real broker,
 and refused credentials failing at once with an ``AuthenticationError``.
 
 One broker for the module (:class:`tests.support.secure_broker.SecureKafkaBroker`), with a
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.abc import AbstractTokenProvider
 
 from engine import AuthenticationError, ClientState, KafkaStreams
 from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
@@ -28,6 +29,7 @@ from tests.support.secure_broker import (
     USER,
     SecureKafkaBroker,
     make_certificates,
+    unsecured_token,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
@@ -188,3 +190,14 @@ async def test_a_consumer_with_a_wrong_password_fails_its_thread_at_once(
     refused = [exc for exc in chain if isinstance(exc, AuthenticationError)]
     assert refused and refused[0].mechanism == "PLAIN", chain
     assert "consumer" in refused[0].client_id
+
+
+class UnsecuredTokens(AbstractTokenProvider):
+    async def token(self) -> str:
+        return unsecured_token()
+
+
+async def test_a_pipeline_runs_over_sasl_oauthbearer(secure_broker: SecureKafkaBroker, names: Any) -> None:
+    await run_doubling(secure_broker.bootstrap_of("SASL_PLAINTEXT"),
+                       {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
+                        "sasl.login.callback.handler.class": UnsecuredTokens}, names)

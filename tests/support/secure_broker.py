@@ -3,7 +3,8 @@
 :class:`SecureKafkaBroker` is a :class:`~tests.support.kafka_broker.KafkaBroker` whose one node
 listens, besides its PLAINTEXT listener, on
 
-- ``SASL_PLAINTEXT`` with PLAIN and SCRAM-SHA-256,
+- ``SASL_PLAINTEXT`` with PLAIN, SCRAM-SHA-256 and OAUTHBEARER (Kafka's unsecured tokens:
+  any token ``unsecured_token`` makes is accepted, signature-less),
 - ``SSL``, which requires a client certificate signed by the test CA,
 - ``SASL_SSL`` with PLAIN and SCRAM-SHA-256 (no client certificate).
 
@@ -17,7 +18,10 @@ client certificate whose key is encrypted. Every port is below 32768.
 
 from __future__ import annotations
 
+import base64
+import json
 import random
+import time
 import shutil
 import socket
 import subprocess
@@ -34,6 +38,7 @@ __all__ = [
     "Certificates",
     "SecureKafkaBroker",
     "make_certificates",
+    "unsecured_token",
 ]
 
 USER = "alice"
@@ -43,6 +48,7 @@ CLIENT_KEY_PASSWORD = "client-key-secret"
 
 _PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 _SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 _SECURE_LISTENERS = ("SASL_PLAINTEXT", "SSL", "SASL_SSL")
 
 
@@ -103,6 +109,15 @@ def make_certificates(directory: Path) -> Certificates:
     return Certificates(ca=directory / "ca.pem", other_ca=directory / "other-ca.pem", server=server, client=client)
 
 
+def unsecured_token(subject: str = USER, lifetime_s: int = 3600) -> str:
+    """A JWT without signature (``alg: none``), as the broker's default OAUTHBEARER validator accepts."""
+    def part(claims: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+
+    now = int(time.time())
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_s})}."
+
+
 def _free_low_port(taken: set[int]) -> int:
     """A free loopback port below 32768 (the kernel's ephemeral range starts there)."""
     for _ in range(200):
@@ -149,6 +164,8 @@ class SecureKafkaBroker(KafkaBroker):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
                                               + ",".join(f"{name}:{name}" for name in _SECURE_LISTENERS),
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+            "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,OAUTHBEARER",
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": f"{_OAUTH_MODULE} required;",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain_users,
             "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": scram,
             "listener.name.sasl_ssl.plain.sasl.jaas.config": plain_users,
