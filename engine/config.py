@@ -55,6 +55,17 @@ def _non_empty(value: Any) -> str | None:
     return None if value.strip() else "must not be empty"
 
 
+def _security_protocol(value: Any) -> str | None:
+    # Kafka reads the protocol's name in any case.
+    return _one_of(*SECURITY_PROTOCOLS)(value.upper() if isinstance(value, str) else value)
+
+
+def _endpoint_identification(value: Any) -> str | None:
+    if isinstance(value, str) and value.lower() in ("https", ""):
+        return None
+    return f"must be 'https' (check the broker's host name) or '' (do not), got {value!r}"
+
+
 def _sasl_mechanism(value: Any) -> str | None:
     if value == "GSSAPI":
         return "GSSAPI (Kerberos) is not supported; use one of " + ", ".join(SASL_MECHANISMS)
@@ -65,7 +76,7 @@ def _pem_only(value: Any) -> str | None:
     if value == "PEM":
         return None
     return (f"only PEM files are read, got {value!r}; convert the store to PEM (keytool -importkeystore "
-            "to PKCS12, then openssl pkcs12 -nodes)")
+            "to PKCS12, then openssl pkcs12; see docs/security.md)")
 
 
 def _secret(value: Any) -> str | None:
@@ -250,7 +261,7 @@ KEYS: tuple[ConfigKey, ...] = (
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "
               "a consumer.-, producer.- or admin.-prefixed key overrides one for that client. See "
-              "[Security](security.md).", _one_of(*SECURITY_PROTOCOLS)),
+              "[Security](security.md).", _security_protocol),
     ConfigKey(SASL_MECHANISM, (str, type(None)), None,
               "SASL mechanism, required with SASL_*: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER "
               "(Kafka's default GSSAPI is not supported).", _sasl_mechanism),
@@ -271,7 +282,7 @@ KEYS: tuple[ConfigKey, ...] = (
               "Password of an encrypted private key in ssl.keystore.location (never logged).", _secret),
     ConfigKey(SSL_ENDPOINT_IDENTIFICATION_ALGORITHM, str, "https",
               "'https' checks that a broker's certificate names the host connected to; '' only checks "
-              "that a trusted CA signed it.", _one_of("https", "")),
+              "that a trusted CA signed it.", _endpoint_identification),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),

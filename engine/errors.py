@@ -279,8 +279,9 @@ class AuthenticationError(TransportError):
 
     def __init__(self, mechanism: str, client_id: str, detail: str) -> None:
         if mechanism == "SSL":
-            fix = ("Check ssl.truststore.location (the CA that signed the broker's certificate), "
-                   "ssl.endpoint.identification.algorithm and ssl.keystore.location")
+            fix = ("Check that the listener at bootstrap.servers speaks TLS, ssl.truststore.location (the CA "
+                   "that signed the broker's certificate), ssl.endpoint.identification.algorithm and "
+                   "ssl.keystore.location")
             what = "the TLS handshake with the broker failed"
         else:
             fix = f"Check the username and password in sasl.jaas.config and that the broker enables {mechanism}"

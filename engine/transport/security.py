@@ -95,7 +95,7 @@ def security_options(*layers: tuple[str, Mapping[str, object]]) -> dict[str, obj
     given = _Layers(layers)
     if not given:
         return {}
-    protocol = given.get(cfg.SECURITY_PROTOCOL)
+    protocol = given.get(cfg.SECURITY_PROTOCOL).upper()
     options: dict[str, object] = {"security_protocol": protocol}
     if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         options.update(_sasl_options(given, protocol))
@@ -113,7 +113,7 @@ def unused_security_keys(*layers: tuple[str, Mapping[str, object]]) -> list[str]
     ``sasl.*`` without SASL, ``ssl.*`` stores without TLS. Values are checked as in
     :func:`security_options`."""
     given = _Layers(layers)
-    protocol = given.get(cfg.SECURITY_PROTOCOL)
+    protocol = given.get(cfg.SECURITY_PROTOCOL).upper()
     unused = [] if protocol.startswith("SASL_") else list(_SASL_ONLY)
     if protocol not in ("SSL", "SASL_SSL"):
         unused += _SSL_ONLY
@@ -220,7 +220,7 @@ def _ssl_context(given: _Layers) -> ssl.SSLContext:
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=truststore)
         except ssl.SSLError as exc:
             raise ConfigError(key, f"{truststore!r} is not a PEM file of CA certificates ({exc.reason})") from exc
-    context.check_hostname = given.get(cfg.SSL_ENDPOINT_IDENTIFICATION_ALGORITHM) == "https"
+    context.check_hostname = given.get(cfg.SSL_ENDPOINT_IDENTIFICATION_ALGORITHM).lower() == "https"
     keystore = given.get(cfg.SSL_KEYSTORE_LOCATION)
     if keystore is not None:
         _load_keystore(context, keystore, given)

@@ -183,6 +183,15 @@ def _common_name(subject: Any) -> str:
     return str(dict(entry[0] for entry in subject)["commonName"])
 
 
+def test_protocol_and_endpoint_identification_names_are_read_in_any_case(certificates: Certificates) -> None:
+    options = client_options(transport({"security.protocol": "ssl", "ssl.truststore.location": str(certificates.ca),
+                                        "ssl.endpoint.identification.algorithm": "HTTPS"}))["consumer"]
+
+    assert options["security_protocol"] == "SSL"
+    context = options["ssl_context"]
+    assert isinstance(context, ssl.SSLContext) and context.check_hostname is True
+
+
 def test_without_security_keys_the_clients_keep_aiokafka_defaults() -> None:
     for kind, options in client_options(KafkaTransport(BOOTSTRAP)).items():
         assert not any(name.startswith(("security_", "sasl_", "ssl_")) for name in options), kind
@@ -273,8 +282,8 @@ def _bad_settings(certificates: Certificates, tmp_path: Path) -> list[tuple[Mapp
         ({**keystore, "ssl.key.password": "wrong"}, "ssl.key.password", "does not decrypt"),
         ({**keystore, "consumer.ssl.key.password": "wrong", "ssl.key.password": CLIENT_KEY_PASSWORD},
          "consumer.ssl.key.password", "does not decrypt"),
-        ({**ssl_, "ssl.endpoint.identification.algorithm": "HTTPS"}, "ssl.endpoint.identification.algorithm",
-         "one of"),
+        ({**ssl_, "ssl.endpoint.identification.algorithm": "LDAPS"}, "ssl.endpoint.identification.algorithm",
+         "'https'"),
     ]
 
 
