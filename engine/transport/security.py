@@ -156,8 +156,9 @@ def _login_options(jaas: str, key: str, mechanism: str, allowed: frozenset[str])
         raise ConfigError(key, f"cannot be parsed (value not shown); expected {_JAAS_FORM}")
     module, flag = entry.group("module"), entry.group("flag")
     if module != _LOGIN_MODULES[mechanism]:
-        raise ConfigError(key, f"names the login module {module}, but sasl.mechanism={mechanism} needs "
-                          f"{_LOGIN_MODULES[mechanism]}")
+        # Only a qualified class name is shown: a first word without dots may be a misplaced secret.
+        named = f"the login module {module}" if module.startswith(("org.", "com.", "io.")) else "another login module"
+        raise ConfigError(key, f"names {named}, but sasl.mechanism={mechanism} needs {_LOGIN_MODULES[mechanism]}")
     if flag != "required":
         raise ConfigError(key, f"has the control flag {flag!r}; only 'required' is supported (one login module)")
     options: dict[str, str] = {}

@@ -77,7 +77,7 @@ def test_top_level_security_protocol_reaches_every_client() -> None:
 
 SCRAM_JAAS = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="bob" password="bob-secret";'
 SASL_PLAIN = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.jaas.config": PLAIN_JAAS}
-SECRETS = ("alice-secret", "bob-secret", "client-key-secret")
+SECRETS = ("alice-secret", "alice_secret", "bob-secret", "client-key-secret")
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +263,7 @@ def _bad_settings(certificates: Certificates, tmp_path: Path) -> list[tuple[Mapp
         ({**SASL_PLAIN, "sasl.jaas.config": f'{plain_module} required username="a" password="alice-secret" '
                                             'serviceName="kafka";'}, "sasl.jaas.config", "serviceName"),
         ({**SASL_PLAIN, "producer.sasl.jaas.config": "alice-secret"}, "producer.sasl.jaas.config", "cannot be parsed"),
+        ({**SASL_PLAIN, "sasl.jaas.config": "alice_secret required;"}, "sasl.jaas.config", "another login module"),
         ({**SASL_PLAIN, "sasl.jaas.config": 42}, "sasl.jaas.config", "not shown"),
         ({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}, "sasl.login.callback.handler.class",
          "must be set"),
