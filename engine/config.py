@@ -154,6 +154,21 @@ SECURITY_KEYS = (SECURITY_PROTOCOL, SASL_MECHANISM, SASL_JAAS_CONFIG, SASL_LOGIN
                  SSL_KEY_PASSWORD, SSL_ENDPOINT_IDENTIFICATION_ALGORITHM)
 """Kafka's security keys: unprefixed they reach every Kafka client; ``consumer.``, ``producer.``
 or ``admin.`` in front overrides one for that kind of client (see engine.transport.security)."""
+# Security settings in other clients' spelling (kafka-python/aiokafka, librdkafka): ignoring one
+# would leave a cluster's TLS or login silently unconfigured, so each is an error naming Kafka's key.
+_FOREIGN_SECURITY_KEYS = {
+    "ssl.cafile": SSL_TRUSTSTORE_LOCATION,
+    "ssl.ca.location": SSL_TRUSTSTORE_LOCATION,
+    "ssl.certfile": SSL_KEYSTORE_LOCATION,
+    "ssl.keyfile": SSL_KEYSTORE_LOCATION,
+    "ssl.certificate.location": SSL_KEYSTORE_LOCATION,
+    "ssl.key.location": SSL_KEYSTORE_LOCATION,
+    "ssl.password": SSL_KEY_PASSWORD,
+    "sasl.username": SASL_JAAS_CONFIG,
+    "sasl.password": SASL_JAAS_CONFIG,
+    "sasl.plain.username": SASL_JAAS_CONFIG,
+    "sasl.plain.password": SASL_JAAS_CONFIG,
+}
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -314,6 +329,7 @@ class StreamsConfig(Mapping[str, Any]):
             else:
                 values[key.name] = key.default
         for name in settings:
+            self._reject_foreign_security_key(name)
             if name not in _BY_NAME and not name.startswith(PASS_THROUGH_PREFIXES):
                 log.warning("Unknown config '%s' is ignored", name)
         if not values[CLIENT_ID]:
@@ -324,6 +340,15 @@ class StreamsConfig(Mapping[str, Any]):
         if values[PROCESSING_GUARANTEE] == EXACTLY_ONCE_V2:
             self._check_exactly_once(values, settings)
         self._values = values
+
+    @staticmethod
+    def _reject_foreign_security_key(name: str) -> None:
+        prefix, _, rest = name.partition(".")
+        unprefixed = rest if prefix in ("consumer", "producer", "admin") else name
+        kafka_key = _FOREIGN_SECURITY_KEYS.get(unprefixed.replace("_", "."))
+        if kafka_key is not None:
+            raise ConfigError(name, f"is not a Kafka key; set {name[:len(name) - len(unprefixed)]}{kafka_key} "
+                              "instead (PEM files; see docs/security.md)")
 
     @staticmethod
     def _check_exactly_once(values: dict[str, Any], settings: Mapping[str, Any]) -> None:

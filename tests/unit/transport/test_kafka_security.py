@@ -16,7 +16,7 @@ import pytest
 from aiokafka import errors as aioerrors
 from aiokafka.abc import AbstractTokenProvider
 
-from engine import KafkaStreams, StreamsBuilder
+from engine import KafkaStreams, StreamsBuilder, StreamsConfig
 from engine.errors import AuthenticationError, ConfigError
 from engine.tasks.timeouts import is_timeout as task_is_timeout
 from engine.transport import open_transport
@@ -308,6 +308,19 @@ def test_a_bad_security_value_fails_when_the_kafka_streams_client_is_created(tmp
                                        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                                        "sasl.jaas.config": PLAIN_JAAS, "ssl.truststore.location": missing})
     assert caught.value.key == "ssl.truststore.location"
+
+
+@pytest.mark.parametrize(("key", "kafka_key"), [("ssl.cafile", "ssl.truststore.location"),
+                                               ("consumer.ssl_cafile", "consumer.ssl.truststore.location"),
+                                               ("sasl.plain.password", "sasl.jaas.config"),
+                                               ("producer.ssl.certificate.location", "producer.ssl.keystore.location")])
+def test_a_security_key_in_another_clients_spelling_is_a_config_error_naming_kafkas(key: str, kafka_key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        StreamsConfig({"application.id": "secure", "bootstrap.servers": BOOTSTRAP, key: "alice-secret"})
+
+    assert caught.value.key == key
+    assert kafka_key in str(caught.value)
+    assert "alice-secret" not in str(caught.value)
 
 
 def test_a_security_key_in_aiokafkas_spelling_that_aiokafka_lacks_points_to_the_kafka_keys() -> None:
