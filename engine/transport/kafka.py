@@ -95,7 +95,9 @@ Security
     (``SSLCertVerificationError``) included, logs it and raises only ``KafkaConnectionError``
     "Unable to bootstrap", which reads as a timeout. So when a secured client cannot
     start, the transport connects once more to each bootstrap address and raises
-    ``AuthenticationError`` (not retried) if that connection is refused. A refusal by a
+    ``AuthenticationError`` (not retried) if that connection is refused, or, over TLS, closed
+    by the broker before its first answer (a client certificate it requires is missing or not
+    trusted). A refusal by a
     broker other than the bootstrap ones, or after the client started, is still reported
     as a lost connection (``NodeNotReadyError``).
 
@@ -250,6 +252,14 @@ async def _raise_if_refused(options: Mapping[str, object]) -> None:
             raise AuthenticationError(str(options.get("sasl_mechanism")), client_id, str(exc) or _describe(exc)) from exc
         except ssl.SSLError as exc:
             raise AuthenticationError("SSL", client_id, _describe(exc)) from exc
+        except aioerrors.KafkaConnectionError as exc:
+            # Connected, then closed by the broker before its first answer: over TLS that is how a
+            # broker with ssl.client.auth=required refuses a missing or untrusted client certificate.
+            if options.get("ssl_context") is not None:
+                raise AuthenticationError("SSL", client_id, "the broker closed the connection after the TLS "
+                                          "handshake: it requires a client certificate that it trusts "
+                                          "(ssl.keystore.location)") from exc
+            continue
         except (OSError, aioerrors.KafkaError, asyncio.TimeoutError):
             continue  # not a refusal: the usual TransportError says the broker is unreachable
         conn.close()

@@ -201,3 +201,17 @@ async def test_a_pipeline_runs_over_sasl_oauthbearer(secure_broker: SecureKafkaB
     await run_doubling(secure_broker.bootstrap_of("SASL_PLAINTEXT"),
                        {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
                         "sasl.login.callback.handler.class": UnsecuredTokens}, names)
+
+
+async def test_a_missing_client_certificate_fails_start_at_once(secure_broker: SecureKafkaBroker, names: Any) -> None:
+    security = {"security.protocol": "SSL", "ssl.truststore.location": str(secure_broker.certificates.ca)}
+    streams = secure_streams(doubling_topology(names("input"), names("output")),
+                             secure_broker.bootstrap_of("SSL"), names.app, security)
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError) as caught:
+        await streams.start_async()
+
+    assert time.monotonic() - started < FAST
+    assert caught.value.mechanism == "SSL"
+    assert "ssl.keystore.location" in str(caught.value)
+    streams.close()
