@@ -6,6 +6,7 @@ The public API, re-exported by name.
 from engine.client import ClientState, KafkaStreams, Metric
 from engine.config import StreamsConfig
 from engine.errors import (
+    AuthenticationError,
     CommitFailedError,
     ConfigError,
     DeserializationError,
@@ -36,6 +37,7 @@ from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
 
 __all__ = [
+    "AuthenticationError",
     "BaseProcessor",
     "BranchedKStream",
     "ClientState",

@@ -55,6 +55,35 @@ def _non_empty(value: Any) -> str | None:
     return None if value.strip() else "must not be empty"
 
 
+def _security_protocol(value: Any) -> str | None:
+    # Kafka reads the protocol's name in any case.
+    return _one_of(*SECURITY_PROTOCOLS)(value.upper() if isinstance(value, str) else value)
+
+
+def _endpoint_identification(value: Any) -> str | None:
+    if isinstance(value, str) and value.lower() in ("https", ""):
+        return None
+    return f"must be 'https' (check the broker's host name) or '' (do not), got {value!r}"
+
+
+def _sasl_mechanism(value: Any) -> str | None:
+    if value == "GSSAPI":
+        return "GSSAPI (Kerberos) is not supported; use one of " + ", ".join(SASL_MECHANISMS)
+    return _one_of(*SASL_MECHANISMS)(value)
+
+
+def _pem_only(value: Any) -> str | None:
+    if value == "PEM":
+        return None
+    return (f"only PEM files are read, got {value!r}; convert the store to PEM (keytool -importkeystore "
+            "to PKCS12, then openssl pkcs12; see docs/security.md)")
+
+
+def _secret(value: Any) -> str | None:
+    # Never show the value: it holds a password.
+    return None if isinstance(value, str) and value.strip() else "expected a non-empty string (value not shown)"
+
+
 APPLICATION_ID = "application.id"
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 CLIENT_ID = "client.id"
@@ -107,6 +136,39 @@ SPARK_BATCH_MAX_RECORDS = "spark.batch.max.records"
 SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
 SPARK_BATCH_MAX_IN_FLIGHT = "spark.batch.max.in.flight"
 SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
+SECURITY_PROTOCOL = "security.protocol"
+SASL_MECHANISM = "sasl.mechanism"
+SASL_JAAS_CONFIG = "sasl.jaas.config"
+SASL_LOGIN_CALLBACK_HANDLER_CLASS = "sasl.login.callback.handler.class"
+SSL_TRUSTSTORE_LOCATION = "ssl.truststore.location"
+SSL_TRUSTSTORE_TYPE = "ssl.truststore.type"
+SSL_KEYSTORE_LOCATION = "ssl.keystore.location"
+SSL_KEYSTORE_TYPE = "ssl.keystore.type"
+SSL_KEY_PASSWORD = "ssl.key.password"
+SSL_ENDPOINT_IDENTIFICATION_ALGORITHM = "ssl.endpoint.identification.algorithm"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+SECURITY_KEYS = (SECURITY_PROTOCOL, SASL_MECHANISM, SASL_JAAS_CONFIG, SASL_LOGIN_CALLBACK_HANDLER_CLASS,
+                 SSL_TRUSTSTORE_LOCATION, SSL_TRUSTSTORE_TYPE, SSL_KEYSTORE_LOCATION, SSL_KEYSTORE_TYPE,
+                 SSL_KEY_PASSWORD, SSL_ENDPOINT_IDENTIFICATION_ALGORITHM)
+"""Kafka's security keys: unprefixed they reach every Kafka client; ``consumer.``, ``producer.``
+or ``admin.`` in front overrides one for that kind of client (see engine.transport.security)."""
+# Security settings in other clients' spelling (kafka-python/aiokafka, librdkafka): ignoring one
+# would leave a cluster's TLS or login silently unconfigured, so each is an error naming Kafka's key.
+_FOREIGN_SECURITY_KEYS = {
+    "ssl.cafile": SSL_TRUSTSTORE_LOCATION,
+    "ssl.ca.location": SSL_TRUSTSTORE_LOCATION,
+    "ssl.certfile": SSL_KEYSTORE_LOCATION,
+    "ssl.keyfile": SSL_KEYSTORE_LOCATION,
+    "ssl.certificate.location": SSL_KEYSTORE_LOCATION,
+    "ssl.key.location": SSL_KEYSTORE_LOCATION,
+    "ssl.password": SSL_KEY_PASSWORD,
+    "sasl.username": SASL_JAAS_CONFIG,
+    "sasl.password": SASL_JAAS_CONFIG,
+    "sasl.plain.username": SASL_JAAS_CONFIG,
+    "sasl.plain.password": SASL_JAAS_CONFIG,
+}
 
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
@@ -210,6 +272,32 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SPARK_BATCH_TIMEOUT_MS, int, 120_000,
               "A Spark batch running longer is cancelled and retried as a timeout under task.timeout.ms "
               "(0: no limit).", _at_least(0)),
+    ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
+              "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
+              "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "
+              "a consumer.-, producer.- or admin.-prefixed key overrides one for that client. See "
+              "[Security](security.md).", _security_protocol),
+    ConfigKey(SASL_MECHANISM, (str, type(None)), None,
+              "SASL mechanism, required with SASL_*: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER "
+              "(Kafka's default GSSAPI is not supported).", _sasl_mechanism),
+    ConfigKey(SASL_JAAS_CONFIG, object, None,
+              "The login of PLAIN and SCRAM: `<PlainLoginModule or ScramLoginModule> required "
+              "username=\"…\" password=\"…\";` (never logged).", _secret),
+    ConfigKey(SASL_LOGIN_CALLBACK_HANDLER_CLASS, object, None,
+              "OAUTHBEARER's token source: an aiokafka AbstractTokenProvider (instance, class or dotted path)."),
+    ConfigKey(SSL_TRUSTSTORE_LOCATION, (str, type(None)), None,
+              "PEM file of the CA certificates that sign the brokers' certificates; the system's CAs "
+              "when unset."),
+    ConfigKey(SSL_TRUSTSTORE_TYPE, str, "PEM", "Format of the truststore: only PEM.", _pem_only),
+    ConfigKey(SSL_KEYSTORE_LOCATION, (str, type(None)), None,
+              "The client's own certificate, for brokers that require one (ssl.client.auth=required): "
+              "a PEM file holding the certificate (chain) and its private key."),
+    ConfigKey(SSL_KEYSTORE_TYPE, str, "PEM", "Format of the keystore: only PEM.", _pem_only),
+    ConfigKey(SSL_KEY_PASSWORD, object, None,
+              "Password of an encrypted private key in ssl.keystore.location (never logged).", _secret),
+    ConfigKey(SSL_ENDPOINT_IDENTIFICATION_ALGORITHM, str, "https",
+              "'https' checks that a broker's certificate names the host connected to; '' only checks "
+              "that a trusted CA signed it.", _endpoint_identification),
     ConfigKey(RETRIES, int, 0,
               "Ignored: since KIP-572 task.timeout.ms bounds retries.", _at_least(0),
               deprecated="use task.timeout.ms"),
@@ -241,6 +329,7 @@ class StreamsConfig(Mapping[str, Any]):
             else:
                 values[key.name] = key.default
         for name in settings:
+            self._reject_foreign_security_key(name)
             if name not in _BY_NAME and not name.startswith(PASS_THROUGH_PREFIXES):
                 log.warning("Unknown config '%s' is ignored", name)
         if not values[CLIENT_ID]:
@@ -251,6 +340,15 @@ class StreamsConfig(Mapping[str, Any]):
         if values[PROCESSING_GUARANTEE] == EXACTLY_ONCE_V2:
             self._check_exactly_once(values, settings)
         self._values = values
+
+    @staticmethod
+    def _reject_foreign_security_key(name: str) -> None:
+        prefix, _, rest = name.partition(".")
+        unprefixed = rest if prefix in ("consumer", "producer", "admin") else name
+        kafka_key = _FOREIGN_SECURITY_KEYS.get(unprefixed.replace("_", "."))
+        if kafka_key is not None:
+            raise ConfigError(name, f"is not a Kafka key; set {name[:len(name) - len(unprefixed)]}{kafka_key} "
+                              "instead (PEM files; see docs/security.md)")
 
     @staticmethod
     def _check_exactly_once(values: dict[str, Any], settings: Mapping[str, Any]) -> None:
@@ -267,22 +365,23 @@ class StreamsConfig(Mapping[str, Any]):
                               "output; use 1 under exactly_once_v2")
 
     @staticmethod
-    def _check(key: ConfigKey, value: Any) -> Any:
+    def _check(key: ConfigKey, value: Any, shown: str | None = None) -> Any:
+        """``value`` checked (and converted) for ``key``; a ``ConfigError`` names ``shown`` or the key."""
         if key.deprecated:
             log.warning("Config '%s' is deprecated and ignored: %s", key.name, key.deprecated)
         expected = key.type
         # bool is an int in Python; a flag where a count is expected is a mistake.
         if expected is int and isinstance(value, bool):
-            raise ConfigError(key.name, f"expected int, got bool {value!r}")
+            raise ConfigError(shown or key.name, f"expected int, got bool {value!r}")
         if expected is int and isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
             value = int(value)
         if expected is not object and not isinstance(value, expected):
             names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
-            raise ConfigError(key.name, f"expected {names}, got {type(value).__name__} {value!r}")
+            raise ConfigError(shown or key.name, f"expected {names}, got {type(value).__name__} {value!r}")
         if key.check is not None and value is not None:
             problem = key.check(value)
             if problem:
-                raise ConfigError(key.name, problem)
+                raise ConfigError(shown or key.name, problem)
         return value
 
     def __getitem__(self, name: str) -> Any:
@@ -304,6 +403,12 @@ class StreamsConfig(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"StreamsConfig({self._values!r})"
+
+
+def check_value(name: str, value: Any, shown: str) -> Any:
+    """``value`` checked as the known key ``name`` though it was given as ``shown`` (a prefixed
+    pass-through key such as ``consumer.security.protocol``); a ``ConfigError`` names ``shown``."""
+    return StreamsConfig._check(_BY_NAME[name], value, shown)
 
 
 def load_handler(config: StreamsConfig, key: str) -> Any:

@@ -26,6 +26,8 @@
     │   └── TaskMigratedError        exactly-once: another producer with the task's transactional.id
     │                                fenced this one (a zombie); close dirty and rejoin the group
     └── TransportError               a broker-side failure
+        ├── AuthenticationError      the broker refused the client's login (SASL) or the TLS handshake
+        │                            failed (names the mechanism); never retried, unlike a lost connection
         ├── CommitFailedError        the group moved on: the member no longer owns the partitions
         ├── ProduceError             a record could not be delivered (topic, partition)
         └── ProducerFencedError      a newer producer with the same transactional.id took over
@@ -264,6 +266,29 @@ class TransportError(StreamsError):
     """A failure reported by the broker or the client library."""
 
     retriable: bool = False
+
+
+class AuthenticationError(TransportError):
+    """The broker refused the client's credentials, or the TLS handshake with it failed.
+
+    ``mechanism`` is the SASL mechanism (``PLAIN``, ``SCRAM-SHA-256`` …) or ``SSL``. Raised
+    when a client starts; it is not retried (unlike a ``TransportError`` for a lost connection,
+    which is retried under ``task.timeout.ms``): the settings must change. The aiokafka error
+    is ``__cause__``. The message never holds a password.
+    """
+
+    def __init__(self, mechanism: str, client_id: str, detail: str) -> None:
+        if mechanism == "SSL":
+            fix = ("Check that the listener at bootstrap.servers speaks TLS, ssl.truststore.location (the CA "
+                   "that signed the broker's certificate), ssl.endpoint.identification.algorithm and "
+                   "ssl.keystore.location")
+            what = "the TLS handshake with the broker failed"
+        else:
+            fix = f"Check the username and password in sasl.jaas.config and that the broker enables {mechanism}"
+            what = f"the broker refused the SASL {mechanism} login"
+        super().__init__(f"Client '{client_id}': {what} ({detail}). {fix}; authentication failures are not retried.")
+        self.mechanism = mechanism
+        self.client_id = client_id
 
 
 class CommitFailedError(TransportError):

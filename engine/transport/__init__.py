@@ -17,10 +17,13 @@ def open_transport(config: Mapping[str, Any]) -> Transport:
         from engine.transport.memory import MemoryBroker, MemoryTransport
 
         return MemoryTransport(MemoryBroker.for_url(servers))
+    from engine.config import SECURITY_KEYS
     from engine.transport.kafka import KafkaTransport
 
-    extra = {k[len("admin."):]: v for k, v in config.items() if k.startswith("admin.")}
-    return KafkaTransport(servers, extra=extra)
+    # Kafka's security keys, unprefixed or per client, are resolved per client by the transport.
+    extra = {k[len("admin."):]: v for k, v in config.items()
+             if k.startswith("admin.") and k[len("admin."):] not in SECURITY_KEYS}
+    return KafkaTransport(servers, extra=extra, security=config)
 
 
 __all__ = ["MEMORY_SCHEME", "Transport", "open_transport"]

@@ -88,6 +88,19 @@ Transactions (exactly-once)
     ``request_timeout_ms`` here. Fencing (ProducerFenced, InvalidProducerEpoch,
     TransactionCoordinatorFenced) surfaces as ``ProducerFencedError``.
 
+Security
+    Kafka's ``security.protocol``, ``sasl.*`` and ``ssl.*`` keys become aiokafka options in
+    :mod:`engine.transport.security`. aiokafka's bootstrap catches every connection error,
+    a refused SASL login (``SaslAuthenticationFailed``) and a failed TLS handshake
+    (``SSLCertVerificationError``) included, logs it and raises only ``KafkaConnectionError``
+    "Unable to bootstrap", which reads as a timeout. So when a secured client cannot
+    start, the transport connects once more to each bootstrap address and raises
+    ``AuthenticationError`` (not retried) if that connection is refused, or, over TLS, closed
+    by the broker before its first answer (a client certificate it requires is missing or not
+    trusted). A refusal by a
+    broker other than the bootstrap ones, or after the client started, is still reported
+    as a lost connection (``NodeNotReadyError``).
+
 Topic auto-creation
     aiokafka's own metadata requests (consumer and producer) allow broker-side
     auto-creation. :meth:`KafkaAdmin.partition_counts` never asks for a topic
@@ -99,6 +112,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -107,6 +121,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import errors as aioerrors
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import collect_hosts, create_conn
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -118,6 +133,7 @@ from aiokafka.structs import OffsetAndMetadata as AioOffsetAndMetadata
 from aiokafka.structs import TopicPartition as AioTopicPartition
 
 from engine.errors import (
+    AuthenticationError,
     CommitFailedError,
     ConfigError,
     IllegalStateError,
@@ -135,6 +151,7 @@ from engine.transport.base import (
     ProducerSettings,
     RebalanceListener,
 )
+from engine.transport.security import CLIENT_KINDS, is_security_key, security_options, unused_security_keys
 
 __all__ = [
     "KafkaAdmin",
@@ -191,16 +208,61 @@ def _transport_error(exc: BaseException, what: str) -> TransportError:
 
 
 async def _start_or_clean_up(
-    start: Callable[[], Awaitable[Any]], stop: Callable[[], Awaitable[Any]], what: str
+    start: Callable[[], Awaitable[Any]], stop: Callable[[], Awaitable[Any]], what: str,
+    options: Mapping[str, object],
 ) -> None:
-    """Start an aiokafka client; if that fails, release what it opened and report a TransportError."""
+    """Start an aiokafka client; if that fails, release what it opened and report a TransportError
+    (an ``AuthenticationError`` when the broker refused the client's credentials)."""
     try:
         await start()
     except BaseException as exc:
         await stop()
+        if isinstance(exc, aioerrors.KafkaConnectionError):
+            await _raise_if_refused(options)
         if isinstance(exc, aioerrors.KafkaError):
             raise _transport_error(exc, what) from exc
         raise
+
+
+_SASL_REFUSALS: tuple[type[BaseException], ...] = (
+    aioerrors.SaslAuthenticationFailed,
+    aioerrors.AuthenticationFailedError,
+    aioerrors.UnsupportedSaslMechanismError,
+    aioerrors.IllegalSaslStateError,
+)
+_CONNECTION_OPTIONS = frozenset(inspect.signature(create_conn).parameters) - {"host", "port"}
+
+
+async def _raise_if_refused(options: Mapping[str, object]) -> None:
+    """Raise ``AuthenticationError`` if the bootstrap servers refuse the client's credentials.
+
+    aiokafka's bootstrap logs each address's error and then raises only "Unable to bootstrap"
+    (a ``KafkaConnectionError``, retried as a timeout). One more connection to each address
+    tells a refused login or TLS handshake apart from an unreachable broker.
+    """
+    if options.get("security_protocol", "PLAINTEXT") == "PLAINTEXT":
+        return
+    kwargs = {k: v for k, v in options.items() if k in _CONNECTION_OPTIONS}
+    timeout = float(options.get("request_timeout_ms", 40_000)) / 1000  # type: ignore[arg-type]
+    client_id = str(options.get("client_id"))
+    for host, port, _family in collect_hosts(options["bootstrap_servers"]):
+        try:
+            conn = await asyncio.wait_for(create_conn(host, port, **kwargs), timeout)
+        except _SASL_REFUSALS as exc:
+            raise AuthenticationError(str(options.get("sasl_mechanism")), client_id, str(exc) or _describe(exc)) from exc
+        except ssl.SSLError as exc:
+            raise AuthenticationError("SSL", client_id, _describe(exc)) from exc
+        except aioerrors.KafkaConnectionError as exc:
+            # Connected, then closed by the broker before its first answer: over TLS that is how a
+            # broker with ssl.client.auth=required refuses a missing or untrusted client certificate.
+            if options.get("ssl_context") is not None:
+                raise AuthenticationError("SSL", client_id, "the broker closed the connection after the TLS "
+                                          "handshake: it requires a client certificate that it trusts "
+                                          "(ssl.keystore.location)") from exc
+            continue
+        except (OSError, aioerrors.KafkaError, asyncio.TimeoutError):
+            continue  # not a refusal: the usual TransportError says the broker is unreachable
+        conn.close()
 
 
 def _aio_tp(tp: tuple[str, int]) -> AioTopicPartition:
@@ -246,10 +308,15 @@ def _coerce(value: object, default: object) -> object:
 
 
 def _client_kwargs(cls: type, raw: Mapping[str, object]) -> dict[str, object]:
-    """Turn pass-through keys (``fetch.max.wait.ms`` or ``fetch_max_wait_ms``) into kwargs of ``cls``."""
+    """Turn pass-through keys (``fetch.max.wait.ms`` or ``fetch_max_wait_ms``) into kwargs of ``cls``.
+
+    Kafka's security keys (``sasl.jaas.config`` …) are left out: :func:`security_options` maps them.
+    """
     params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
     out: dict[str, object] = {}
     for key, value in raw.items():
+        if is_security_key(key):
+            continue
         name = key.replace(".", "_").replace("-", "_")
         name = _ALIASES.get(name, name)
         if name in _RESERVED:
@@ -259,7 +326,9 @@ def _client_kwargs(cls: type, raw: Mapping[str, object]) -> dict[str, object]:
             inspect.Parameter.VAR_POSITIONAL,
             inspect.Parameter.VAR_KEYWORD,
         ):
-            raise ConfigError(key, f"is not an option of aiokafka's {cls.__name__}")
+            hint = ("; Kafka's security keys (security.protocol, sasl.jaas.config, ssl.truststore.location, …) "
+                    "are listed in docs/security.md") if name.startswith(("ssl_", "sasl_")) else ""
+            raise ConfigError(key, f"is not an option of aiokafka's {cls.__name__}{hint}")
         out[name] = _coerce(value, param.default)
     return out
 
@@ -485,8 +554,10 @@ class KafkaConsumer:
         settings: ConsumerSettings | None,
         client_id: str,
         read_committed: bool = False,
+        security: Sequence[tuple[str, Mapping[str, object]]] = (),
     ) -> None:
         self._read_committed = read_committed
+        self._security = tuple(security)
         self._bootstrap = bootstrap_servers
         self._common = dict(common)
         self._settings = settings
@@ -500,6 +571,11 @@ class KafkaConsumer:
         self._rejoin_count = 0
         # Validate pass-through options early (at construction, not at start).
         self._kwargs = self._build_kwargs()
+
+    @property
+    def options(self) -> Mapping[str, object]:
+        """The keyword arguments the aiokafka consumer is made with (secrets included: never log them)."""
+        return dict(self._kwargs)
 
     def _build_kwargs(self) -> dict[str, object]:
         s = self._settings
@@ -527,6 +603,8 @@ class KafkaConsumer:
                 max_partition_fetch_bytes=s.max_partition_fetch_bytes,
                 isolation_level=s.isolation_level,
             )
+        layers = self._security if s is None else (*self._security, ("consumer.", s.extra))
+        kwargs.update(security_options(*layers))
         kwargs.update(_client_kwargs(AIOKafkaConsumer, self._common))
         if s is not None:
             kwargs.update(_client_kwargs(AIOKafkaConsumer, s.extra))
@@ -545,7 +623,7 @@ class KafkaConsumer:
                 _AssignorAdapter(self._settings.assignor, self),
             )
         consumer = AIOKafkaConsumer(**kwargs)
-        await _start_or_clean_up(consumer.start, consumer.stop, "starting the consumer")
+        await _start_or_clean_up(consumer.start, consumer.stop, "starting the consumer", kwargs)
         self._consumer = consumer
         # Applied after start so that start() does not wait for the first
         # rebalance (aiokafka's start() would when subscribed before it).
@@ -867,7 +945,8 @@ class KafkaProducer:
     """
 
     def __init__(
-        self, bootstrap_servers: str, common: Mapping[str, object], settings: ProducerSettings
+        self, bootstrap_servers: str, common: Mapping[str, object], settings: ProducerSettings,
+        security: Sequence[tuple[str, Mapping[str, object]]] = (),
     ) -> None:
         self._settings = settings
         acks: object = settings.acks
@@ -889,6 +968,7 @@ class KafkaProducer:
         if settings.transactional_id is not None:
             kwargs["transactional_id"] = settings.transactional_id
             kwargs["transaction_timeout_ms"] = settings.transaction_timeout_ms
+        kwargs.update(security_options(*security, ("producer.", settings.extra)))
         kwargs.update(_client_kwargs(AIOKafkaProducer, common))
         kwargs.update(_client_kwargs(AIOKafkaProducer, settings.extra))
         self._kwargs = kwargs
@@ -903,13 +983,18 @@ class KafkaProducer:
         self._handoff = asyncio.Lock()
         self._fast = False
 
+    @property
+    def options(self) -> Mapping[str, object]:
+        """The keyword arguments the aiokafka producer is made with (secrets included: never log them)."""
+        return dict(self._kwargs)
+
     async def start(self) -> None:
         if self._producer is not None:
             raise IllegalStateError("the producer is already started")
         if self._closed:
             raise IllegalStateError("the producer is closed")
         producer = AIOKafkaProducer(**self._kwargs)
-        await _start_or_clean_up(producer.start, producer.stop, "starting the producer")
+        await _start_or_clean_up(producer.start, producer.stop, "starting the producer", self._kwargs)
         self._producer = producer
         self._fast = _Slot.can_write_directly(producer.create_batch())
 
@@ -1116,19 +1201,26 @@ class KafkaProducer:
 
 class KafkaAdmin:
     def __init__(
-        self, bootstrap_servers: str, common: Mapping[str, object], client_id: str
+        self, bootstrap_servers: str, common: Mapping[str, object], client_id: str,
+        security: Sequence[tuple[str, Mapping[str, object]]] = (),
     ) -> None:
         kwargs: dict[str, object] = {"bootstrap_servers": bootstrap_servers, "client_id": client_id}
+        kwargs.update(security_options(*security))
         kwargs.update(_client_kwargs(AIOKafkaAdminClient, common))
         self._kwargs = kwargs
         self._timeout = float(kwargs.get("request_timeout_ms", 40_000)) / 1000  # type: ignore[arg-type]
         self._admin: AIOKafkaAdminClient | None = None
 
+    @property
+    def options(self) -> Mapping[str, object]:
+        """The keyword arguments the aiokafka admin client is made with (secrets included: never log them)."""
+        return dict(self._kwargs)
+
     async def start(self) -> None:
         if self._admin is not None:
             return
         admin = AIOKafkaAdminClient(**self._kwargs)
-        await _start_or_clean_up(admin.start, admin.close, "starting the admin client")
+        await _start_or_clean_up(admin.start, admin.close, "starting the admin client", self._kwargs)
         self._admin = admin
 
     async def close(self) -> None:
@@ -1224,29 +1316,57 @@ class KafkaTransport:
     """Clients of one Kafka cluster.
 
     ``extra`` is passed to every aiokafka client (consumer, producer, admin),
-    so it should hold only options all three take: ``security_protocol``,
-    ``ssl_context``, ``sasl_*``, ``metadata_max_age_ms``, ``connections_max_idle_ms``
-    … Keys may use Kafka's dotted names (``security.protocol``). Options of one
+    so it should hold only options all three take (``metadata_max_age_ms``,
+    ``connections_max_idle_ms`` …). Keys may use Kafka's dotted names. Options of one
     client go in ``ConsumerSettings.extra`` / ``ProducerSettings.extra``.
+
+    ``security`` holds Kafka's security keys (:mod:`engine.transport.security`):
+    unprefixed ones reach every client, and ``consumer.``/``producer.``/``admin.`` ones
+    override them for that kind of client (the reader is a consumer); security keys in
+    ``extra`` count as unprefixed, and those in ``ConsumerSettings.extra`` /
+    ``ProducerSettings.extra`` as prefixed. They are checked here: a value that cannot
+    be used raises ``ConfigError`` naming the key.
     """
 
     name = "kafka"
 
-    def __init__(self, bootstrap_servers: str, *, extra: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        extra: Mapping[str, object] | None = None,
+        security: Mapping[str, object] | None = None,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.extra: dict[str, object] = dict(extra or {})
+        given = {**self.extra, **(security or {})}
+        every = {k: v for k, v in given.items() if is_security_key(k)}
+        self._security: dict[str, tuple[tuple[str, Mapping[str, object]], ...]] = {}
+        unused: dict[str, str] = {}
+        for kind in CLIENT_KINDS:
+            prefix = f"{kind}."
+            own = {k[len(prefix):]: v for k, v in given.items()
+                   if k.startswith(prefix) and is_security_key(k[len(prefix):])}
+            layers = self._security[kind] = (("", every), (prefix, own))
+            options = security_options(*layers)  # a bad value fails now, not at the first connect
+            for key in unused_security_keys(*layers):
+                unused.setdefault(key, str(options.get("security_protocol")))
+        for key, protocol in unused.items():
+            log.warning("Config '%s' is set but not used: the client's security.protocol is %s", key, protocol)
 
     def consumer(self, settings: ConsumerSettings) -> KafkaConsumer:
-        return KafkaConsumer(self.bootstrap_servers, self.extra, settings, settings.client_id)
+        return KafkaConsumer(self.bootstrap_servers, self.extra, settings, settings.client_id,
+                             security=self._security["consumer"])
 
     def producer(self, settings: ProducerSettings) -> KafkaProducer:
-        return KafkaProducer(self.bootstrap_servers, self.extra, settings)
+        return KafkaProducer(self.bootstrap_servers, self.extra, settings, security=self._security["producer"])
 
     def admin(self, client_id: str) -> KafkaAdmin:
-        return KafkaAdmin(self.bootstrap_servers, self.extra, client_id)
+        return KafkaAdmin(self.bootstrap_servers, self.extra, client_id, security=self._security["admin"])
 
     def reader(self, client_id: str, read_committed: bool = False) -> KafkaConsumer:
-        return KafkaConsumer(self.bootstrap_servers, self.extra, None, client_id, read_committed)
+        return KafkaConsumer(self.bootstrap_servers, self.extra, None, client_id, read_committed,
+                             security=self._security["consumer"])
 
     def __repr__(self) -> str:
         return f"KafkaTransport({self.bootstrap_servers!r})"
