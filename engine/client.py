@@ -263,6 +263,7 @@ class KafkaStreams:
         """
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        self.log.info("%s", self.config.describe())
         self._check_topics()
         if self.topology.store_names:
             lock = StateDirectoryLock(self._app_state_dir)

@@ -12,6 +12,7 @@ of its own. Our commands run there too:
     add-thread                 start one more stream thread
     remove-thread              stop one stream thread (it commits and leaves the group)
     metrics [FILTER]           metrics() in Kafka's shape: group, name, tags, value
+    config [FILTER]            the client's config, secrets shown as [hidden]
     topology                   the topology description
 
 Reading commands only take snapshots. Changing commands call the client's own
@@ -235,6 +236,15 @@ def do_remove_thread(ctx: click.Context) -> None:
 def do_metrics(ctx: click.Context, name_filter: str) -> None:
     """Metrics: group, name, tags, value (optionally only names or groups containing FILTER)"""
     _echo(views.metrics_view(_streams(ctx), name_filter))
+
+
+@monitor_cli.command(name="config")
+@click.argument("name_filter", required=False, default="")
+@custom_help_option
+@auto_command_done
+def do_config(ctx: click.Context, name_filter: str) -> None:
+    """The client's config (optionally only keys containing FILTER); secrets are shown as [hidden]"""
+    _echo(views.config_view(_streams(ctx), name_filter))
 
 
 @monitor_cli.command(name="topology")

@@ -85,5 +85,14 @@ def metrics_view(streams: KafkaStreams, name_filter: str = "") -> str:
     return table(("GROUP", "NAME", "TAGS", "VALUE"), rows)
 
 
+def config_view(streams: KafkaStreams, name_filter: str = "") -> str:
+    """Every config key and its value, secrets shown as ``[hidden]`` (``StreamsConfig.shown_values``)."""
+    rows = [(name, repr(value)) for name, value in sorted(streams.config.shown_values().items())
+            if name_filter in name]
+    if not rows:
+        return f"no config key matches {name_filter!r}"
+    return table(("KEY", "VALUE"), rows)
+
+
 def topology_view(streams: KafkaStreams) -> str:
     return streams.topology.describe().rstrip("\n")
