@@ -266,7 +266,7 @@ class KafkaStreams:
         self.log.info("%s", self.config.describe())
         self._check_topics()
         if self.topology.store_names:
-            lock = StateDirectoryLock(self._app_state_dir)
+            lock = StateDirectoryLock(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
             lock.acquire()
             self._state_lock = lock
         self._start_prometheus()
