@@ -15,6 +15,7 @@ the console) asks ``shown(key, value)``, which hides the value of every key
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import logging
 import os
 import re
@@ -54,6 +55,19 @@ def _redacted(key: str, value: Any, text: str) -> str:
         if form:
             text = text.replace(form, HIDDEN)
     return text
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps a port to this machine: ``localhost`` or a loopback address.
+
+    Any other name counts as reachable from outside, without resolving it.
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default_state_dir() -> str:
@@ -246,11 +260,15 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(METRICS_NUM_SAMPLES, int, 2,
               "Sample windows kept for the windowed metrics.", _at_least(1)),
     ConfigKey(METRICS_PROMETHEUS_HOST, str, "127.0.0.1",
-              "Address the Prometheus endpoint listens on (extra 'monitor').", _non_empty),
+              "Address the Prometheus endpoint listens on (extra 'monitor'). Loopback by default; any other "
+              "address serves the metrics to anyone who reaches it, without a token, and logs a WARNING.",
+              _non_empty),
     ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
               "Port of the Prometheus endpoint serving metrics() (0: any free port); none when unset."),
     ConfigKey(MONITOR_HOST, str, "127.0.0.1",
-              "Address the aiomonitor console listens on (`streamloop run --monitor`).", _non_empty),
+              "Address the aiomonitor console and its web UI listen on (`streamloop run --monitor`). Loopback "
+              "by default; any other address needs monitor.token and logs a WARNING: the console runs "
+              "arbitrary code in the application's process.", _non_empty),
     ConfigKey(MONITOR_PORT, int, 20101, "Port of the aiomonitor console (telnet).", _at_least(1)),
     ConfigKey(MONITOR_WEBUI_PORT, int, 20102, "Port of aiomonitor's web UI (0: any free port).", _at_least(0)),
     ConfigKey(MONITOR_CONSOLE_PORT, int, 20103,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from engine.client import Metric as StreamsMetric
-from engine.config import shown
+from engine.config import is_loopback, shown
 from engine.errors import MissingExtraError
 
 try:
@@ -84,6 +84,9 @@ class PrometheusExporter:
         self.host = host
         self.port: int = self._server.server_port
         log.info("Prometheus metrics at http://%s:%d/metrics", host, self.port)
+        if not is_loopback(host):
+            log.warning("The Prometheus endpoint listens on %s, off loopback: anyone who reaches port %d reads "
+                        "the metrics, without a token (metrics.prometheus.host)", host, self.port)
 
     def close(self) -> None:
         self._server.shutdown()
