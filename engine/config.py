@@ -272,8 +272,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(MONITOR_PORT, int, 20101, "Port of the aiomonitor console (telnet).", _at_least(1)),
     ConfigKey(MONITOR_WEBUI_PORT, int, 20102, "Port of aiomonitor's web UI (0: any free port).", _at_least(0)),
     ConfigKey(MONITOR_CONSOLE_PORT, int, 20103,
-              "Port of aiomonitor's Python REPL (the console's `console` command); always on loopback.",
-              _at_least(1)),
+              "Ignored: the console's Python REPL (its `console` command) listens on a private Unix socket, "
+              "not on a TCP port any local user could reach.", _at_least(1),
+              deprecated="the console's REPL listens on a private Unix socket"),
     ConfigKey(MONITOR_TOKEN, (str, type(None)), None,
               "Token the console asks for before the first command, and the web UI in an "
               "`Authorization: Bearer` header or a cookie. Required when monitor.host is not a loopback "

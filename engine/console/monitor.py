@@ -14,6 +14,7 @@ of its own. Our commands run there too:
     metrics [FILTER]           metrics() in Kafka's shape: group, name, tags, value
     config [FILTER]            the client's config, secrets shown as [hidden]
     topology                   the topology description
+    console                    the Python REPL (replaces aiomonitor's: no TCP port, see repl.py)
 
 Reading commands only take snapshots. Changing commands call the client's own
 loop-safe methods on a worker thread (``asyncio.to_thread``), bounded by
@@ -21,8 +22,8 @@ loop-safe methods on a worker thread (``asyncio.to_thread``), bounded by
 
 The console runs arbitrary code, so it is guarded (``engine.console.access``): loopback
 unless ``monitor.host`` says otherwise and ``monitor.token`` is set, the token asked for
-before the first command and required by the web UI, and the Python REPL always on
-loopback, whatever ``monitor.host``.
+before the first command and required by the web UI, and the Python REPL on a private
+Unix socket, whatever ``monitor.host``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ try:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.contrib.telnet.server import TelnetConnection, TelnetServer
 
+    from prompt_toolkit.application.current import get_app_session
+
     from engine.console.access import check_bind, token_matches, web_guard
+    from engine.console.repl import run_repl
 except ImportError as exc:  # the 'monitor' extra is optional
     raise MissingExtraError("The console (--monitor)", "monitor", "aiomonitor") from exc
 
@@ -70,9 +74,9 @@ LOOPBACK = "127.0.0.1"
 class StreamsMonitor(Monitor):  # type: ignore[misc]
     """An aiomonitor ``Monitor`` that knows the client its commands act on, guarded by ``token``.
 
-    The telnet console and the web UI listen on ``host``; aiomonitor's own host stays
-    loopback, and with it the Python REPL that its ``console`` command opens (the telnet
-    session reaches the REPL through a proxy, so the REPL needs no other address).
+    The telnet console and the web UI listen on ``host``. The Python REPL of the ``console``
+    command listens on no port at all (``engine.console.repl``: a private Unix socket);
+    aiomonitor's own host stays loopback in case any of its code still opens one.
     """
 
     def __init__(self, streams: KafkaStreams, loop: asyncio.AbstractEventLoop, *, host: str = LOOPBACK,
@@ -191,7 +195,6 @@ def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> Stre
         token=config[cfg.MONITOR_TOKEN],
         termui_port=config[cfg.MONITOR_PORT],
         webui_port=config[cfg.MONITOR_WEBUI_PORT],
-        console_port=config[cfg.MONITOR_CONSOLE_PORT],
         # The REPL gets the config with secrets hidden; streams.config still reads them (the REPL
         # runs arbitrary code, which is why the console wants the token).
         locals={"__name__": "__console__", "__doc__": None, "streams": streams,
@@ -343,6 +346,26 @@ def do_metrics(ctx: click.Context, name_filter: str) -> None:
 def do_config(ctx: click.Context, name_filter: str) -> None:
     """The client's config (optionally only keys containing FILTER); secrets are shown as [hidden]"""
     _echo(views.config_view(_streams(ctx), name_filter))
+
+
+@monitor_cli.command(name="console")
+@_waiting_help_option
+def do_console(ctx: click.Context) -> None:
+    """Switch to the Python REPL (streams: the client, config: its config, secrets hidden); Ctrl+D leaves"""
+    monitor: StreamsMonitor = ctx.obj
+    session = get_app_session()
+
+    @auto_async_command_done
+    async def run(_ctx: click.Context) -> None:
+        try:
+            await run_repl(session.input, session.output, monitor.console_locals, monitor._monitored_loop)
+        except Exception as exc:  # noqa: BLE001 - a failed REPL is shown, the console goes on
+            _echo(f"the REPL failed: {exc!r}")
+        else:
+            _echo("The Python REPL is closed.")
+
+    task = monitor._ui_loop.create_task(run(ctx))
+    monitor._termui_tasks.add(task)
 
 
 @monitor_cli.command(name="topology")

@@ -7,6 +7,7 @@ import asyncio
 import http.client
 import logging
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +56,13 @@ def outside_address() -> str:
     return address
 
 
+def outside_address_or_none() -> str | None:
+    try:
+        return outside_address()
+    except pytest.skip.Exception:
+        return None
+
+
 def reachable(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=5):
@@ -65,8 +73,11 @@ def reachable(host: str, port: int) -> bool:
 
 @pytest.fixture
 def open_console() -> Iterator[Callable[..., StreamsMonitor]]:
-    """Opens the console of a (not started) client in this process, watching a loop of its own."""
+    """Opens the console of a (not started) client in this process, watching a loop that runs on a
+    thread of its own (as the runner's loop does)."""
     loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, name="monitored-loop", daemon=True)
+    runner.start()
     opened: list[StreamsMonitor] = []
 
     def open_(**settings: Any) -> StreamsMonitor:
@@ -83,6 +94,8 @@ def open_console() -> Iterator[Callable[..., StreamsMonitor]]:
     yield open_
     for monitor in opened:
         monitor.close()
+    loop.call_soon_threadsafe(loop.stop)
+    runner.join(timeout=10)
     loop.close()
 
 
@@ -157,12 +170,23 @@ def test_off_loopback_with_a_token_warns_and_still_asks_for_it(open_console,
     assert request(monitor, "GET", "/").status == 401
 
 
-def test_the_python_repl_stays_on_loopback_whatever_the_host(open_console) -> None:
+def test_the_python_repl_listens_on_no_port_and_shows_the_config_without_secrets(open_console) -> None:
     monitor = open_console(**{"monitor.host": "0.0.0.0", "monitor.token": TOKEN})
-    assert monitor.bind_host == "0.0.0.0"
-    assert monitor.host == LOOPBACK  # aiomonitor's console command opens the REPL there
-    assert monitor.console_locals["config"]["monitor.token"] == "[hidden]"
-    assert TOKEN not in repr(monitor.console_locals["streams"].config)
+    repl_port = monitor.streams.config["monitor.console.port"]
+    with ConsoleClient(LOOPBACK, monitor.port, token=TOKEN) as console:
+        start = len(console.text)
+        console.type_line("console")
+        console.wait_for("asyncio event loop", start)  # aioconsole's banner: the REPL is up
+        assert not reachable(LOOPBACK, repl_port), "the REPL listens on a TCP port"
+        assert not reachable(outside_address_or_none() or LOOPBACK, repl_port)
+        start = len(console.text)
+        console.type_line('config["monitor.token"], repr(streams.config).count("[hidden]"), 6 * 7')
+        console.wait_for("('[hidden]', 1, 42)", start)
+        start = len(console.text)
+        console.type_line("\x04")  # Ctrl+D leaves the REPL, not the console
+        console.wait_for("The Python REPL is closed.", start)
+        assert "client" in console.command("threads")
+    assert TOKEN not in console.text
 
 
 # -- the web UI --------------------------------------------------------------------------------

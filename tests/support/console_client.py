@@ -96,6 +96,10 @@ class ConsoleClient:
         """Type ``line`` and Enter without waiting for an answer."""
         self._sock.sendall(line.encode() + b"\r")
 
+    def wait_for(self, text: str, after: int = 0) -> None:
+        """Read until ``text`` is shown past position ``after`` of ``self.text``."""
+        self._read_until(lambda: text in self.text[after:].replace("\r", "") or None, repr(text))
+
     def wait_closed(self) -> None:
         """Read until the console closes the connection; ``TimeoutError`` if it stays open."""
         try:
