@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from engine.client import KafkaStreams
+from engine.config import shown
 from engine.threads.stream_thread import TaskDetails, TaskRunState
 
 
@@ -78,7 +79,7 @@ def metrics_view(streams: KafkaStreams, name_filter: str = "") -> str:
     for metric in streams.metrics():
         if name_filter and name_filter not in metric.name and name_filter not in metric.group:
             continue
-        tags = ",".join(f"{k}={v}" for k, v in sorted(metric.tags.items()))
+        tags = ",".join(f"{k}={shown(k, v)}" for k, v in sorted(metric.tags.items()))
         rows.append((metric.group, metric.name, tags, _number(metric.value)))
     if not rows:
         return f"no metric matches {name_filter!r}"

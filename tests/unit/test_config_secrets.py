@@ -104,3 +104,17 @@ def test_the_console_config_view_hides_secrets() -> None:
     assert "monitor.token" in view and "producer.sasl.jaas.config" in view and HIDDEN in view
     assert "'orders'" in view
     assert config_view(streams, "jaas").count("\n") == 1  # the header and the one matching key
+
+
+def test_the_console_metrics_view_hides_a_tag_named_like_a_secret() -> None:
+    pytest.importorskip("aiomonitor")
+    from engine.client import Metric
+    from engine.console.views import metrics_view
+
+    class Streams:
+        def metrics(self) -> list[Metric]:
+            return [Metric("client-metrics", "info", {"client-id": "c-1", "sasl.password": SECRET}, 1.0)]
+
+    view = metrics_view(Streams())  # type: ignore[arg-type]
+    assert SECRET not in view
+    assert f"client-id=c-1,sasl.password={HIDDEN}" in view
