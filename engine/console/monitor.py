@@ -55,9 +55,8 @@ try:
     )
     from aiomonitor.webui.app import init_webui
     from prompt_toolkit import PromptSession
-    from prompt_toolkit.contrib.telnet.server import TelnetConnection, TelnetServer
-
     from prompt_toolkit.application.current import get_app_session
+    from prompt_toolkit.contrib.telnet.server import TelnetConnection, TelnetServer
 
     from engine.console.access import check_bind, token_matches, web_guard
     from engine.console.repl import run_repl
@@ -143,13 +142,12 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
 
     async def _interact(self, connection: TelnetConnection) -> None:
         """One telnet session: the token first when one is set, then aiomonitor's prompt."""
-        if self.token is not None and not await self._log_in(connection):
+        if self.token is not None and not await self._log_in(connection, self.token):
             return
         await interact(self, connection)
 
-    async def _log_in(self, connection: TelnetConnection) -> bool:
-        """Ask for ``monitor.token`` (not echoed); False, after saying so, for anything else."""
-        assert self.token is not None
+    async def _log_in(self, connection: TelnetConnection, token: str) -> bool:
+        """Ask for the token (not echoed); False, after saying so, for anything else or none in time."""
         session: PromptSession[str] = PromptSession()
         typed: str | None = None
         try:
@@ -157,7 +155,7 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
                 typed = await session.prompt_async("token: ", is_password=True)
         except (EOFError, KeyboardInterrupt, TimeoutError):
             pass
-        if token_matches(None if typed is None else typed.strip(), self.token):
+        if token_matches(None if typed is None else typed.strip(), token):
             return True
         log.warning("Refused a console session from %s: wrong or no monitor.token", connection.addr[0])
         print("wrong token: closing the connection", file=connection.stdout)
