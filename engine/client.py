@@ -263,9 +263,10 @@ class KafkaStreams:
         """
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        self.log.info("%s", self.config.describe())
         self._check_topics()
         if self.topology.store_names:
-            lock = StateDirectoryLock(self._app_state_dir)
+            lock = StateDirectoryLock(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
             lock.acquire()
             self._state_lock = lock
         self._start_prometheus()

@@ -6,15 +6,20 @@ checked once, at construction; a wrong type or value raises ``ConfigError``
 naming the key, and an unknown key only warns (Kafka Streams does the same), so
 settings meant for the clients can be passed through with the ``consumer.``,
 ``producer.``, ``admin.`` and ``spark.`` prefixes.
+
+Secrets are never shown: whatever prints a value (``repr``, logs, a ``ConfigError``,
+the console) asks ``shown(key, value)``, which hides the value of every key
+``is_secret(key)`` names, with or without a pass-through prefix.
 """
 
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import logging
 import os
 import re
-import tempfile
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +31,63 @@ log = logging.getLogger(__name__)
 
 PASS_THROUGH_PREFIXES = ("consumer.", "producer.", "admin.", "spark.")
 
+HIDDEN = "[hidden]"
+# Kafka's secret settings all end so: sasl.jaas.config, ssl.key.password, ssl.keystore.password,
+# sasl.oauthbearer.client.secret, ...; aiokafka's spell them sasl_plain_password, sasl_oauth_token.
+_SECRET_SUFFIXES = ("password", "secret", "token", "jaas.config", "jaas_config")
+
+
+def is_secret(key: str) -> bool:
+    """Whether ``key`` holds a secret, by its name alone (so it covers keys added later)."""
+    return key.lower().endswith(_SECRET_SUFFIXES)
+
+
+def shown(key: str, value: Any) -> Any:
+    """``value`` as it may be printed: ``[hidden]`` for a secret key that is set."""
+    return HIDDEN if value is not None and is_secret(key) else value
+
+
+def _redacted(key: str, value: Any, text: str) -> str:
+    """``text`` (a message about ``value``) with the value hidden when ``key`` is secret."""
+    if not is_secret(key):
+        return text
+    for form in (repr(value), str(value)):
+        if form:
+            text = text.replace(form, HIDDEN)
+    return text
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` keeps a port to this machine: ``localhost`` or a loopback address.
+
+    Any other name counts as reachable from outside, without resolving it.
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def default_state_dir() -> str:
+    """The per-user state directory of this platform, read from the environment when called.
+
+    ``$XDG_STATE_HOME/streamloop`` (else ``~/.local/state/streamloop``) on Linux and other
+    Unixes, ``~/Library/Application Support/streamloop`` on macOS, ``%LOCALAPPDATA%\\streamloop``
+    on Windows. Never a shared place such as the temp directory: another user could create
+    it first.
+    """
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+    elif sys.platform == "darwin":
+        base = os.path.join(os.path.expanduser("~"), "Library", "Application Support")
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        # The XDG spec says to ignore a relative path.
+        base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "streamloop")
+
 
 @dataclass(frozen=True, slots=True)
 class ConfigKey:
@@ -35,6 +97,9 @@ class ConfigKey:
     doc: str
     check: Callable[[Any], str | None] | None = None
     deprecated: str | None = None
+    # A default read when a config is made (from the environment), and its text in the docs.
+    default_factory: Callable[[], Any] | None = None
+    default_doc: str | None = None
 
 
 def _at_least(minimum: int) -> Callable[[Any], str | None]:
@@ -131,6 +196,7 @@ MONITOR_HOST = "monitor.host"
 MONITOR_PORT = "monitor.port"
 MONITOR_WEBUI_PORT = "monitor.webui.port"
 MONITOR_CONSOLE_PORT = "monitor.console.port"
+MONITOR_TOKEN = "monitor.token"
 SPARK_MASTER = "spark.master"
 SPARK_BATCH_MAX_RECORDS = "spark.batch.max.records"
 SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
@@ -219,8 +285,14 @@ KEYS: tuple[ConfigKey, ...] = (
               "Replication factor of the internal (repartition, changelog) topics the engine creates; "
               "-1 creates them with 1 (aiokafka cannot ask for the broker's default): set it to 3 on a "
               "production cluster.", _at_least(-1)),
-    ConfigKey(STATE_DIR, str, os.path.join(tempfile.gettempdir(), "streamloop"),
-              "Directory for local state: persistent stores and checkpoints under <application.id>/<task id>/."),
+    ConfigKey(STATE_DIR, str, "",
+              "Directory for local state: persistent stores and checkpoints under <application.id>/<task id>/. "
+              "The default is per user: $XDG_STATE_HOME/streamloop (else ~/.local/state/streamloop) on Linux, "
+              "~/Library/Application Support/streamloop on macOS, %LOCALAPPDATA%\\streamloop on Windows. "
+              "Directories are created 0700 and files 0600; a directory owned by another user or writable by "
+              "group or others is refused. See [Operations](operations.md#security-of-the-state-directory-"
+              "and-the-console).", _non_empty,
+              default_factory=default_state_dir, default_doc="<per-user state directory>/streamloop"),
     ConfigKey(DEFAULT_DSL_STORE, str, "rocksDB",
               "Store of the DSL's tables unless Materialized says otherwise: 'rocksDB' (persistent, "
               "restores only the changelog's tail after a clean stop) or 'in_memory'.",
@@ -250,15 +322,26 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(METRICS_NUM_SAMPLES, int, 2,
               "Sample windows kept for the windowed metrics.", _at_least(1)),
     ConfigKey(METRICS_PROMETHEUS_HOST, str, "127.0.0.1",
-              "Address the Prometheus endpoint listens on (extra 'monitor').", _non_empty),
+              "Address the Prometheus endpoint listens on (extra 'monitor'). Loopback by default; any other "
+              "address serves the metrics to anyone who reaches it, without a token, and logs a WARNING.",
+              _non_empty),
     ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
               "Port of the Prometheus endpoint serving metrics() (0: any free port); none when unset."),
     ConfigKey(MONITOR_HOST, str, "127.0.0.1",
-              "Address the aiomonitor console listens on (`streamloop run --monitor`).", _non_empty),
+              "Address the aiomonitor console and its web UI listen on (`streamloop run --monitor`). Loopback "
+              "by default; any other address needs monitor.token and logs a WARNING: the console runs "
+              "arbitrary code in the application's process.", _non_empty),
     ConfigKey(MONITOR_PORT, int, 20101, "Port of the aiomonitor console (telnet).", _at_least(1)),
     ConfigKey(MONITOR_WEBUI_PORT, int, 20102, "Port of aiomonitor's web UI (0: any free port).", _at_least(0)),
     ConfigKey(MONITOR_CONSOLE_PORT, int, 20103,
-              "Port of aiomonitor's Python REPL (the console's `console` command).", _at_least(1)),
+              "Ignored: the console's Python REPL (its `console` command) listens on a private Unix socket, "
+              "not on a TCP port any local user could reach.", _at_least(1),
+              deprecated="the console's REPL listens on a private Unix socket"),
+    ConfigKey(MONITOR_TOKEN, (str, type(None)), None,
+              "Token the console asks for before the first command, and the web UI in an "
+              "`Authorization: Bearer` header or a cookie. Required when monitor.host is not a loopback "
+              "address: the console runs arbitrary code. Never shown.",
+              lambda value: None if value.strip() else "must not be empty (unset it for no token)"),
     ConfigKey(SPARK_MASTER, str, "local[*]",
               "Where Spark stages run: local[*] in this process, or a cluster (spark://host:7077, yarn, "
               "k8s://...). Every other spark.* key is passed to the SparkSession too.", _non_empty),
@@ -326,6 +409,8 @@ class StreamsConfig(Mapping[str, Any]):
                 values[key.name] = self._check(key, settings[key.name])
             elif key.default is None and key.type is str:
                 raise ConfigError(key.name, "is required")
+            elif key.default_factory is not None:
+                values[key.name] = key.default_factory()
             else:
                 values[key.name] = key.default
         for name in settings:
@@ -365,23 +450,25 @@ class StreamsConfig(Mapping[str, Any]):
                               "output; use 1 under exactly_once_v2")
 
     @staticmethod
-    def _check(key: ConfigKey, value: Any, shown: str | None = None) -> Any:
-        """``value`` checked (and converted) for ``key``; a ``ConfigError`` names ``shown`` or the key."""
+    def _check(key: ConfigKey, value: Any, label: str | None = None) -> Any:
+        """``value`` checked (and converted) for ``key``; a ``ConfigError`` names ``label`` (the key as
+        the user wrote it, e.g. with a client prefix) or the key."""
         if key.deprecated:
             log.warning("Config '%s' is deprecated and ignored: %s", key.name, key.deprecated)
         expected = key.type
         # bool is an int in Python; a flag where a count is expected is a mistake.
         if expected is int and isinstance(value, bool):
-            raise ConfigError(shown or key.name, f"expected int, got bool {value!r}")
+            raise ConfigError(label or key.name, f"expected int, got bool {value!r}")
         if expected is int and isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value):
             value = int(value)
         if expected is not object and not isinstance(value, expected):
             names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
-            raise ConfigError(shown or key.name, f"expected {names}, got {type(value).__name__} {value!r}")
+            raise ConfigError(label or key.name,
+                              f"expected {names}, got {type(value).__name__} {shown(key.name, value)!r}")
         if key.check is not None and value is not None:
             problem = key.check(value)
             if problem:
-                raise ConfigError(shown or key.name, problem)
+                raise ConfigError(label or key.name, _redacted(key.name, value, problem))
         return value
 
     def __getitem__(self, name: str) -> Any:
@@ -401,14 +488,23 @@ class StreamsConfig(Mapping[str, Any]):
         """A ``*.ms`` key converted to seconds (the one place that converts)."""
         return float(self._values[name]) / 1000.0
 
+    def shown_values(self) -> dict[str, Any]:
+        """Every key with the value that may be printed (``shown()``: secrets hidden)."""
+        return {name: shown(name, value) for name, value in self._values.items()}
+
+    def describe(self) -> str:
+        """``StreamsConfig values:`` and one ``key = value`` line per key, secrets hidden (Kafka's log)."""
+        return "StreamsConfig values:\n" + "\n".join(
+            f"\t{name} = {value}" for name, value in sorted(self.shown_values().items()))
+
     def __repr__(self) -> str:
-        return f"StreamsConfig({self._values!r})"
+        return f"StreamsConfig({self.shown_values()!r})"
 
 
-def check_value(name: str, value: Any, shown: str) -> Any:
-    """``value`` checked as the known key ``name`` though it was given as ``shown`` (a prefixed
-    pass-through key such as ``consumer.security.protocol``); a ``ConfigError`` names ``shown``."""
-    return StreamsConfig._check(_BY_NAME[name], value, shown)
+def check_value(name: str, value: Any, label: str) -> Any:
+    """``value`` checked as the known key ``name`` though it was given as ``label`` (a prefixed
+    pass-through key such as ``consumer.security.protocol``); a ``ConfigError`` names ``label``."""
+    return StreamsConfig._check(_BY_NAME[name], value, label)
 
 
 def load_handler(config: StreamsConfig, key: str) -> Any:
@@ -447,7 +543,7 @@ def reference_markdown() -> str:
         "|---|---|---|",
     ]
     for key in KEYS:
-        default = "<tempdir>/streamloop" if key.name == STATE_DIR else key.default
+        default = key.default_doc if key.default_doc is not None else repr(key.default)
         note = f" *Deprecated: {key.deprecated}.*" if key.deprecated else ""
-        lines.append(f"| `{key.name}` | `{default!r}` | {key.doc}{note} |")
+        lines.append(f"| `{key.name}` | `{default}` | {key.doc}{note} |")
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@
 
     StreamsError
     ├── ConfigError                  a config key has a wrong type or value (names the key)
+    │   └── StateDirectoryError      state.dir (or a file in it) is not private: another user's, writable
+    │                                by group or others, or a symbolic link where a file is opened
     ├── TopologyError                the topology cannot be built (names the node or topic)
     │   └── MissingSerdeError        a sink must write keys or values known not to be bytes (Windowed keys,
     │                                a Spark stage's rows) and no serde is given, known or set as default
@@ -67,6 +69,19 @@ class ConfigError(StreamsError, ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"Invalid value for config '{key}': {message}")
         self.key = key
+
+
+class StateDirectoryError(ConfigError):
+    """``state.dir`` cannot hold local state safely; says what is wrong with which path and the fix.
+
+    Checked as SSH checks a key: state is refused rather than written where another user could
+    read, replace or plant files.
+    """
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        super().__init__("state.dir", f"{path} {problem}. {fix}")
+        self.path = path
+        self.problem = problem
 
 
 class TopologyError(StreamsError):

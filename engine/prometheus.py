@@ -7,7 +7,8 @@ thread waits). Names follow Prometheus' rules, made from Kafka's group and name:
     group stream-thread-metrics, name process-rate, tags {thread-id: t}
       -> kafka_streams_stream_thread_metrics_process_rate{thread_id="t"}
 
-Metrics whose Kafka name ends in ``-total`` are counters, the others gauges.
+Metrics whose Kafka name ends in ``-total`` are counters, the others gauges. A tag
+named like a secret (``config.is_secret``) is exported as ``[hidden]``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from engine.client import Metric as StreamsMetric
+from engine.config import is_loopback, shown
 from engine.errors import MissingExtraError
 
 try:
@@ -57,7 +59,7 @@ def families(metrics: Iterable[StreamsMetric]) -> list[PrometheusMetric]:
         if family is None:
             family = PrometheusMetric(base, f"{metric.group} {metric.name}", "counter" if counter else "gauge")
             by_name[base] = family
-        labels = {label_name(k): v for k, v in metric.tags.items()}
+        labels = {label_name(k): str(shown(k, v)) for k, v in metric.tags.items()}
         family.add_sample(f"{base}_total" if counter else base, labels, metric.value)
     return list(by_name.values())
 
@@ -82,6 +84,9 @@ class PrometheusExporter:
         self.host = host
         self.port: int = self._server.server_port
         log.info("Prometheus metrics at http://%s:%d/metrics", host, self.port)
+        if not is_loopback(host):
+            log.warning("The Prometheus endpoint listens on %s, off loopback: anyone who reaches port %d reads "
+                        "the metrics, without a token (metrics.prometheus.host)", host, self.port)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -22,6 +22,21 @@ hypothesis_settings.load_profile("streamloop")
 _names = itertools.count()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The default ``state.dir`` is per user (``$XDG_STATE_HOME/streamloop``): point it into the
+    session's temporary directory, for this process and the apps it starts, so no test that keeps
+    the default writes into the user's home."""
+    home = str(tmp_path_factory.mktemp("xdg-state"))
+    before = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = home
+    yield home
+    if before is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = before
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A single-node KRaft broker fetched with Maven and started on a free loopback port."""

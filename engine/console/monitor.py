@@ -12,16 +12,24 @@ of its own. Our commands run there too:
     add-thread                 start one more stream thread
     remove-thread              stop one stream thread (it commits and leaves the group)
     metrics [FILTER]           metrics() in Kafka's shape: group, name, tags, value
+    config [FILTER]            the client's config, secrets shown as [hidden]
     topology                   the topology description
+    console                    the Python REPL (replaces aiomonitor's: no TCP port, see repl.py)
 
 Reading commands only take snapshots. Changing commands call the client's own
 loop-safe methods on a worker thread (``asyncio.to_thread``), bounded by
 ``_COMMAND_TIMEOUT_S``, so neither the console nor any stream thread waits on the other.
+
+The console runs arbitrary code, so it is guarded (``engine.console.access``): loopback
+unless ``monitor.host`` says otherwise and ``monitor.token`` is set, the token asked for
+before the first command and required by the web UI, and the Python REPL on a private
+Unix socket, whatever ``monitor.host``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -34,30 +42,52 @@ from engine.errors import ConfigError, MissingExtraError
 
 try:
     import click
+    import janus
+    from aiohttp import web
     from aiomonitor import Monitor
     from aiomonitor.context import command_done
     from aiomonitor.termui.commands import (
         auto_async_command_done,
         auto_command_done,
         custom_help_option,
+        interact,
         monitor_cli,
     )
+    from aiomonitor.webui.app import init_webui
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.application.current import get_app_session
+    from prompt_toolkit.contrib.telnet.server import TelnetConnection, TelnetServer
+
+    from engine.console.access import check_bind, token_matches, web_guard
+    from engine.console.repl import run_repl
 except ImportError as exc:  # the 'monitor' extra is optional
     raise MissingExtraError("The console (--monitor)", "monitor", "aiomonitor") from exc
 
 log = logging.getLogger(__name__)
 
 _COMMAND_TIMEOUT_S = 30.0
+_LOG_IN_TIMEOUT_S = 60.0
+LOOPBACK = "127.0.0.1"
 
 
 class StreamsMonitor(Monitor):  # type: ignore[misc]
-    """An aiomonitor ``Monitor`` that knows the client its commands act on."""
+    """An aiomonitor ``Monitor`` that knows the client its commands act on, guarded by ``token``.
 
-    def __init__(self, streams: KafkaStreams, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
-        super().__init__(loop, **kwargs)
+    The telnet console and the web UI listen on ``host``. The Python REPL of the ``console``
+    command listens on no port at all (``engine.console.repl``: a private Unix socket);
+    aiomonitor's own host stays loopback in case any of its code still opens one.
+    """
+
+    def __init__(self, streams: KafkaStreams, loop: asyncio.AbstractEventLoop, *, host: str = LOOPBACK,
+                 token: str | None = None, **kwargs: Any) -> None:
+        super().__init__(loop, host=LOOPBACK, **kwargs)
         self.streams = streams
+        self.bind_host = host
+        self.token = token
         self.prompt = "streamloop >>> "
         self.ui_error: BaseException | None = None
+        self.webui_address: tuple[str, int] | None = None
+        """Where the web UI listens, once started."""
 
     def _ui_main(self) -> None:
         try:
@@ -68,6 +98,68 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
             # to start (a port in use) would leave it waiting forever.
             self.ui_error = exc
             self._ui_started.set()
+
+    async def _ui_main_async(self) -> None:
+        """The UI thread's main: aiomonitor's telnet console and web UI, each behind the guard.
+
+        aiomonitor 0.7 creates both servers inside its own ``_ui_main_async`` and offers no hook
+        for either, so this one replaces it: the same servers and task bookkeeping, plus the
+        token prompt (``_interact``) and the web guard. The web UI's socket is not shared
+        (no ``reuse_port``, which would let another process of this user bind the same port).
+        """
+        loop = asyncio.get_running_loop()
+        self._ui_loop = loop
+        self._ui_forever_future = loop.create_future()
+        self._termination_info_queue: janus.Queue[Any] = janus.Queue()
+        self._cancellation_chain_queue: janus.Queue[Any] = janus.Queue()
+        self._ui_termination_handler_task = loop.create_task(self._ui_handle_termination_updates())
+        self._ui_cancellation_handler_task = loop.create_task(self._ui_handle_cancellation_updates())
+        background = [self._ui_termination_handler_task, self._ui_cancellation_handler_task]
+        app = await init_webui(self)
+        app.middlewares.append(web_guard(self.bind_host, self.token))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.bind_host, self._webui_port).start()
+            self.webui_address = tuple(runner.addresses[0][:2])
+            telnet = TelnetServer(host=self.bind_host, port=self._termui_port, interact=self._interact)
+            listening = asyncio.Event()
+            background.append(loop.create_task(telnet.run(ready_cb=listening.set)))
+            ready = loop.create_task(listening.wait())
+            await asyncio.wait([background[-1], ready], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            if background[-1].done():
+                background[-1].result()  # the telnet server could not listen: raise why
+            self._ui_started.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ui_forever_future
+        finally:
+            sessions = list(self._termui_tasks)
+            for task in sessions + background:
+                task.cancel()
+            await asyncio.gather(*sessions, *background, return_exceptions=True)
+            await runner.cleanup()
+
+    async def _interact(self, connection: TelnetConnection) -> None:
+        """One telnet session: the token first when one is set, then aiomonitor's prompt."""
+        if self.token is not None and not await self._log_in(connection, self.token):
+            return
+        await interact(self, connection)
+
+    async def _log_in(self, connection: TelnetConnection, token: str) -> bool:
+        """Ask for the token (not echoed); False, after saying so, for anything else or none in time."""
+        session: PromptSession[str] = PromptSession()
+        typed: str | None = None
+        try:
+            async with asyncio.timeout(_LOG_IN_TIMEOUT_S):
+                typed = await session.prompt_async("token: ", is_password=True)
+        except (EOFError, KeyboardInterrupt, TimeoutError):
+            pass
+        if token_matches(None if typed is None else typed.strip(), token):
+            return True
+        log.warning("Refused a console session from %s: wrong or no monitor.token", connection.addr[0])
+        print("wrong token: closing the connection", file=connection.stdout)
+        return False
 
 
 class _ConsoleLoop(asyncio.SelectorEventLoop):
@@ -85,27 +177,35 @@ class _ConsoleLoop(asyncio.SelectorEventLoop):
 
 
 def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> StreamsMonitor:
-    """Start the console for ``streams``, watching ``loop``; ports and host from the client's config.
+    """Start the console for ``streams``, watching ``loop``; ports, host and token from the client's config.
 
-    Close it with ``close()``. The Python REPL (aiomonitor's ``console``) sees ``streams``.
+    Close it with ``close()``. The Python REPL (aiomonitor's ``console``) sees ``streams`` and
+    ``config`` (secrets hidden). Raises ``ConfigError`` for ``monitor.token`` when ``monitor.host``
+    is off loopback and no token is set, and for a port that cannot be listened on.
     """
     config = streams.config
+    check_bind(config)
     host = config[cfg.MONITOR_HOST]
     _check_free(host, config[cfg.MONITOR_PORT], cfg.MONITOR_PORT)
     monitor = StreamsMonitor(
         streams, loop,
-        host=config[cfg.MONITOR_HOST],
+        host=host,
+        token=config[cfg.MONITOR_TOKEN],
         termui_port=config[cfg.MONITOR_PORT],
         webui_port=config[cfg.MONITOR_WEBUI_PORT],
-        console_port=config[cfg.MONITOR_CONSOLE_PORT],
-        locals={"__name__": "__console__", "__doc__": None, "streams": streams},
+        # The REPL gets the config with secrets hidden; streams.config still reads them (the REPL
+        # runs arbitrary code, which is why the console wants the token).
+        locals={"__name__": "__console__", "__doc__": None, "streams": streams,
+                "config": config.shown_values()},
     )
     monitor.start()
     if monitor.ui_error is not None:
         raise ConfigError(cfg.MONITOR_WEBUI_PORT, f"aiomonitor's web UI could not start on "
                           f"{host}:{config[cfg.MONITOR_WEBUI_PORT]}: {monitor.ui_error}") from monitor.ui_error
-    log.info("Console at telnet://%s:%d (commands: threads, tasks, paused, resume, add-thread, "
-             "remove-thread, metrics, topology)", config[cfg.MONITOR_HOST], config[cfg.MONITOR_PORT])
+    log.info("Console at telnet://%s:%d%s and http://%s:%d (commands: threads, tasks, paused, resume, add-thread, "
+             "remove-thread, metrics, config, topology)", host, config[cfg.MONITOR_PORT],
+             " (token required)" if monitor.token is not None else "", host,
+             monitor.webui_address[1] if monitor.webui_address else config[cfg.MONITOR_WEBUI_PORT])
     return monitor
 
 
@@ -235,6 +335,35 @@ def do_remove_thread(ctx: click.Context) -> None:
 def do_metrics(ctx: click.Context, name_filter: str) -> None:
     """Metrics: group, name, tags, value (optionally only names or groups containing FILTER)"""
     _echo(views.metrics_view(_streams(ctx), name_filter))
+
+
+@monitor_cli.command(name="config")
+@click.argument("name_filter", required=False, default="")
+@custom_help_option
+@auto_command_done
+def do_config(ctx: click.Context, name_filter: str) -> None:
+    """The client's config (optionally only keys containing FILTER); secrets are shown as [hidden]"""
+    _echo(views.config_view(_streams(ctx), name_filter))
+
+
+@monitor_cli.command(name="console")
+@_waiting_help_option
+def do_console(ctx: click.Context) -> None:
+    """Switch to the Python REPL (streams: the client, config: its config, secrets hidden); Ctrl+D leaves"""
+    monitor: StreamsMonitor = ctx.obj
+    session = get_app_session()
+
+    @auto_async_command_done
+    async def run(_ctx: click.Context) -> None:
+        try:
+            await run_repl(session.input, session.output, monitor.console_locals, monitor._monitored_loop)
+        except Exception as exc:  # noqa: BLE001 - a failed REPL is shown, the console goes on
+            _echo(f"the REPL failed: {exc!r}")
+        else:
+            _echo("The Python REPL is closed.")
+
+    task = monitor._ui_loop.create_task(run(ctx))
+    monitor._termui_tasks.add(task)
 
 
 @monitor_cli.command(name="topology")

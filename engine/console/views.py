@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 from engine.client import KafkaStreams
+from engine.config import shown
 from engine.threads.stream_thread import TaskDetails, TaskRunState
 
 
@@ -78,11 +79,20 @@ def metrics_view(streams: KafkaStreams, name_filter: str = "") -> str:
     for metric in streams.metrics():
         if name_filter and name_filter not in metric.name and name_filter not in metric.group:
             continue
-        tags = ",".join(f"{k}={v}" for k, v in sorted(metric.tags.items()))
+        tags = ",".join(f"{k}={shown(k, v)}" for k, v in sorted(metric.tags.items()))
         rows.append((metric.group, metric.name, tags, _number(metric.value)))
     if not rows:
         return f"no metric matches {name_filter!r}"
     return table(("GROUP", "NAME", "TAGS", "VALUE"), rows)
+
+
+def config_view(streams: KafkaStreams, name_filter: str = "") -> str:
+    """Every config key and its value, secrets shown as ``[hidden]`` (``StreamsConfig.shown_values``)."""
+    rows = [(name, repr(value)) for name, value in sorted(streams.config.shown_values().items())
+            if name_filter in name]
+    if not rows:
+        return f"no config key matches {name_filter!r}"
+    return table(("KEY", "VALUE"), rows)
 
 
 def topology_view(streams: KafkaStreams) -> str:

@@ -12,12 +12,12 @@ the GIL makes atomic; RocksDB supports concurrent readers itself.
 from __future__ import annotations
 
 import bisect
-import os
 import shutil
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from engine.errors import StateStoreError
+from engine.state.directory import make_private_dirs
 
 
 class StoreLockedError(StateStoreError):
@@ -130,7 +130,9 @@ class RocksDBBytesStore:
         """Open the database; raises ``StoreLockedError`` while another task instance still has it."""
         if self._open:
             return
-        os.makedirs(self.directory, exist_ok=True)
+        # RocksDB creates its files with its own mode (0644 less the umask); the 0700 directories
+        # from state.dir down are what keep other users out.
+        make_private_dirs(self.directory)
         try:
             self._db = self._rdict(self.directory, self._options)
             self._db.set_write_options(self._write_options)

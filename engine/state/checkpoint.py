@@ -2,7 +2,9 @@
 
 Written after a commit (and on a clean close), removed when the task starts
 processing, so a crash leaves none and the next start restores in full. A file
-that cannot be read is treated as missing, never as an error.
+that cannot be read is treated as missing, never as an error; so is a symbolic link.
+The file is 0600, written to a temporary file created exclusively (a link planted in
+its place is removed, never followed) and renamed over the old one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 
 from engine.records import TopicPartition
+from engine.state.directory import make_private_dirs, open_private_file
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +25,7 @@ _VERSION = 1
 def read(directory: str) -> dict[TopicPartition, int]:
     path = os.path.join(directory, FILE_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
+        with os.fdopen(open_private_file(path, os.O_RDONLY), encoding="utf-8") as f:
             data = json.load(f)
         if data.get("version") != _VERSION:
             raise ValueError(f"unknown version {data.get('version')!r}")
@@ -35,16 +38,25 @@ def read(directory: str) -> dict[TopicPartition, int]:
 
 
 def write(directory: str, offsets: dict[TopicPartition, int]) -> None:
-    os.makedirs(directory, exist_ok=True)
+    make_private_dirs(directory)
     path = os.path.join(directory, FILE_NAME)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with os.fdopen(_create_exclusive(tmp), "w", encoding="utf-8") as f:
         json.dump({"version": _VERSION, "offsets": [[tp.topic, tp.partition, o] for tp, o in sorted(offsets.items())]},
                   f)
         f.flush()
         os.fsync(f.fileno())
     # Atomic replace: a crash mid-write leaves the old file or the new one, never half of one.
     os.replace(tmp, path)
+
+
+def _create_exclusive(path: str) -> int:
+    """A new 0600 file at ``path``; whatever is there (a crash's leftover, a planted link) is removed first."""
+    try:
+        return open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        os.unlink(path)  # unlinks a link itself, never its target
+        return open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
 
 def remove(directory: str) -> None:

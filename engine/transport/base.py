@@ -97,8 +97,8 @@ class ConsumerSettings:
     max_partition_fetch_bytes: int = 1_048_576
     # "read_committed" under exactly-once: records of open or aborted transactions are never returned.
     isolation_level: str = "read_uncommitted"
-    # Raw pass-through of ``consumer.*`` keys for the Kafka transport.
-    extra: Mapping[str, object] = field(default_factory=dict)
+    # Raw pass-through of ``consumer.*`` keys for the Kafka transport; not in repr (it may hold secrets).
+    extra: Mapping[str, object] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,8 @@ class ProducerSettings:
     # Set under exactly-once: the producer is transactional (idempotent, acks=all).
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60_000
-    extra: Mapping[str, object] = field(default_factory=dict)
+    # Raw pass-through of ``producer.*`` keys; not in repr (it may hold secrets).
+    extra: Mapping[str, object] = field(default_factory=dict, repr=False)
 
 
 class Consumer(Protocol):

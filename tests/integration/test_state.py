@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import ConfigError, InternalTopicError, InvalidStateStoreError
+from engine.errors import ConfigError, InternalTopicError, InvalidStateStoreError, StateDirectoryError
 from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
 from engine.state import Materialized, TimeWindows
@@ -429,3 +430,20 @@ async def test_a_record_run_again_does_not_apply_its_store_update_twice(cluster:
         await eventually_async(all_counted, timeout=30, what="K counted 5 times")
         assert failed == [3]
     assert [LONG.deserialize(r.value) for r in await cluster.read_all(sink)] == [1, 2, 3, 4, 5]
+
+
+async def test_a_state_dir_others_may_write_stops_start_before_any_thread(cluster: Cluster, names, tmp_path) -> None:
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    os.chmod(shared, 0o777)
+    streams = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(shared))
+    with pytest.raises(StateDirectoryError, match=f"Run `chmod 700 {shared}` or use another state.dir"):
+        await streams.start_async()
+    assert streams.state is ClientState.CREATED
+    assert os.listdir(shared) == []
+    os.chmod(shared, 0o700)  # the fix the error names
+    async with streams:
+        assert await streams.wait_for_state_async(ClientState.RUNNING, timeout=30)
+    assert stat.S_IMODE(os.stat(shared / names.app).st_mode) == 0o700

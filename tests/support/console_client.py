@@ -5,7 +5,8 @@ its terminal type (TTYPE), and sizes its output by the window size (NAWS): the
 client answers both (a wide window, so tables do not wrap) and every cursor
 position request, and strips the terminal's escape codes from what it reads.
 ``command`` types one line and returns the text printed between the echoed
-line and the next prompt.
+line and the next prompt. With ``token``, the client answers the console's
+``token:`` prompt with it first.
 """
 
 from __future__ import annotations
@@ -27,17 +28,22 @@ TTYPE_IS, TTYPE_SEND = 0, 1
 # CSI sequences, OSC sequences, charset selection and other two-byte escapes.
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-Za-z]|\x1b[=>78]")
 _CPR_REQUEST = "\x1b[6n"
+TOKEN_PROMPT = "token:"
 
 T = TypeVar("T")
 
 
 class ConsoleClient:
-    def __init__(self, host: str, port: int, prompt: str = "streamloop >>> ", timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, prompt: str = "streamloop >>> ", timeout: float = 30.0,
+                 token: str | None = None) -> None:
         self.prompt = prompt
         self.timeout = timeout
         self._sock = eventually(lambda: _connect(host, port), timeout, f"the console listening on {host}:{port}")
         self._raw = bytearray()
         self.text = ""  # everything shown so far, escape codes removed
+        if token is not None:
+            self._read_until(lambda: TOKEN_PROMPT in self.text or None, "the token prompt")
+            self._sock.sendall(token.encode() + b"\r")
         self._read_until(lambda: self.prompt in self.text or None, "the first prompt")
 
     def close(self) -> None:
@@ -85,6 +91,21 @@ class ConsoleClient:
             return answer if answer.strip() else None
 
         return self._read_until(answered, f"the answer to {line!r}")
+
+    def type_line(self, line: str) -> None:
+        """Type ``line`` and Enter without waiting for an answer."""
+        self._sock.sendall(line.encode() + b"\r")
+
+    def wait_for(self, text: str, after: int = 0) -> None:
+        """Read until ``text`` is shown past position ``after`` of ``self.text``."""
+        self._read_until(lambda: text in self.text[after:].replace("\r", "") or None, repr(text))
+
+    def wait_closed(self) -> None:
+        """Read until the console closes the connection; ``TimeoutError`` if it stays open."""
+        try:
+            self._read_until(lambda: None, "close of the connection")
+        except ConnectionError:
+            return
 
     def _read_until(self, done: Callable[[], T | None], what: str) -> T:
         deadline = time.monotonic() + self.timeout

@@ -39,3 +39,10 @@ def test_totals_are_counters_and_the_rest_gauges_with_tags_as_labels() -> None:
     assert 'kafka_streams_stream_task_metrics_records_processed_total{task_id="0_1",thread_id="t-1"} 7.0' in text
     assert "# TYPE kafka_streams_stream_thread_metrics_process_rate gauge" in text
     assert 'kafka_streams_stream_thread_metrics_process_rate{thread_id="t-1"} 1.5' in text
+
+
+def test_a_tag_named_like_a_secret_is_exported_hidden() -> None:
+    metrics = [Metric("client-metrics", "info", {"client-id": "c-1", "sasl.password": "hunter2"}, 1.0)]
+    [family] = families(metrics)
+    [sample] = family.samples
+    assert sample.labels == {"client_id": "c-1", "sasl_password": "[hidden]"}
