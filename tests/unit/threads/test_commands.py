@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -186,14 +186,7 @@ def test_submit_never_waits_for_a_blocked_loop(channel: CommandChannel, loop_thr
     """The loop is stuck in a plain (blocking) step, as a stream thread in a processor or waiting
     for a lock the submitter holds: submitting returns at once, and the command runs once the
     loop is free. (anyio's portal would wait for the loop to accept the task: a deadlock.)"""
-    blocked, release = threading.Event(), threading.Event()
-
-    def block() -> None:
-        blocked.set()
-        release.wait(10)
-
-    stuck = loop_thread.portal.start_task_soon(_run_blocking, block)
-    assert blocked.wait(5)
+    release, stuck = _block_the_loop(loop_thread)
     started = time.monotonic()
     future = channel.submit(double, 21)
     assert time.monotonic() - started < 0.5
@@ -207,14 +200,7 @@ def test_submit_never_waits_for_a_blocked_loop(channel: CommandChannel, loop_thr
 def test_a_command_not_started_when_the_channel_closes_is_rejected(loop_thread: LoopThread) -> None:
     channel = CommandChannel("stream-thread [t-2]")
     loop_thread.portal.call(channel.open, loop_thread.task_group)
-    blocked, release = threading.Event(), threading.Event()
-
-    def block() -> None:
-        blocked.set()
-        release.wait(10)
-
-    stuck = loop_thread.portal.start_task_soon(_run_blocking, block)
-    assert blocked.wait(5)
+    release, stuck = _block_the_loop(loop_thread)
     future = channel.submit(double, 1)
     channel.close()
     release.set()
@@ -223,5 +209,14 @@ def test_a_command_not_started_when_the_channel_closes_is_rejected(loop_thread: 
     stuck.result(5)
 
 
-async def _run_blocking(fn: Callable[[], None]) -> None:
-    fn()  # on the loop itself: the loop can run nothing else meanwhile
+def _block_the_loop(loop_thread: LoopThread) -> tuple[threading.Event, concurrent.futures.Future[None]]:
+    """Park the loop in a plain (blocking) step until the returned event is set."""
+    blocked, release = threading.Event(), threading.Event()
+
+    async def block() -> None:
+        blocked.set()
+        release.wait(10)  # on the loop itself: the loop can run nothing else meanwhile
+
+    stuck = loop_thread.portal.start_task_soon(block)
+    assert blocked.wait(5)
+    return release, stuck
