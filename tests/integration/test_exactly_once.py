@@ -23,6 +23,7 @@ from engine.state import Materialized
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import count_topology, make_streams
+from tests.support.process_kills import read_to_end
 from tests.support.cluster import Cluster, committed_offset
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
@@ -40,30 +41,7 @@ def kafka(kafka_bootstrap: str) -> Cluster:
 
 async def read_committed(cluster: Cluster, topic: str) -> list[ConsumerRecord]:
     """Every committed record of ``topic`` up to its last stable offset, in offset order per partition."""
-    counts = await cluster.partition_counts([topic])
-    reader = cluster.transport.reader("eos-test-reader", read_committed=True)
-    await reader.start()
-    tps = [TopicPartition(topic, p) for p in range(counts[topic])]
-    reader.assign(tps)
-    for tp in tps:
-        reader.seek(tp, 0)
-    result: list[ConsumerRecord] = []
-    try:
-        ends = await reader.end_offsets(tps)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        pending = {tp for tp in tps if ends[tp] > 0}
-        while pending:
-            if loop.time() > deadline:
-                raise TimeoutError(f"Could not read {topic} up to {ends}")
-            batch = await reader.poll(200, 10_000)
-            for records in batch.values():
-                result.extend(records)
-            # Transaction markers take offsets too: the reader's position says where it is.
-            pending = {tp for tp in pending if await reader.position(tp) < ends[tp]}
-    finally:
-        await reader.close()
-    return result
+    return await read_to_end(cluster, topic, read_committed=True)
 
 
 def assert_counts_exactly_once(output: list[ConsumerRecord], expected: Counter[str]) -> None:
