@@ -51,7 +51,7 @@ from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.tasks.error_handling import ErrorHandling
-from engine.tasks.timeouts import TaskTimer, retry_on_timeout
+from engine.tasks.timeouts import StartupDeadline, TaskTimer
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
 from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
@@ -413,10 +413,13 @@ class StreamThread:
         async with BlockingPortal() as portal, create_task_group() as group:
             self.commands.open(portal, group)
             try:
-                await admin.start()
+                # Start-up rides out an unreachable broker too, under one task.timeout.ms deadline.
+                startup = StartupDeadline(self.name, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                                          config[cfg.RETRY_BACKOFF_MAX_MS], self.log)
+                await startup.run(admin.start, "Starting the admin client")
                 started.append(admin)
-                sink_partitions = await self._check_topics(admin)
-                await producer.start()
+                sink_partitions = await self._check_topics(admin, startup)
+                await startup.run(producer.start, "Starting the producer")
                 started.append(producer)
                 collector = self._collector = RecordCollector(
                     producer, sink_partitions, lambda t: self._lookup(admin, t))
@@ -450,7 +453,7 @@ class StreamThread:
                     self.errors.collector_of = manager.collector_of
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
-                await consumer.start()
+                await startup.run(consumer.start, "Starting the consumer")
                 started.append(consumer)
                 await self._poll_loop(consumer, manager)
                 clean = True
@@ -507,13 +510,11 @@ class StreamThread:
         return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
                          config[cfg.RETRY_BACKOFF_MAX_MS], self._clock.monotonic_ms, log)
 
-    async def _check_topics(self, admin: object) -> dict[str, int]:
-        config = self._config
-        counts = await retry_on_timeout(
+    async def _check_topics(self, admin: object, startup: StartupDeadline) -> dict[str, int]:
+        counts = await startup.run(
             lambda: admin.partition_counts(  # type: ignore[attr-defined]
                 self._topology.source_topics + self._topology.sink_topics),
-            "Fetching topic metadata", config.seconds(cfg.TASK_TIMEOUT_MS), config.seconds(cfg.RETRY_BACKOFF_MS),
-            config.seconds(cfg.RETRY_BACKOFF_MAX_MS), self.log)
+            "Fetching topic metadata")
         missing = [t for t in self._topology.source_topics if t not in counts]
         if missing:
             raise MissingSourceTopicError(missing)
