@@ -301,6 +301,7 @@ class TaskManager:
                     raise
         finally:
             # Whatever the commit did, the stores close (and release their files) here.
+            released: list[TopicPartition] = []
             for task in tasks:
                 task_clean = clean and task.transaction_error is None
                 task.close(task_clean)
@@ -311,8 +312,22 @@ class TaskManager:
                 self.tasks.pop(task.id, None)
                 for tp in task.partitions:
                     self._by_partition.pop(tp, None)
-                    self._backpressured.discard(tp)
+                    if tp in self._backpressured:
+                        self._backpressured.discard(tp)
+                        released.append(tp)
+            self._resume_released(released)
         self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
+
+    def _resume_released(self, partitions: list[TopicPartition]) -> None:
+        """Resume fetching partitions that back-pressure paused for a task now closed, if they stay
+        assigned (a task revived from its last commit after an outage): nothing else tracks their
+        pause any more, so they would stay paused for good while the client looks RUNNING."""
+        assigned = self._consumer.assignment()
+        kept = [tp for tp in partitions if tp in assigned]
+        if kept:
+            self._consumer.resume(*kept)
+            self._log.debug("Resumed fetching %s, paused by back-pressure for a closed task",
+                            sorted(map(str, kept)))
 
     async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:
         """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
