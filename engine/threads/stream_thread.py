@@ -615,8 +615,14 @@ class StreamThread:
             raise
         collector.producer = new
         self._producer = new
+        # Shielded: from here on only this call knows the old producer, so a cancellation (the
+        # thread failing meanwhile) must not skip its close and leave its connections open.
+        # (asyncio.wait_for cancelled at once never starts the close at all.)
         try:
-            await asyncio.wait_for(old.close(), self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), shield=True) as scope:
+                await old.close()
+            if scope.cancelled_caught:
+                self.log.warning("Closing the failed producer did not finish within request.timeout.ms")
         except Exception:  # noqa: BLE001 - the old producer failed already; its close may too
             self.log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
