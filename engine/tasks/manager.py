@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
@@ -26,7 +28,7 @@ from engine.processors.context import CURRENT
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
-from engine.transport.base import Consumer, Producer
+from engine.transport.base import Consumer, OffsetAndMetadata, Producer
 
 from .task import StreamTask
 from .task_id import TaskId
@@ -459,11 +461,27 @@ class TaskManager:
         KIP-572 timers. Nothing committed yet: from the start (an offset no longer in the log is
         reset by auto.offset.reset)."""
         for tp in partitions:
-            committed = await self._consumer.committed(tp)
+            committed = await self._committed_of_reopened(tp, timers)
             self._consumer.seek(tp, committed.offset if committed is not None else 0)
         for task in self.handle_assignment(partitions):
             if task.id in timers:
                 task.timer = timers[task.id]
+
+    async def _committed_of_reopened(self, tp: TopicPartition, timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
+        """The committed offset of a partition being reopened. The broker may still be away (a task
+        revived during an outage): retriable errors are retried under the reopened tasks' timers, so
+        past task.timeout.ms this ends in ``TaskTimeoutError``, not in the transport's error."""
+        clock = self._monotonic_ms or (lambda: int(time.monotonic() * 1000))
+        while True:
+            started = clock()
+            try:
+                return await self._consumer.committed(tp)
+            except Exception as exc:
+                if not is_timeout(exc) or not timers:
+                    raise
+                backoff = max(timer.on_timeout(exc, f"Reading the committed offset of {tp}", started,
+                                               cleared_by_processing=False) for timer in timers.values())
+                await anyio.sleep(backoff)
 
     async def maybe_commit(self) -> int:
         return await self._committer.maybe_commit(self.tasks.values())

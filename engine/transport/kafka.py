@@ -921,6 +921,11 @@ class KafkaProducer:
             raise IllegalStateError("the producer is closed")
         producer = AIOKafkaProducer(**self._kwargs)
         await _start_or_clean_up(producer.start, producer.stop, "starting the producer")
+        if self._closed:
+            # Closed while it was starting (a task closed during its start-up): nothing would
+            # close this one later.
+            await producer.stop()
+            raise IllegalStateError("the producer was closed while it started")
         self._producer = producer
         self._fast = _Slot.can_write_directly(producer.create_batch())
 
@@ -1057,10 +1062,15 @@ class KafkaProducer:
         producer = self._producer
         if producer is None or not self._transactional:
             raise IllegalStateError("the producer is not a started transactional producer")
-        await self.flush()
+        timeout = self._settings.request_timeout_ms / 1000
+        try:
+            # A transactional producer's batches never expire while its coordinator is away (the
+            # sender waits for AddPartitionsToTxn first): without a deadline this waits for good.
+            await asyncio.wait_for(self.flush(), timeout)
+        except TimeoutError as exc:
+            raise self._transaction_error(exc, "flushing the transaction's records") from exc
         if not offsets and not self.in_transaction:
             return
-        timeout = self._settings.request_timeout_ms / 1000
         try:
             if not self.in_transaction:
                 await self._begin(producer)
