@@ -83,6 +83,7 @@ class Run:
     task_timeout_ms: int
     record_delay_s: float
     handler_answer: StreamThreadExceptionResponse = StreamThreadExceptionResponse.SHUTDOWN_CLIENT
+    extra: dict[str, Any] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     errors: list[BaseException] = field(default_factory=list)
     sent: list[int] = field(default_factory=list)
@@ -106,6 +107,7 @@ class Run:
             "bootstrap.servers": self.broker.bootstrap,
             "processing.guarantee": self.guarantee,
             "task.timeout.ms": self.task_timeout_ms,
+            **self.extra,
         })
 
         def handler(exc: BaseException) -> StreamThreadExceptionResponse:
@@ -216,11 +218,14 @@ async def _has(run: Run, keys: set[int]) -> bool:
 
 async def bounce(broker: KafkaBroker, *, guarantee: str = AT_LEAST_ONCE, down_s: float = 10.0,
                  task_timeout_ms: int = 120_000, records: int = 2_000, record_delay_s: float = 0.004,
-                 recover_bound_s: float = 90.0, kill: bool = False) -> dict[str, Any]:
+                 recover_bound_s: float = 90.0, kill: bool = False,
+                 buffered_per_partition: int | None = None) -> dict[str, Any]:
     """Stop the broker for ``down_s`` while the tasks are busy, start it again on the same data and
-    port, produce more, and wait for every record's output."""
+    port, produce more, and wait for every record's output. ``buffered_per_partition`` overrides
+    the back-pressure limit (100 here)."""
     await ensure_serving(broker)
-    run = Run(broker, guarantee, task_timeout_ms, record_delay_s)
+    extra = {} if buffered_per_partition is None else {"buffered.records.per.partition": buffered_per_partition}
+    run = Run(broker, guarantee, task_timeout_ms, record_delay_s, extra=extra)
     try:
         await _warm_up(run)
         await run.produce(range(100, 100 + records))  # busy for records * delay / PARTITIONS s
@@ -310,7 +315,7 @@ async def thread_added_during_long_outage(broker: KafkaBroker, *, task_timeout_m
         await anyio.to_thread.run_sync(broker.stop_process)
         await run.streams.add_stream_thread_async()
         await eventually_async(lambda: run.errors, bound_s, "the added thread to fail", interval=0.1)
-        return run.figures(1, [], None)
+        return {**run.figures(1, [], None), "lost": None, "stalled": None}
     finally:
         await ensure_serving(broker)
         await run.close()
