@@ -346,8 +346,13 @@ class TaskManager:
                 except Exception as exc:  # noqa: BLE001 - fenced or unreachable: the next owner aborts it
                     self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
         if producer is not None:
+            # Shielded and bounded: a cancellation (the thread failing meanwhile) must not skip the
+            # close, which asyncio.wait_for does when cancelled before the close started.
             try:
-                await asyncio.wait_for(producer.close(), timeout)
+                with anyio.move_on_after(timeout, shield=True) as scope:
+                    await producer.close()
+                if scope.cancelled_caught:
+                    self._log.warning("Closing the producer of task %s did not finish within %.1f s", task.id, timeout)
             except Exception as exc:  # noqa: BLE001 - closing must go on
                 self._log.warning("Closing the producer of task %s failed: %s", task.id, exc)
 

@@ -652,6 +652,7 @@ class StreamThread:
             except Exception:  # noqa: BLE001 - closing must go on
                 self.log.exception("Failed to close the tasks cleanly")
         self._active = frozenset()
+        interrupted: BaseException | None = None
         for client in (consumer, producer, admin):
             if client not in started:
                 continue
@@ -662,6 +663,12 @@ class StreamThread:
                     await client.close()  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001
                 self.log.exception("Failed to close %s", type(client).__name__)
+            except BaseException as exc:  # noqa: BLE001 - close the other clients first, then re-raise
+                # aiokafka's consumer stop can end in a CancelledError of its own tasks after an outage.
+                self.log.warning("Closing %s was interrupted: %r", type(client).__name__, exc)
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     # -- rebalance listener (on this thread's loop) ------------------------------------
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
