@@ -106,6 +106,8 @@ class TaskManager:
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
+        # When revive_all last reopened the tasks (monotonic ms): the start of their next produce attempt.
+        self._revived_at_ms = 0
 
     # -- assignment -------------------------------------------------------------
     def task_id_of(self, tp: TopicPartition) -> TaskId:
@@ -441,8 +443,11 @@ class TaskManager:
         timers = {task.id: task.timer for task in tasks}
         partitions = [tp for task in tasks for tp in task.partitions]
         for task in tasks:
-            if cause is not None and not task.timer.running:
-                task.timer.on_timeout(cause, "Produce", 0, cleared_by_processing=False)
+            if cause is not None and not task.is_paused:
+                # The failed produce started after the last revival: once that revival is past
+                # task.timeout.ms, this was the final attempt (a sink topic that stays unknown, a
+                # broker that keeps failing), and TaskTimeoutError ends the revivals.
+                task.timer.on_timeout(cause, "Produce", self._revived_at_ms, cleared_by_processing=False)
         started = self._monotonic_ms() if self._monotonic_ms is not None else 0
         try:
             await replace_producer()
@@ -456,6 +461,7 @@ class TaskManager:
             return
         await self.close_tasks(tasks, clean=False, timeout=timeout)
         self._committer.producer_failed = None
+        self._revived_at_ms = started
         await self._reopen_from_commit(partitions, timers)
         self._log.warning("Revived tasks %s from their last commit after a producer timeout",
                           [str(t.id) for t in tasks])

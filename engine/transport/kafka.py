@@ -972,6 +972,13 @@ class KafkaProducer:
     async def send_buffered(self) -> None:
         self._raise_failure()
         if not self._open and not self._ready:
+            if self._handoff.locked():
+                # Another hand-over is under way (a task's chunk, its batches out of the buffer but
+                # not yet in _pending): a flush must wait for it, or a commit would cover records
+                # whose output was never handed over (and may yet fail, e.g. an unknown topic).
+                async with self._handoff:
+                    pass
+                self._raise_failure()
             return
         producer = self._producer
         if producer is None:
