@@ -74,10 +74,14 @@ class Committer:
                 offsets.update(task_offsets)
                 by_task.append((task, task_offsets))
         started = self._monotonic_ms()
+        had_output = self._collector.buffered() > 0
         try:
             await self._collector.flush()
             if not offsets:
-                self._clear_commit_timers(tasks)
+                # Nothing processed since the last commit: only output delivered now is progress
+                # (a task just revived after a failed produce has made none yet).
+                if had_output:
+                    self._clear_commit_timers(tasks)
                 return 0
             await self._consumer.commit(offsets)
         except CommitFailedError:

@@ -14,6 +14,8 @@
     ├── MissingSinkTopicError        sink topics do not exist (names them)
     ├── SparkUnavailableError        a Spark stage is used without pyspark/pyarrow installed
     ├── StreamsTimeoutError          a blocking client call ran out of time (also a builtin TimeoutError)
+    ├── StartupTimeoutError          a stream thread's start-up kept failing with retriable errors past
+    │                                task.timeout.ms (not a TimeoutError: it ends the retries)
     ├── InternalTopicError           a repartition or changelog topic has the wrong partition count
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
@@ -151,6 +153,21 @@ class SparkUnavailableError(StreamsError, ImportError):
 
 class StreamsTimeoutError(StreamsError, TimeoutError):
     """A blocking client call (close, remove_stream_thread, …) did not finish in time."""
+
+
+class StartupTimeoutError(StreamsError):
+    """A stream thread could not start: a start-up step (starting the admin client, the producer or
+    the consumer, checking the topics) kept failing with retriable errors for ``task.timeout.ms``.
+    The last error is ``__cause__``. Unlike ``StreamsTimeoutError`` it is not a ``TimeoutError``:
+    it ends the retries of retriable errors, it is not one of them."""
+
+    def __init__(self, thread: str, what: str, timeout_ms: int) -> None:
+        super().__init__(f"Stream thread {thread} could not start: {what} kept failing with retriable errors "
+                         f"for {timeout_ms} ms. Check that the brokers are reachable; adjust task.timeout.ms "
+                         "if needed.")
+        self.thread = thread
+        self.what = what
+        self.timeout_ms = timeout_ms
 
 
 class MissingExtraError(StreamsError, ImportError):

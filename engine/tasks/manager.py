@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
@@ -26,7 +28,7 @@ from engine.processors.context import CURRENT
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
-from engine.transport.base import Consumer, Producer
+from engine.transport.base import Consumer, OffsetAndMetadata, Producer
 
 from .task import StreamTask
 from .task_id import TaskId
@@ -104,6 +106,8 @@ class TaskManager:
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
+        # When revive_all last reopened the tasks (monotonic ms): the start of their next produce attempt.
+        self._revived_at_ms = 0
 
     # -- assignment -------------------------------------------------------------
     def task_id_of(self, tp: TopicPartition) -> TaskId:
@@ -304,6 +308,7 @@ class TaskManager:
                     raise
         finally:
             # Whatever the commit did, the stores close (and release their files) here.
+            released: list[TopicPartition] = []
             for task in tasks:
                 task_clean = clean and task.transaction_error is None
                 task.close(task_clean)
@@ -314,8 +319,22 @@ class TaskManager:
                 self.tasks.pop(task.id, None)
                 for tp in task.partitions:
                     self._by_partition.pop(tp, None)
-                    self._backpressured.discard(tp)
+                    if tp in self._backpressured:
+                        self._backpressured.discard(tp)
+                        released.append(tp)
+            self._resume_released(released)
         self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
+
+    def _resume_released(self, partitions: list[TopicPartition]) -> None:
+        """Resume fetching partitions that back-pressure paused for a task now closed, if they stay
+        assigned (a task revived from its last commit after an outage): nothing else tracks their
+        pause any more, so they would stay paused for good while the client looks RUNNING."""
+        assigned = self._consumer.assignment()
+        kept = [tp for tp in partitions if tp in assigned]
+        if kept:
+            self._consumer.resume(*kept)
+            self._log.debug("Resumed fetching %s, paused by back-pressure for a closed task",
+                            sorted(map(str, kept)))
 
     async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:
         """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
@@ -332,8 +351,13 @@ class TaskManager:
                 except Exception as exc:  # noqa: BLE001 - fenced or unreachable: the next owner aborts it
                     self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
         if producer is not None:
+            # Shielded and bounded: a cancellation (the thread failing meanwhile) must not skip the
+            # close, which asyncio.wait_for does when cancelled before the close started.
             try:
-                await asyncio.wait_for(producer.close(), timeout)
+                with anyio.move_on_after(timeout, shield=True) as scope:
+                    await producer.close()
+                if scope.cancelled_caught:
+                    self._log.warning("Closing the producer of task %s did not finish within %.1f s", task.id, timeout)
             except Exception as exc:  # noqa: BLE001 - closing must go on
                 self._log.warning("Closing the producer of task %s failed: %s", task.id, exc)
 
@@ -434,8 +458,11 @@ class TaskManager:
         timers = {task.id: task.timer for task in tasks}
         partitions = [tp for task in tasks for tp in task.partitions]
         for task in tasks:
-            if cause is not None and not task.timer.running:
-                task.timer.on_timeout(cause, "Produce", 0, cleared_by_processing=False)
+            if cause is not None and not task.is_paused:
+                # The failed produce started after the last revival: once that revival is past
+                # task.timeout.ms, this was the final attempt (a sink topic that stays unknown, a
+                # broker that keeps failing), and TaskTimeoutError ends the revivals.
+                task.timer.on_timeout(cause, "Produce", self._revived_at_ms, cleared_by_processing=False)
         started = self._monotonic_ms() if self._monotonic_ms is not None else 0
         try:
             await replace_producer()
@@ -449,6 +476,7 @@ class TaskManager:
             return
         await self.close_tasks(tasks, clean=False, timeout=timeout)
         self._committer.producer_failed = None
+        self._revived_at_ms = started
         await self._reopen_from_commit(partitions, timers)
         self._log.warning("Revived tasks %s from their last commit after a producer timeout",
                           [str(t.id) for t in tasks])
@@ -459,11 +487,27 @@ class TaskManager:
         KIP-572 timers. Nothing committed yet: from the start (an offset no longer in the log is
         reset by auto.offset.reset)."""
         for tp in partitions:
-            committed = await self._consumer.committed(tp)
+            committed = await self._committed_of_reopened(tp, timers)
             self._consumer.seek(tp, committed.offset if committed is not None else 0)
         for task in self.handle_assignment(partitions):
             if task.id in timers:
                 task.timer = timers[task.id]
+
+    async def _committed_of_reopened(self, tp: TopicPartition, timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
+        """The committed offset of a partition being reopened. The broker may still be away (a task
+        revived during an outage): retriable errors are retried under the reopened tasks' timers, so
+        past task.timeout.ms this ends in ``TaskTimeoutError``, not in the transport's error."""
+        clock = self._monotonic_ms or (lambda: int(time.monotonic() * 1000))
+        while True:
+            started = clock()
+            try:
+                return await self._consumer.committed(tp)
+            except Exception as exc:
+                if not is_timeout(exc) or not timers:
+                    raise
+                backoff = max(timer.on_timeout(exc, f"Reading the committed offset of {tp}", started,
+                                               cleared_by_processing=False) for timer in timers.values())
+                await anyio.sleep(backoff)
 
     async def maybe_commit(self) -> int:
         return await self._committer.maybe_commit(self.tasks.values())

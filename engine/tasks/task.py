@@ -180,6 +180,7 @@ class StreamTask:
         self._closed_event.set()
 
     async def run(self) -> None:
+        started = self._monotonic_ms()
         try:
             await self._run()
         except (TaskCorruptedError, TaskMigratedError, ProducerFencedError) as exc:
@@ -190,8 +191,9 @@ class StreamTask:
         except TransportError as exc:
             if not (self.exactly_once and is_timeout(exc)):
                 raise
-            # Starting the producer or restoring timed out: start over (the timer is kept).
-            self.timer.on_timeout(exc, "Initialising", 0, cleared_by_processing=False)
+            # Starting the producer or restoring timed out: start over (the timer is kept). An attempt
+            # that started past task.timeout.ms is the last one (a revived task keeps its timer).
+            self.timer.on_timeout(exc, "Initialising", started, cleared_by_processing=False)
             self.transaction_failed(TaskCorruptedError(self.id, f"initialising timed out: {exc}"))
         finally:
             self.finished.set()

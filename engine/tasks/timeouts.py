@@ -6,54 +6,30 @@ tasks go on. An attempt that *starts* after the deadline is the final one: if it
 times out too, ``TaskTimeoutError`` goes to the uncaught-exception handler.
 ``task.timeout.ms = 0`` means no retry at all.
 
-Timeouts are: the builtin ``TimeoutError`` (so ``asyncio`` timeouts too),
-aiokafka's ``KafkaTimeoutError``, ``RequestTimedOutError``, ``NodeNotReadyError``,
-``KafkaConnectionError`` and ``UnknownTopicOrPartitionError`` (a metadata wait that
-ran out), and a ``TransportError`` caused by any of them.
+What counts as a timeout is every retriable client error (Kafka's ``RetriableException``
+family, plus the builtin ``TimeoutError``): ``is_timeout`` is the transport's one
+classification, :func:`engine.transport.kafka.is_retriable`. A leader change or a
+coordinator move during a broker restart is retried here just like a request timeout;
+the Java clients retry those inside a call and report a ``TimeoutException`` when
+``delivery.timeout.ms`` / ``max.block.ms`` runs out, which Kafka Streams then retries
+under ``task.timeout.ms`` the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from aiokafka import errors as kafka_errors
+import anyio
 
-from engine.errors import StreamsTimeoutError, TaskTimeoutError
+from engine.errors import StartupTimeoutError, TaskTimeoutError
 from engine.logcontext import LogContext
+from engine.transport.kafka import is_retriable
 
 from .task_id import TaskId
 
-_CLIENT_TIMEOUTS: tuple[type[BaseException], ...] = (
-    TimeoutError,
-    kafka_errors.KafkaTimeoutError,
-    kafka_errors.RequestTimedOutError,
-    kafka_errors.NodeNotReadyError,
-    kafka_errors.KafkaConnectionError,
-    # aiokafka's producer reports "no metadata for the topic within request.timeout.ms" so;
-    # the Java producer raises a TimeoutException for the same wait (max.block.ms).
-    kafka_errors.UnknownTopicOrPartitionError,
-)
-
-
-def is_timeout(exc: BaseException) -> bool:
-    """Whether ``exc``, or an error it was raised from, is a client timeout.
-
-    Our own ``StreamsTimeoutError`` (a client call such as ``close`` ran out of
-    time) and ``TaskTimeoutError`` (the end of the retries) are not.
-    """
-    current: BaseException | None = exc
-    for _ in range(6):
-        if current is None:
-            return False
-        if isinstance(current, (StreamsTimeoutError, TaskTimeoutError)):
-            return False
-        if isinstance(current, _CLIENT_TIMEOUTS):
-            return True
-        current = current.__cause__
-    return False
+is_timeout = is_retriable
 
 
 class TaskTimer:
@@ -122,23 +98,42 @@ class TaskTimer:
 T = TypeVar("T")
 
 
-async def retry_on_timeout(
-    call: Callable[[], Awaitable[T]], what: str, budget_s: float, backoff_s: float, max_backoff_s: float,
-    log: LogContext,
-) -> T:
-    """Run ``call`` again after each client timeout until ``budget_s`` is used up (start-up
-    metadata calls: there is no task yet to set aside). The last timeout is raised as is."""
-    deadline = time.monotonic() + budget_s
-    delay = max(backoff_s, 0.001)
-    while True:
-        try:
-            return await call()
-        except Exception as exc:
-            if not is_timeout(exc) or time.monotonic() + delay >= deadline:
-                raise
-            log.warning("%s timed out (%s); retrying in %.0f ms", what, _describe(exc), delay * 1000)
-            await asyncio.sleep(delay)
-            delay = min(max_backoff_s, delay * 2)
+class StartupDeadline:
+    """One deadline for a stream thread's whole start-up: starting its admin client, producer and
+    consumer and checking its topics. There is no task yet to set aside, so each step is retried
+    in place after a retriable error (growing back-off) until ``task.timeout.ms`` from the start
+    has passed; then ``StartupTimeoutError`` (from the last error) goes to the uncaught-exception
+    handler. Other errors are raised at once. ``task.timeout.ms = 0`` means no retry.
+
+    Caller: the stream thread's loop, before its poll loop.
+    """
+
+    def __init__(self, thread: str, timeout_ms: int, backoff_ms: int, max_backoff_ms: int, log: LogContext,
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
+        self._thread = thread
+        self._timeout_ms = timeout_ms
+        self._backoff_s = max(1, backoff_ms) / 1000
+        self._max_backoff_s = max(self._backoff_s, max_backoff_ms / 1000)
+        self._log = log
+        self._clock_s = clock_s
+        self._deadline_s = clock_s() + timeout_ms / 1000
+
+    async def run(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """``call()``, retried after each retriable error until the deadline."""
+        delay = self._backoff_s
+        while True:
+            try:
+                return await call()
+            except Exception as exc:
+                if not is_retriable(exc):
+                    raise
+                left = self._deadline_s - self._clock_s()
+                if left <= delay:
+                    raise StartupTimeoutError(self._thread, what, self._timeout_ms) from exc
+                self._log.warning("%s failed (%s); retrying in %.0f ms, %.0f ms left of task.timeout.ms",
+                                  what, _describe(exc), delay * 1000, left * 1000)
+                await anyio.sleep(delay)
+                delay = min(self._max_backoff_s, delay * 2)
 
 
 def _describe(exc: BaseException) -> str:

@@ -50,7 +50,7 @@ from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.tasks.error_handling import ErrorHandling
-from engine.tasks.timeouts import TaskTimer, retry_on_timeout
+from engine.tasks.timeouts import StartupDeadline, TaskTimer
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
 from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
@@ -423,10 +423,13 @@ class StreamThread:
         async with create_task_group() as group:
             self.commands.open(group)
             try:
-                await admin.start()
+                # Start-up rides out an unreachable broker too, under one task.timeout.ms deadline.
+                startup = StartupDeadline(self.name, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                                          config[cfg.RETRY_BACKOFF_MAX_MS], self.log)
+                await startup.run(admin.start, "Starting the admin client")
                 started.append(admin)
-                sink_partitions = await self._check_topics(admin)
-                await producer.start()
+                sink_partitions = await self._check_topics(admin, startup)
+                await startup.run(producer.start, "Starting the producer")
                 started.append(producer)
                 collector = self._collector = RecordCollector(
                     producer, sink_partitions, lambda t: self._lookup(admin, t))
@@ -460,7 +463,7 @@ class StreamThread:
                     self.errors.collector_of = manager.collector_of
                 consumer.subscribe(self._topology.source_topics, self)
                 self._consumer = consumer
-                await consumer.start()
+                await startup.run(consumer.start, "Starting the consumer")
                 started.append(consumer)
                 await self._poll_loop(consumer, manager)
                 clean = True
@@ -516,13 +519,11 @@ class StreamThread:
         return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
                          config[cfg.RETRY_BACKOFF_MAX_MS], self._clock.monotonic_ms, log)
 
-    async def _check_topics(self, admin: object) -> dict[str, int]:
-        config = self._config
-        counts = await retry_on_timeout(
+    async def _check_topics(self, admin: object, startup: StartupDeadline) -> dict[str, int]:
+        counts = await startup.run(
             lambda: admin.partition_counts(  # type: ignore[attr-defined]
                 self._topology.source_topics + self._topology.sink_topics),
-            "Fetching topic metadata", config.seconds(cfg.TASK_TIMEOUT_MS), config.seconds(cfg.RETRY_BACKOFF_MS),
-            config.seconds(cfg.RETRY_BACKOFF_MAX_MS), self.log)
+            "Fetching topic metadata")
         missing = [t for t in self._topology.source_topics if t not in counts]
         if missing:
             raise MissingSourceTopicError(missing)
@@ -623,8 +624,14 @@ class StreamThread:
             raise
         collector.producer = new
         self._producer = new
+        # Shielded: from here on only this call knows the old producer, so a cancellation (the
+        # thread failing meanwhile) must not skip its close and leave its connections open.
+        # (asyncio.wait_for cancelled at once never starts the close at all.)
         try:
-            await asyncio.wait_for(old.close(), self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), shield=True) as scope:
+                await old.close()
+            if scope.cancelled_caught:
+                self.log.warning("Closing the failed producer did not finish within request.timeout.ms")
         except Exception:  # noqa: BLE001 - the old producer failed already; its close may too
             self.log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
@@ -654,6 +661,7 @@ class StreamThread:
             except Exception:  # noqa: BLE001 - closing must go on
                 self.log.exception("Failed to close the tasks cleanly")
         self._active = frozenset()
+        interrupted: BaseException | None = None
         for client in (consumer, producer, admin):
             if client not in started:
                 continue
@@ -664,6 +672,12 @@ class StreamThread:
                     await client.close()  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001
                 self.log.exception("Failed to close %s", type(client).__name__)
+            except BaseException as exc:  # noqa: BLE001 - close the other clients first, then re-raise
+                # aiokafka's consumer stop can end in a CancelledError of its own tasks after an outage.
+                self.log.warning("Closing %s was interrupted: %r", type(client).__name__, exc)
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     # -- rebalance listener (on this thread's loop) ------------------------------------
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -62,15 +62,20 @@ Producer ordering
     the head of their partition's queue. Batches of one partition are therefore
     written in the order they were handed to ``send_batch``.
 
-Timeouts
+Timeouts and retriable errors
     aiokafka signals timeouts as ``KafkaTimeoutError`` (batch expiry after
     ``request_timeout_ms``, ``end_offsets``), ``RequestTimedOutError`` (broker
     side, retriable), ``NodeNotReadyError``/``KafkaConnectionError`` (retriable)
     and builtin ``TimeoutError`` (``asyncio`` timeouts). A produce to a topic
     that does not exist fails after ``request_timeout_ms`` with
-    ``UnknownTopicOrPartitionError`` (metadata never shows the topic). They
-    reach the engine wrapped (``ProduceError``, ``TransportError``) with the
-    aiokafka exception as ``__cause__``; :func:`is_timeout` tells them apart.
+    ``UnknownTopicOrPartitionError`` (metadata never shows the topic). While a
+    broker restarts, a batch whose request timeout passes before the new
+    leader is known fails with ``LeaderNotAvailableError`` or
+    ``NotLeaderForPartitionError`` (retriable: aiokafka retries them itself
+    only until the batch expires). They reach the engine wrapped
+    (``ProduceError``, ``TransportError``) with ``retriable`` set and the
+    aiokafka exception as ``__cause__``; :func:`is_retriable` is the one
+    place that classifies them.
 
 Transactions (exactly-once)
     With ``ProducerSettings.transactional_id`` the aiokafka producer is
@@ -139,6 +144,9 @@ from engine.errors import (
     IllegalStateError,
     ProduceError,
     ProducerFencedError,
+    StartupTimeoutError,
+    StreamsTimeoutError,
+    TaskTimeoutError,
     TransportError,
 )
 from engine.records import ConsumerRecord, Headers, TopicPartition
@@ -158,7 +166,7 @@ __all__ = [
     "KafkaConsumer",
     "KafkaProducer",
     "KafkaTransport",
-    "is_timeout",
+    "is_retriable",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,24 +182,38 @@ _FENCED_ERRORS: tuple[type[BaseException], ...] = (
     aioerrors.TransactionCoordinatorFenced,
 )
 
-_TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (
-    TimeoutError,
-    aioerrors.KafkaTimeoutError,
-    aioerrors.RequestTimedOutError,
-    aioerrors.NodeNotReadyError,
-    aioerrors.KafkaConnectionError,
-)
+# The errors that end a retry (a deadline ran out): never retried themselves, even though
+# what they were raised from was.
+_FINAL_ERRORS: tuple[type[BaseException], ...] = (StreamsTimeoutError, TaskTimeoutError, StartupTimeoutError)
 
 
-def is_timeout(exc: BaseException) -> bool:
-    """Whether ``exc`` (or the aiokafka error behind it) means "ran out of time / no connection"."""
-    seen = 0
+def is_retriable(exc: BaseException) -> bool:
+    """Whether ``exc``, or the error it was raised from, is worth retrying under a deadline.
+
+    The one classification of client errors in the engine (``engine.tasks.timeouts.is_timeout``
+    is this function). Retriable: an engine ``TransportError`` marked ``retriable``; the builtin
+    ``TimeoutError`` (asyncio timeouts, a slow processor); aiokafka's ``KafkaTimeoutError`` (a batch
+    expired after ``request_timeout_ms``) and every aiokafka error whose ``retriable`` attribute is
+    set, Kafka's ``RetriableException`` family: connection loss (``KafkaConnectionError``,
+    ``NodeNotReadyError``), request timeouts, leader changes (``LeaderNotAvailableError``,
+    ``NotLeaderForPartitionError``), coordinator moves (``NotCoordinatorError``,
+    ``CoordinatorNotAvailableError``, ``CoordinatorLoadInProgressError``), stale metadata and
+    ``UnknownTopicOrPartitionError`` (a topic's metadata not there yet).
+    Not retriable: ``TaskTimeoutError``, ``StartupTimeoutError`` and ``StreamsTimeoutError`` (a
+    deadline ran out), and an error merely *seen while handling* a retriable one (``__context__``
+    is not followed).
+    """
     current: BaseException | None = exc
-    while current is not None and seen < 5:
-        if isinstance(current, _TIMEOUT_ERRORS):
+    for _ in range(6):
+        if current is None or isinstance(current, _FINAL_ERRORS):
+            return False
+        if isinstance(current, TransportError) and current.retriable:
+            return True
+        if isinstance(current, (TimeoutError, aioerrors.KafkaTimeoutError)):
+            return True
+        if isinstance(current, aioerrors.KafkaError) and current.retriable:
             return True
         current = current.__cause__
-        seen += 1
     return False
 
 
@@ -203,7 +225,7 @@ def _describe(exc: BaseException) -> str:
 
 def _transport_error(exc: BaseException, what: str) -> TransportError:
     err = TransportError(f"{what} failed: {_describe(exc)}")
-    err.retriable = bool(getattr(exc, "retriable", False)) or is_timeout(exc)
+    err.retriable = is_retriable(exc)
     return err
 
 
@@ -995,6 +1017,11 @@ class KafkaProducer:
             raise IllegalStateError("the producer is closed")
         producer = AIOKafkaProducer(**self._kwargs)
         await _start_or_clean_up(producer.start, producer.stop, "starting the producer", self._kwargs)
+        if self._closed:
+            # Closed while it was starting (a task closed during its start-up): nothing would
+            # close this one later.
+            await producer.stop()
+            raise IllegalStateError("the producer was closed while it started")
         self._producer = producer
         self._fast = _Slot.can_write_directly(producer.create_batch())
 
@@ -1041,6 +1068,13 @@ class KafkaProducer:
     async def send_buffered(self) -> None:
         self._raise_failure()
         if not self._open and not self._ready:
+            if self._handoff.locked():
+                # Another hand-over is under way (a task's chunk, its batches out of the buffer but
+                # not yet in _pending): a flush must wait for it, or a commit would cover records
+                # whose output was never handed over (and may yet fail, e.g. an unknown topic).
+                async with self._handoff:
+                    pass
+                self._raise_failure()
             return
         producer = self._producer
         if producer is None:
@@ -1098,7 +1132,9 @@ class KafkaProducer:
             if self._transactional and isinstance(cause, _FENCED_ERRORS):
                 raise ProducerFencedError(f"Producing to {topic}-{partition} failed: producer "
                                           f"{self._settings.transactional_id} was fenced") from cause
-            raise ProduceError(topic, partition, _describe(cause)) from cause
+            error = ProduceError(topic, partition, _describe(cause))
+            error.retriable = is_retriable(cause)
+            raise error from cause
 
     async def flush(self) -> None:
         await self.send_buffered()
@@ -1129,10 +1165,15 @@ class KafkaProducer:
         producer = self._producer
         if producer is None or not self._transactional:
             raise IllegalStateError("the producer is not a started transactional producer")
-        await self.flush()
+        timeout = self._settings.request_timeout_ms / 1000
+        try:
+            # A transactional producer's batches never expire while its coordinator is away (the
+            # sender waits for AddPartitionsToTxn first): without a deadline this waits for good.
+            await asyncio.wait_for(self.flush(), timeout)
+        except TimeoutError as exc:
+            raise self._transaction_error(exc, "flushing the transaction's records") from exc
         if not offsets and not self.in_transaction:
             return
-        timeout = self._settings.request_timeout_ms / 1000
         try:
             if not self.in_transaction:
                 await self._begin(producer)

@@ -19,7 +19,7 @@ from engine.transport.base import (
     OffsetAndMetadata,
     ProducerSettings,
 )
-from engine.transport.kafka import KafkaConsumer, KafkaTransport, is_timeout
+from engine.transport.kafka import KafkaConsumer, KafkaTransport, is_retriable
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
 
@@ -601,13 +601,14 @@ async def test_static_member_closed_with_leave_group_leaves_at_once(
         await a.close()
 
 
-async def test_is_timeout_classifies_aiokafka_errors() -> None:
+async def test_is_retriable_classifies_aiokafka_errors() -> None:
     from aiokafka import errors as aioerrors
 
-    assert is_timeout(aioerrors.KafkaTimeoutError())
-    assert is_timeout(aioerrors.RequestTimedOutError())
-    assert is_timeout(TimeoutError())
+    assert is_retriable(aioerrors.KafkaTimeoutError())
+    assert is_retriable(aioerrors.RequestTimedOutError())
+    assert is_retriable(TimeoutError())
+    assert is_retriable(aioerrors.LeaderNotAvailableError())
     wrapped = ProduceError("t", 0, "x")
-    wrapped.__cause__ = aioerrors.KafkaTimeoutError()
-    assert is_timeout(wrapped)
-    assert not is_timeout(aioerrors.UnknownTopicOrPartitionError())
+    wrapped.__cause__ = aioerrors.NotLeaderForPartitionError()
+    assert is_retriable(wrapped)
+    assert not is_retriable(aioerrors.TopicAuthorizationFailedError())

@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -198,10 +199,28 @@ def _file_tail(path: Path, lines: int = 60) -> str:
     return _tail(data, lines)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Test brokers listen below the ephemeral range (32768+ on Linux): a stopped broker's ephemeral
+# port can be taken by a client's own reconnecting socket (a TCP self-connect), after which the
+# broker cannot bind it again on restart. The range is wide so that brokers of several test runs
+# on one machine rarely pick the same port; a clash is retried (``_PortClash``).
+PORT_RANGE = range(20_000, 32_000)
+_port_random = random.Random()
+
+
+def _free_port(exclude: Iterable[int] = ()) -> int:
+    """A loopback port in ``PORT_RANGE`` that nothing listens on or is bound to right now."""
+    taken = set(exclude)
+    for _ in range(200):
+        port = _port_random.choice(PORT_RANGE)
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise KafkaToolingError(f"no free loopback port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
 
 
 def _port_accepts(port: int) -> bool:
@@ -281,13 +300,15 @@ class KafkaBroker:
         """Wall time of the last :meth:`start` (storage format + JVM start + readiness)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._stdout: object | None = None
+        self._paused = False
 
     # -- info -------------------------------------------------------------------------
 
     @property
     def bootstrap(self) -> str:
-        """``"127.0.0.1:<port>"``; only valid while started."""
-        if self.port is None or self._proc is None:
+        """``"127.0.0.1:<port>"``; valid from :meth:`start` to :meth:`stop` (also while the
+        process is stopped or paused by a fault: the address does not change)."""
+        if self.port is None:
             raise KafkaToolingError("the broker is not started")
         return f"127.0.0.1:{self.port}"
 
@@ -339,36 +360,105 @@ class KafkaBroker:
         self.dir = Path(tempfile.mkdtemp(prefix="streamloop-kafka-"))
         try:
             self.port = _free_port()
-            self.controller_port = _free_port()
-            while self.controller_port == self.port:
-                self.controller_port = _free_port()
+            self.controller_port = _free_port(exclude=(self.port,))
             config = self.dir / "server.properties"
             config.write_text(self._server_properties())
-            classpath = str(libs / "*")
-            log_opts = (
-                f"-Dlog4j2.configurationFile={_LOG_CONFIG}",
-                f"-Dkafka.logs.dir={self.dir}",
-            )
-            tool = [java, *_TOOL_JVM_OPTS, *log_opts, "-cp", classpath, "kafka.tools.StorageTool"]
+            tool = [java, *_TOOL_JVM_OPTS, *self._log_opts(), "-cp", str(libs / "*"), "kafka.tools.StorageTool"]
             cluster_id = self._run_tool([*tool, "random-uuid"]).strip().splitlines()[-1].strip()
             self._run_tool([*tool, "format", "-t", cluster_id, "-c", str(config)])
-
-            self._stdout = open(self.dir / "stdout.log", "wb")  # noqa: SIM115 (closed in stop)
-            self._proc = subprocess.Popen(
-                [java, *self.jvm_opts, *log_opts, "-cp", classpath, "kafka.Kafka", str(config)],
-                cwd=self.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=self._stdout,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C in a terminal reaches us, not the JVM
-            )
-            self._wait_ready(t0 + self.start_timeout)
+            self._launch(java, libs, t0 + self.start_timeout)
         except BaseException:
             clash = self._log_mentions("Address already in use")
             self.stop()
             if clash:
                 raise _PortClash("a port picked for the broker was taken meanwhile") from None
             raise
+
+    def _log_opts(self) -> tuple[str, ...]:
+        return (f"-Dlog4j2.configurationFile={_LOG_CONFIG}", f"-Dkafka.logs.dir={self.dir}")
+
+    def _launch(self, java: str, libs: Path, deadline: float) -> None:
+        """Start the JVM on the formatted dir and the picked ports; wait until it serves metadata."""
+        assert self.dir is not None
+        if self._stdout is None:
+            self._stdout = open(self.dir / "stdout.log", "ab")  # noqa: SIM115 (closed in stop)
+        self._proc = subprocess.Popen(
+            [java, *self.jvm_opts, *self._log_opts(), "-cp", str(libs / "*"), "kafka.Kafka",
+             str(self.dir / "server.properties")],
+            cwd=self.dir,
+            stdin=subprocess.DEVNULL,
+            stdout=self._stdout,  # type: ignore[arg-type]
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, not the JVM
+        )
+        self._paused = False
+        self._wait_ready(deadline)
+
+    # -- faults: the same broker (data dir, ports) goes away and comes back --------------
+
+    def stop_process(self, *, kill: bool = False, timeout: float = 15.0) -> None:
+        """Stop the JVM (SIGTERM, a controlled shutdown; SIGKILL with ``kill``) and keep its data
+        dir and ports, so that :meth:`start_process` brings the same broker back."""
+        if self.dir is None or self.port is None:
+            raise KafkaToolingError("the broker is not started")
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _end_process(proc, signal.SIGKILL if kill else signal.SIGTERM, timeout)
+        self._paused = False
+
+    def start_process(self) -> None:
+        """Start the JVM stopped by :meth:`stop_process` again on the same dir and ports.
+
+        Raises ``KafkaToolingError`` when a port was taken meanwhile (the broker cannot move:
+        its clients know it by address).
+        """
+        if self.dir is None or self.port is None:
+            raise KafkaToolingError("the broker was never started (or is stopped for good)")
+        if self.running:
+            raise KafkaToolingError("the broker process is already running")
+        self._proc = None
+        t0 = time.monotonic()
+        try:
+            self._launch(_require("java", "to run the Kafka test broker"), self.fetch(), t0 + self.start_timeout)
+        except BaseException:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                _end_process(proc, signal.SIGKILL, 10)
+            raise
+        self.startup_seconds = time.monotonic() - t0
+
+    def restart(self, *, kill: bool = False) -> None:
+        """:meth:`stop_process` then :meth:`start_process`: the broker is gone for as long as
+        its shutdown and start take (a few seconds)."""
+        self.stop_process(kill=kill)
+        self.start_process()
+
+    def bounce(self, seconds: float, *, kill: bool = False) -> None:
+        """Stop the broker, keep it down ``seconds``, start it again (blocking: call it from a
+        worker thread in async code)."""
+        self.stop_process(kill=kill)
+        time.sleep(seconds)
+        self.start_process()
+
+    def pause(self) -> None:
+        """Freeze the JVM (SIGSTOP): connections stay open and nothing answers, like a broker in a
+        long GC pause or on a partitioned network."""
+        if not self.running:
+            raise KafkaToolingError("the broker process is not running")
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """Thaw the JVM frozen by :meth:`pause` (SIGCONT)."""
+        if self._proc is not None and self._paused:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     def _run_tool(self, cmd: list[str]) -> str:
         proc = subprocess.run(
@@ -452,16 +542,10 @@ class KafkaBroker:
         """Terminate the JVM (SIGTERM; SIGKILL after ``timeout`` s) and remove the temp dir."""
         with _live_lock:
             _live.discard(self)
+        self.resume()  # a frozen JVM cannot handle SIGTERM
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(10)
+        if proc is not None:
+            _end_process(proc, signal.SIGTERM, timeout)
         if self._stdout is not None:
             self._stdout.close()  # type: ignore[attr-defined]
             self._stdout = None
@@ -489,6 +573,20 @@ class KafkaBroker:
 
 class _PortClash(Exception):
     pass
+
+
+def _end_process(proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float) -> None:
+    """Send ``sig`` and wait ``timeout`` s for the exit; SIGKILL after that."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
 
 
 def _prop_value(value: object) -> str:

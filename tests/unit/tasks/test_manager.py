@@ -48,7 +48,11 @@ class RecordingConsumer:
     resumes: list[tuple[TopicPartition, int]] = field(default_factory=list)  # with the task's buffer then
     commits: list[dict[TopicPartition, int]] = field(default_factory=list)
     fail_commits: bool = False
+    assigned: set[TopicPartition] = field(default_factory=set)
     _paused: set[TopicPartition] = field(default_factory=set)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
 
     def pause(self, *partitions: TopicPartition) -> None:
         self.pauses.extend(partitions)
@@ -57,8 +61,8 @@ class RecordingConsumer:
     def resume(self, *partitions: TopicPartition) -> None:
         assert self.manager is not None
         for tp in partitions:
-            task = next(t for t in self.manager.tasks.values() if tp in t.partitions)
-            self.resumes.append((tp, task.buffered(tp)))
+            task = next((t for t in self.manager.tasks.values() if tp in t.partitions), None)
+            self.resumes.append((tp, 0 if task is None else task.buffered(tp)))
         self._paused.difference_update(partitions)
 
     def paused(self) -> set[TopicPartition]:
@@ -435,6 +439,36 @@ async def test_a_resumed_partition_is_paused_again_when_it_fills_up() -> None:
         assert rig.consumer.pauses == [A0, A0]
     finally:
         await rig.spawner.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_partition_paused_by_back_pressure_is_resumed_when_its_task_closes_and_it_stays_assigned(
+        parked: Rig) -> None:
+    # A task revived from its last commit (a producer timeout in a broker outage): closed dirty,
+    # then created again for the same partitions, which the consumer still has assigned.
+    parked.consumer.assigned = {A0, B0}
+    parked.manager.handle_assignment([A0, B0])
+    parked.manager.add_records({A0: records(A0, 0, 5)})
+    assert parked.consumer.paused() == {A0}
+
+    await parked.manager.close_tasks(list(parked.manager.tasks.values()), clean=False, timeout=0.1)
+    parked.manager.handle_assignment([A0, B0])
+
+    assert parked.consumer.paused() == set()
+    parked.manager.add_records({A0: records(A0, 0, 5)})
+    assert parked.consumer.paused() == {A0}  # and back-pressure tracks it again
+
+
+@pytest.mark.asyncio
+async def test_a_revoked_partition_paused_by_back_pressure_is_left_alone(parked: Rig) -> None:
+    parked.consumer.assigned = {A0, B0}
+    parked.manager.handle_assignment([A0, B0])
+    parked.manager.add_records({A0: records(A0, 0, 5)})
+    parked.consumer.assigned = set()  # the new assignment no longer has it
+
+    await parked.manager.handle_revocation([A0, B0], timeout=0.1)
+
+    assert parked.consumer.resumes == []
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ import pytest
 from aiokafka import errors as kafka_errors
 
 from engine.clock import ManualClock
-from engine.errors import ProduceError, StreamsTimeoutError, TaskTimeoutError, TransportError
+from engine.errors import ProduceError, StartupTimeoutError, StreamsTimeoutError, TaskTimeoutError, TransportError
 from engine.logcontext import LogContext
 from engine.tasks.task_id import TaskId
-from engine.tasks.timeouts import TaskTimer, is_timeout
+from engine.tasks.timeouts import StartupDeadline, TaskTimer, is_timeout
 
 TASK = TaskId(0, 1)
 LOG = LogContext(logging.getLogger("test.timeouts"), "task [0_1] ")
@@ -99,9 +99,48 @@ def test_each_timeout_logs_a_warning_with_what_and_time_left(caplog: pytest.LogC
     kafka_errors.RequestTimedOutError(),
     kafka_errors.NodeNotReadyError(),
     kafka_errors.KafkaConnectionError(),
+    # A broker restart: the new leader or coordinator is not known yet when the request times out.
+    kafka_errors.LeaderNotAvailableError(),
+    kafka_errors.NotLeaderForPartitionError(),
+    kafka_errors.NotCoordinatorForGroupError(),
+    kafka_errors.CoordinatorNotAvailableError(),
+    kafka_errors.CoordinatorLoadInProgressError(),
+    kafka_errors.UnknownTopicOrPartitionError(),
 ], ids=lambda e: type(e).__name__)
 def test_client_timeouts_count_as_timeouts(exc: BaseException) -> None:
     assert is_timeout(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    kafka_errors.TopicAuthorizationFailedError(),
+    kafka_errors.InvalidTopicError(),
+    kafka_errors.MessageSizeTooLargeError(),
+    kafka_errors.ProducerFenced(),
+], ids=lambda e: type(e).__name__)
+def test_client_errors_that_a_retry_cannot_fix_are_not_timeouts(exc: BaseException) -> None:
+    assert not is_timeout(exc)
+
+
+def test_a_produce_error_from_a_leader_change_counts() -> None:
+    try:
+        try:
+            raise kafka_errors.LeaderNotAvailableError()
+        except kafka_errors.LeaderNotAvailableError as inner:
+            raise ProduceError("out", 0, inner) from inner
+    except ProduceError as outer:
+        assert is_timeout(outer)
+
+
+def test_a_transport_error_marked_retriable_counts_without_a_cause() -> None:
+    error = TransportError("the coordinator moved")
+    error.retriable = True
+    assert is_timeout(error)
+
+
+def test_there_is_one_classification() -> None:
+    from engine.transport.kafka import is_retriable
+
+    assert is_timeout is is_retriable
 
 
 def test_a_transport_error_caused_by_a_timeout_counts() -> None:
@@ -131,37 +170,64 @@ def test_a_timeout_merely_seen_while_handling_another_error_does_not_count() -> 
 
 
 @pytest.mark.asyncio
-async def test_start_up_calls_are_retried_on_timeouts_within_their_budget() -> None:
-    from engine.tasks.timeouts import retry_on_timeout
-
+async def test_start_up_steps_are_retried_on_retriable_errors_within_the_deadline() -> None:
     calls = []
 
     async def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
-            raise kafka_errors.RequestTimedOutError()
+            raise kafka_errors.LeaderNotAvailableError()
         return "metadata"
 
-    assert await retry_on_timeout(flaky, "Fetching metadata", 5.0, 0.001, 0.002, LOG) == "metadata"
+    startup = StartupDeadline("t-1", 5_000, 1, 2, LOG)
+    assert await startup.run(flaky, "Fetching metadata") == "metadata"
     assert len(calls) == 3
 
 
 @pytest.mark.asyncio
-async def test_start_up_retries_stop_at_the_budget_and_other_errors_are_not_retried() -> None:
-    from engine.tasks.timeouts import retry_on_timeout
+async def test_start_up_gives_up_at_the_deadline_with_a_typed_error_naming_it() -> None:
+    cause = kafka_errors.KafkaConnectionError("Unable to bootstrap")
 
-    async def always_times_out() -> None:
-        raise kafka_errors.RequestTimedOutError()
+    async def unreachable() -> None:
+        raise TransportError("starting the admin client failed") from cause
 
-    with pytest.raises(kafka_errors.RequestTimedOutError):
-        await retry_on_timeout(always_times_out, "Fetching metadata", 0.05, 0.001, 0.01, LOG)
+    startup = StartupDeadline("app-StreamThread-2", 50, 1, 10, LOG)
+    with pytest.raises(StartupTimeoutError) as raised:
+        await startup.run(unreachable, "Starting the admin client")
+    message = str(raised.value)
+    assert "app-StreamThread-2" in message and "Starting the admin client" in message
+    assert "50 ms" in message and "task.timeout.ms" in message
+    assert raised.value.__cause__.__cause__ is cause  # type: ignore[union-attr]
+    assert not isinstance(raised.value, TimeoutError)
+    assert not is_timeout(raised.value)
 
+
+@pytest.mark.asyncio
+async def test_one_deadline_covers_every_start_up_step() -> None:
+    clock = ManualClock()
+    startup = StartupDeadline("t-1", 1_000, 100, 100, LOG, clock_s=lambda: clock.monotonic_ms() / 1000)
+
+    async def slow_step() -> None:
+        clock.advance(600)
+
+    await startup.run(slow_step, "Starting the admin client")
+    await startup.run(slow_step, "Starting the producer")
+
+    async def unreachable() -> None:
+        raise kafka_errors.NodeNotReadyError()
+
+    with pytest.raises(StartupTimeoutError, match="Starting the consumer"):
+        await startup.run(unreachable, "Starting the consumer")  # 1 200 ms passed: no retry left
+
+
+@pytest.mark.asyncio
+async def test_start_up_does_not_retry_other_errors() -> None:
     calls = []
 
     async def broken() -> None:
         calls.append(1)
-        raise ValueError("not a timeout")
+        raise ValueError("not retriable")
 
     with pytest.raises(ValueError):
-        await retry_on_timeout(broken, "Fetching metadata", 5.0, 0.001, 0.01, LOG)
+        await StartupDeadline("t-1", 5_000, 1, 10, LOG).run(broken, "Fetching metadata")
     assert len(calls) == 1

@@ -22,7 +22,7 @@ from engine.tasks.timeouts import is_timeout as task_is_timeout
 from engine.transport import open_transport
 from engine.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription, ProducerSettings
 from engine.transport.kafka import KafkaTransport
-from engine.transport.kafka import is_timeout as transport_is_timeout
+from engine.transport.kafka import is_retriable
 from tests.support.secure_broker import (
     CLIENT_KEY_PASSWORD,
     SERVER_KEY_PASSWORD,
@@ -345,7 +345,7 @@ def test_an_authentication_error_is_not_a_timeout_to_retry() -> None:
     assert "PLAIN" in str(error) and error.mechanism == "PLAIN"
     assert error.retriable is False
     assert not task_is_timeout(error)
-    assert not transport_is_timeout(error)
+    assert not is_retriable(error)
 
 
 def test_sasl_and_ssl_keys_that_the_protocol_does_not_use_warn_without_their_values(
