@@ -25,6 +25,7 @@ from engine.errors import (
     TaskError,
     TopologyError,
     TransportError,
+    UnknownConfigError,
 )
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
@@ -81,5 +82,6 @@ __all__ = [
     "Topology",
     "TopologyError",
     "TransportError",
+    "UnknownConfigError",
     "Windowed",
 ]

@@ -3,13 +3,16 @@
 Keys keep Kafka Streams' dotted names. The table below is the single source of
 truth: validation, defaults and the documentation all come from it. Values are
 checked once, at construction; a wrong type or value raises ``ConfigError``
-naming the key, and an unknown key only warns (Kafka Streams does the same), so
-settings meant for the clients can be passed through with the ``consumer.``,
-``producer.``, ``admin.`` and ``spark.`` prefixes.
+naming the key. An unknown key is a ``ConfigError`` too, suggesting the closest
+known key (a misspelled ``task.timeout.ms`` would otherwise be silently ignored);
+``config.unknown.keys: warn`` turns that into a warning. Settings meant for the
+clients pass through with the ``consumer.``, ``producer.``, ``admin.`` and
+``spark.`` prefixes.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -20,11 +23,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, UnknownConfigError
 
 log = logging.getLogger(__name__)
 
 PASS_THROUGH_PREFIXES = ("consumer.", "producer.", "admin.", "spark.")
+# Kafka's security settings (security.protocol, sasl.*, ssl.*) are not unknown keys.
+SECURITY_PREFIXES = ("security.", "sasl.", "ssl.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,20 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
 
 def _non_empty(value: Any) -> str | None:
     return None if value.strip() else "must not be empty"
+
+
+MEMORY_SCHEME = "memory://"
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?")
+
+
+def check_bootstrap_servers(value: Any) -> str | None:
+    """Why ``value`` is not ``host:port[,host:port]`` nor ``memory://name``; None when it is one of them."""
+    if not value.strip():
+        return "must not be empty"
+    if value.startswith(MEMORY_SCHEME) or all(_HOST_PORT.fullmatch(part.strip()) for part in value.split(",")):
+        return None
+    return (f"expected host:port[,host:port] (a Kafka cluster) or memory://name (the embedded broker), "
+            f"got {value!r}")
 
 
 APPLICATION_ID = "application.id"
@@ -94,6 +113,7 @@ PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 DEFAULT_DSL_STORE = "default.dsl.store"
 STATE_CLEANUP_DELAY_MS = "state.cleanup.delay.ms"
+CONFIG_UNKNOWN_KEYS = "config.unknown.keys"
 METRICS_SAMPLE_WINDOW_MS = "metrics.sample.window.ms"
 METRICS_NUM_SAMPLES = "metrics.num.samples"
 METRICS_PROMETHEUS_HOST = "metrics.prometheus.host"
@@ -114,9 +134,13 @@ KEYS: tuple[ConfigKey, ...] = (
               _non_empty),
     ConfigKey(BOOTSTRAP_SERVERS, str, None,
               "host:port[,host:port] of the Kafka cluster, or memory://[name] for the embedded broker. Required.",
-              _non_empty),
+              check_bootstrap_servers),
     ConfigKey(CLIENT_ID, str, "",
               "Prefix of thread and client names; defaults to <application.id>-<process uuid>."),
+    ConfigKey(CONFIG_UNKNOWN_KEYS, str, "error",
+              "What a key that is neither known nor under a pass-through prefix does: 'error' raises a "
+              "ConfigError that suggests the closest known key; 'warn' logs that and ignores the key.",
+              _one_of("error", "warn")),
     ConfigKey(NUM_STREAM_THREADS, int, 1, "Stream threads started by start().", _at_least(0)),
     ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
               "How often a stream thread commits the offsets of fully processed records "
@@ -218,6 +242,12 @@ KEYS: tuple[ConfigKey, ...] = (
 _BY_NAME = {key.name: key for key in KEYS}
 
 
+def _closest_key(name: str) -> str | None:
+    """The known key closest to ``name`` (difflib), None when none is close."""
+    close = difflib.get_close_matches(name, _BY_NAME, n=1) if isinstance(name, str) else []
+    return close[0] if close else None
+
+
 class StreamsConfig(Mapping[str, Any]):
     """Validated configuration of a ``KafkaStreams`` client.
 
@@ -240,9 +270,7 @@ class StreamsConfig(Mapping[str, Any]):
                 raise ConfigError(key.name, "is required")
             else:
                 values[key.name] = key.default
-        for name in settings:
-            if name not in _BY_NAME and not name.startswith(PASS_THROUGH_PREFIXES):
-                log.warning("Unknown config '%s' is ignored", name)
+        self._check_unknown(settings, values[CONFIG_UNKNOWN_KEYS])
         if not values[CLIENT_ID]:
             values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{uuid.uuid4()}"
         for name, value in settings.items():
@@ -251,6 +279,22 @@ class StreamsConfig(Mapping[str, Any]):
         if values[PROCESSING_GUARANTEE] == EXACTLY_ONCE_V2:
             self._check_exactly_once(values, settings)
         self._values = values
+
+    @staticmethod
+    def _check_unknown(settings: Mapping[str, Any], policy: str) -> None:
+        unknown = {name: _closest_key(name) for name in settings
+                   if name not in _BY_NAME and not str(name).startswith(PASS_THROUGH_PREFIXES + SECURITY_PREFIXES)}
+        if not unknown:
+            return
+        if policy == "error":
+            raise UnknownConfigError(unknown, "Client settings pass through under the prefixes "
+                                     + ", ".join(f"'{p}'" for p in PASS_THROUGH_PREFIXES)
+                                     + f"; set '{CONFIG_UNKNOWN_KEYS}': 'warn' to only log unknown keys.")
+        for name, closest in unknown.items():
+            if closest is None:
+                log.warning("Unknown config '%s' is ignored", name)
+            else:
+                log.warning("Unknown config '%s' is ignored: did you mean `%s`?", name, closest)
 
     @staticmethod
     def _check_exactly_once(values: dict[str, Any], settings: Mapping[str, Any]) -> None:
@@ -337,6 +381,8 @@ def reference_markdown() -> str:
         "",
         "Every key `StreamsConfig` reads, with its default. Keys keep Kafka Streams' dotted names;",
         "`consumer.*`, `producer.*`, `admin.*` and `spark.*` keys pass through to the clients.",
+        "Any other key is an error that names the closest known key (\"did you mean `task.timeout.ms`?\"),",
+        "or only a logged warning with `config.unknown.keys: warn`.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",

@@ -4,6 +4,7 @@
 
     StreamsError
     ├── ConfigError                  a config key has a wrong type or value (names the key)
+    │   └── UnknownConfigError       a key that is not known nor passed through (names it, suggests the closest)
     ├── TopologyError                the topology cannot be built (names the node or topic)
     │   └── MissingSerdeError        a sink must write keys or values known not to be bytes (Windowed keys,
     │                                a Spark stage's rows) and no serde is given, known or set as default
@@ -48,7 +49,7 @@ runs: when the type a sink must write is known when the client (or the test driv
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -65,6 +66,20 @@ class ConfigError(StreamsError, ValueError):
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"Invalid value for config '{key}': {message}")
         self.key = key
+
+
+class UnknownConfigError(ConfigError):
+    """Config keys that are neither known nor under a pass-through prefix.
+
+    ``unknown`` maps each such key to the closest known key (None when none is close); ``key`` is the first.
+    """
+
+    def __init__(self, unknown: Mapping[str, str | None], hint: str) -> None:
+        described = "; ".join(f"'{name}'" + (f": did you mean `{closest}`?" if closest else "")
+                              for name, closest in unknown.items())
+        StreamsError.__init__(self, f"Unknown config {described}. {hint}")
+        self.key = next(iter(unknown))
+        self.unknown = dict(unknown)
 
 
 class TopologyError(StreamsError):

@@ -121,9 +121,16 @@ def test_missing_application_id_raises_config_error_naming_it(clients: Clients) 
     assert info.value.key == "application.id"
 
 
-def test_unknown_config_key_only_warns(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_config_key_is_a_config_error_naming_it(clients: Clients) -> None:
+    with pytest.raises(ConfigError, match="Unknown config 'made.up.key'") as info:
+        clients(made_up_key="x")
+
+    assert info.value.key == "made.up.key"
+
+
+def test_unknown_config_key_only_warns_when_asked(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="engine.config"):
-        streams = clients(made_up_key="x")
+        streams = clients(made_up_key="x", config_unknown_keys="warn")
 
     assert streams.state is C.CREATED
     assert "Unknown config 'made.up.key' is ignored" in caplog.text

@@ -201,12 +201,69 @@ def test_any_object_is_accepted_as_a_default_serde() -> None:
 # -- unknown, deprecated and pass-through keys -----------------------------------------
 
 
-def test_unknown_key_only_warns(caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_key_is_an_error_that_suggests_the_closest_key() -> None:
+    with pytest.raises(ConfigError, match=r"Unknown config 'task.timeout': did you mean `task.timeout.ms`\?") as caught:
+        config_with("task.timeout", 1000)
+
+    assert caught.value.key == "task.timeout"
+    assert "config.unknown.keys" in str(caught.value)
+
+
+def test_unknown_key_far_from_every_key_is_an_error_without_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="Unknown config 'zzz'") as caught:
+        config_with("zzz", 1)
+
+    assert "did you mean" not in str(caught.value)
+
+
+def test_every_unknown_key_is_named_in_the_one_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        make({"num.stream.thread": 2, "commit.intervall.ms": 5})
+
+    assert "`num.stream.threads`" in str(caught.value)
+    assert "`commit.interval.ms`" in str(caught.value)
+
+
+def test_unknown_key_only_warns_when_asked_for_lenience(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="engine.config"):
-        config = config_with("num.stream.thread", 3)
+        config = make({"num.stream.thread": 3, "config.unknown.keys": "warn"})
 
     assert "num.stream.thread" not in config
-    assert [r.getMessage() for r in caplog.records] == ["Unknown config 'num.stream.thread' is ignored"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Unknown config 'num.stream.thread' is ignored: did you mean `num.stream.threads`?"]
+
+
+def test_lenience_is_a_checked_choice() -> None:
+    with pytest.raises(ConfigError, match="must be one of") as caught:
+        config_with("config.unknown.keys", "ignore")
+
+    assert caught.value.key == "config.unknown.keys"
+
+
+@pytest.mark.parametrize("key", ["security.protocol", "sasl.mechanism", "sasl.jaas.config", "ssl.cafile"])
+def test_security_keys_are_not_unknown(key: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="engine.config"):
+        config_with(key, "x")
+
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("servers", ["memry://x", "kafka://broker:9092", "broker:port", "a:9092,,b:9092",
+                                     "host:9092/path"])
+def test_malformed_bootstrap_servers_is_an_error_naming_the_accepted_forms(servers: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_with("bootstrap.servers", servers)
+
+    assert caught.value.key == "bootstrap.servers"
+    assert "host:port[,host:port]" in str(caught.value)
+    assert "memory://name" in str(caught.value)
+    assert repr(servers) in str(caught.value)
+
+
+@pytest.mark.parametrize("servers", ["memory://", "memory://orders", "localhost:9092", "b1:9092, b2:9093",
+                                     "broker", "[::1]:9092", "10.0.0.1:9092"])
+def test_well_formed_bootstrap_servers_are_accepted(servers: str) -> None:
+    assert config_with("bootstrap.servers", servers)["bootstrap.servers"] == servers
 
 
 def test_known_keys_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
