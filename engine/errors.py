@@ -18,8 +18,10 @@
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
     ├── MissingExtraError            a feature needs an optional extra that is not installed (names it)
     ├── TaskError                    something went wrong in one task (carries task_id)
-    │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
-    │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
+    │   ├── HandledRecordError       a record's error an exception handler was asked about (names the
+    │   │   │                        handler's setting, its value and its answer)
+    │   │   ├── DeserializationError a record's bytes could not be read (topic, partition, offset)
+    │   │   └── ProcessingError      a user processor raised (topic, partition, offset, processor)
     │   ├── TaskTimeoutError         the task kept timing out past task.timeout.ms (not a TimeoutError:
     │   │                            it ends the retries of timeouts, it is not one of them)
     │   ├── TaskCorruptedError       exactly-once: the task's open transaction cannot commit (a timeout,
@@ -169,7 +171,36 @@ class TaskError(StreamsError):
         self.task_id = task_id
 
 
-class DeserializationError(TaskError):
+class HandledRecordError(TaskError):
+    """A record's error that an exception handler was asked about.
+
+    After the handler answered, ``handler_setting`` is the config key that chose it
+    (``default.deserialization.exception.handler`` or ``processing.exception.handler``),
+    ``handler`` its class and ``answer`` what it answered; the message then ends with them,
+    so that whoever reads the error learns which setting to change.
+    """
+
+    handler_setting: str | None = None
+    handler: str | None = None
+    answer: str | None = None
+
+    def answered(self, setting: str, handler: str, answer: str) -> None:
+        """Caller: ``ErrorHandling``, once the handler named by ``setting`` answered."""
+        self.handler_setting = setting
+        self.handler = handler
+        self.answer = answer
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.handler_setting is None:
+            return message
+        note = f". {self.handler_setting} is {self.handler}, which answered {self.answer}"
+        if self.answer == "FAIL":
+            note += "; a handler that answers CONTINUE skips such records, PAUSE pauses the task (docs: bad-records)"
+        return message + note
+
+
+class DeserializationError(HandledRecordError):
     """The key or value bytes of a fetched record could not be deserialized."""
 
     def __init__(
@@ -192,7 +223,7 @@ class DeserializationError(TaskError):
         self.what = what
 
 
-class ProcessingError(TaskError):
+class ProcessingError(HandledRecordError):
     """A user processor raised while processing a record."""
 
     def __init__(

@@ -381,8 +381,9 @@ class StreamThread:
     def _report_failure(self, error: BaseException) -> None:
         """Log the death and let the client's uncaught-exception handler decide (once)."""
         self._failure_reported = True
+        # The one log of a failed record's traceback: handlers answering FAIL and the supervisor do not repeat it.
         self.log.error("Encountered the following exception during processing and the thread is "
-                       "going to shut down: %r", error, exc_info=error)
+                       "going to shut down: %s", error, exc_info=error)
         self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
         try:
             self._on_failure(self, error)
