@@ -3,7 +3,8 @@
     streamloop run package.module:streams [--monitor]   # a KafkaStreams, or a function returning one
     streamloop demo [--orders N]
 
-``run`` starts the client, waits until SIGINT/SIGTERM or until the client stops by
+``run`` imports the module from the current directory (or ``--app-dir``), as uvicorn
+does, so no ``PYTHONPATH=.`` is needed; it starts the client, waits until SIGINT/SIGTERM or until the client stops by
 itself, closes it gracefully (finish in-flight records, commit, leave the group),
 and exits 0 after a clean stop, 1 when the client ended in ERROR. With
 ``--monitor`` it opens the aiomonitor console (``monitor.port``, see docs/console.md)
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -30,6 +32,17 @@ log = logging.getLogger("streamloop")
 
 class AppLoadError(Exception):
     """The ``module:attribute`` given to ``run`` does not name a KafkaStreams (or a factory)."""
+
+
+def add_app_dir(app_dir: str) -> None:
+    """Put ``app_dir`` first on ``sys.path``, so that ``run mod:app`` finds ``mod`` there.
+
+    ``python -m engine`` has the current directory on the path already; the ``streamloop``
+    console script has its own directory there instead.
+    """
+    path = os.path.abspath(app_dir)
+    if path not in (os.path.abspath(entry or os.curdir) for entry in sys.path):
+        sys.path.insert(0, path)
 
 
 def load_app(target: str) -> KafkaStreams:
@@ -107,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run an application until SIGINT/SIGTERM")
     run_parser.add_argument("app", help="package.module:attribute naming a KafkaStreams or a factory")
+    run_parser.add_argument("--app-dir", default=os.curdir,
+                            help="directory to import the module from (default: the current directory)")
     run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
     run_parser.add_argument("--log-level", default="INFO")
     run_parser.add_argument("--monitor", action="store_true",
@@ -121,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    add_app_dir(args.app_dir)
     try:
         return run(args.app, args.close_timeout, args.monitor)
     except (AppLoadError, MissingExtraError, ConfigError) as exc:

@@ -155,6 +155,44 @@ def test_a_bad_target_is_a_clear_error(app_dir: Path, target: str, message: str)
     assert message in output
 
 
+# What pip's console script ``streamloop`` does: its sys.path[0] is the script's directory, not the
+# current one (unlike ``python -m engine``).
+CONSOLE_SCRIPT = "import sys\nfrom engine.cli import main\nsys.exit(main())\n"
+
+
+def start_console_script(app_dir: Path, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    script = tmp_path / "bin" / "streamloop"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(CONSOLE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(script), *args], cwd=app_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_run_finds_the_module_in_the_current_directory_without_pythonpath(app_dir: Path, tmp_path: Path) -> None:
+    process = start_console_script(app_dir, tmp_path, "run", "cli_test_app:healthy")
+    try:
+        read_until(process, "processed 4")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, rest
+
+
+def test_run_finds_the_module_in_the_app_dir_given(app_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    process = start_console_script(elsewhere, tmp_path, "run", "--app-dir", str(app_dir), "cli_test_app:healthy")
+    try:
+        read_until(process, "processed 4")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, rest
+
+
 def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     from engine.cli import main
     from engine.transport.memory import MemoryBroker
