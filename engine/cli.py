@@ -29,6 +29,9 @@ from engine.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
 
+# What ``run`` logs each line as. No thread name: the stream threads' lines start with theirs.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
 
 class AppLoadError(Exception):
     """The ``module:attribute`` given to ``run`` does not name a KafkaStreams (or a factory)."""
@@ -134,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo_main(extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     add_app_dir(args.app_dir)
     try:
         return run(args.app, args.close_timeout, args.monitor)

@@ -17,8 +17,8 @@ import importlib
 import logging
 import os
 import re
+import secrets
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,7 +136,7 @@ KEYS: tuple[ConfigKey, ...] = (
               "host:port[,host:port] of the Kafka cluster, or memory://[name] for the embedded broker. Required.",
               check_bootstrap_servers),
     ConfigKey(CLIENT_ID, str, "",
-              "Prefix of thread and client names; defaults to <application.id>-<process uuid>."),
+              "Prefix of thread and client names; defaults to <application.id>-<6 random hex digits>."),
     ConfigKey(CONFIG_UNKNOWN_KEYS, str, "error",
               "What a key that is neither known nor under a pass-through prefix does: 'error' raises a "
               "ConfigError that suggests the closest known key; 'warn' logs that and ignores the key.",
@@ -272,7 +272,8 @@ class StreamsConfig(Mapping[str, Any]):
                 values[key.name] = key.default
         self._check_unknown(settings, values[CONFIG_UNKNOWN_KEYS])
         if not values[CLIENT_ID]:
-            values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{uuid.uuid4()}"
+            # Short: it prefixes every thread name and log line. The assignor's process id is a full uuid.
+            values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{secrets.token_hex(3)}"
         for name, value in settings.items():
             if name.startswith(PASS_THROUGH_PREFIXES):
                 values[name] = value
