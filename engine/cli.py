@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import anyio
 
+from engine import demo
 from engine.client import ClientState, KafkaStreams
 from engine.errors import ConfigError, MissingExtraError
 
@@ -126,17 +127,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--app-dir", default=os.curdir,
                             help="directory to import the module from (default: the current directory)")
     run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
-    run_parser.add_argument("--log-level", default="INFO")
+    run_parser.add_argument("--log-level", default="INFO",
+                            help="DEBUG, INFO, WARNING or ERROR (default: INFO; DEBUG adds task, thread and "
+                                 "group state transitions)")
     run_parser.add_argument("--monitor", action="store_true",
                             help="open the aiomonitor console on monitor.host:monitor.port (extra 'monitor')")
-    commands.add_parser("demo", help="the order pipeline on the embedded broker (its own options follow)")
-    args, extra = parser.parse_known_args(argv)
+    demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker",
+                                      description=demo.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    args = parser.parse_args(argv)
     if args.command == "demo":
-        from engine.demo import main as demo_main
-
-        return demo_main(extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return demo.run(args)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     add_app_dir(args.app_dir)
     try:

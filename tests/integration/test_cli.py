@@ -203,3 +203,19 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
     finally:
         MemoryBroker.reset("demo")
     assert "Check: every kept order is in the output" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("command", "options"), [
+    ("demo", ["--orders", "--rate", "orders per second", "--threads", "--spark"]),
+    ("run", ["--app-dir", "--close-timeout", "--log-level", "DEBUG, INFO", "--monitor"]),
+])
+def test_help_of_a_command_lists_its_options(command: str, options: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    assert [option for option in options if option not in help_text] == []
