@@ -162,7 +162,7 @@ KEYS: tuple[ConfigKey, ...] = (
               "Some Kafka-compatible brokers (Tansu) hold each JoinGroup reply for half of it, so every start "
               "and rebalance waits about 23 s at the default; a lower value (e.g. 10000) shortens that, but "
               "heartbeats run on the stream thread's event loop, so a short timeout and a busy loop risk "
-              "eviction. See [Operations](operations.md#brokers-that-hold-joingroup).", _at_least(1)),
+              "eviction. See [Running in production](operations.md#brokers-that-hold-joingroup).", _at_least(1)),
     ConfigKey(HEARTBEAT_INTERVAL_MS, int, 3_000, "Group heartbeat interval.", _at_least(1)),
     ConfigKey(REQUEST_TIMEOUT_MS, int, 40_000, "Client request timeout.", _at_least(1)),
     ConfigKey(RETRY_BACKOFF_MS, int, 100, "Back-off before retrying a failed request.", _at_least(0)),

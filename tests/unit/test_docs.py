@@ -48,3 +48,18 @@ def test_the_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=300)
     warnings = [line for line in built.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
     assert (built.returncode, warnings) == (0, [])
+
+
+def test_running_in_production_covers_sizing_state_upgrades_and_each_fault() -> None:
+    import yaml
+
+    nav = yaml.safe_load((DOCS.parent / "mkdocs.yml").read_text())["nav"]
+    assert {"Running in production": "operations.md"} in nav
+    page = (DOCS / "operations.md").read_text()
+    headings = [line[3:] for line in page.splitlines() if line.startswith("## ")]
+    for heading in ("Sizing", "The state directory", "Upgrades and restarts", "What each fault does",
+                    "Brokers that hold JoinGroup"):
+        assert heading in headings
+    faults = [line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ")]
+    for fault in ("a broker restart", "a stream thread fails", "the process is killed"):
+        assert any(row.startswith(fault) for row in faults), fault
