@@ -212,7 +212,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(METRICS_NUM_SAMPLES, int, 2,
               "Sample windows kept for the windowed metrics.", _at_least(1)),
     ConfigKey(METRICS_PROMETHEUS_HOST, str, "127.0.0.1",
-              "Address the Prometheus endpoint listens on (extra 'monitor').", _non_empty),
+              "Address the Prometheus endpoint listens on (extra 'prometheus').", _non_empty),
     ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
               "Port of the Prometheus endpoint serving metrics() (0: any free port); none when unset."),
     ConfigKey(MONITOR_HOST, str, "127.0.0.1",

@@ -16,7 +16,8 @@
     ├── InternalTopicError           a repartition or changelog topic has the wrong partition count
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
-    ├── MissingExtraError            a feature needs an optional extra that is not installed (names it)
+    ├── MissingExtraError            a feature needs an optional extra that is not installed (names it:
+    │                                rocksdb, monitor, prometheus)
     ├── TaskError                    something went wrong in one task (carries task_id)
     │   ├── HandledRecordError       a record's error an exception handler was asked about (names the
     │   │   │                        handler's setting, its value and its answer)
@@ -156,8 +157,10 @@ class StreamsTimeoutError(StreamsError, TimeoutError):
 class MissingExtraError(StreamsError, ImportError):
     """A feature needs a package of an optional extra (e.g. ``monitor``) that is not installed."""
 
-    def __init__(self, feature: str, extra: str, package: str) -> None:
-        super().__init__(f"{feature} needs the '{package}' package: pip install 'streamloop[{extra}]'")
+    def __init__(self, feature: str, extra: str, package: str, instead: str = "") -> None:
+        """``instead``: what works without the extra, said after the install command."""
+        super().__init__(f"{feature} needs the '{package}' package: pip install 'streamloop[{extra}]'"
+                         + (f"; {instead}" if instead else ""))
         self.feature = feature
         self.extra = extra
         self.package = package
