@@ -1,12 +1,13 @@
 """``streamloop`` (also ``python -m engine``): run an application, or the demo.
 
-    streamloop run package.module:streams [--monitor]   # a KafkaStreams, or a function returning one
+    streamloop run package.module:streams [--monitor] [--progress]   # a KafkaStreams, or a function returning one
     streamloop demo [--orders N]
 
 ``run`` imports the module from the current directory (or ``--app-dir``), as uvicorn
-does, so no ``PYTHONPATH=.`` is needed; it starts the client, waits until SIGINT/SIGTERM or until the client stops by
-itself, closes it gracefully (finish in-flight records, commit, leave the group),
-and exits 0 after a clean stop, 1 when the client ended in ERROR. With
+does, so no ``PYTHONPATH=.`` is needed. It starts the client, waits until SIGINT/SIGTERM
+or until the client stops by itself, closes it gracefully (finish in-flight records,
+commit, leave the group), and exits 0 after a clean stop, 1 when the client ended in
+ERROR. On a terminal it prints a progress line every few seconds (``--progress``). With
 ``--monitor`` it opens the aiomonitor console (``monitor.port``, see docs/console.md)
 on the runner's event loop, the one that supervises the client.
 """
@@ -26,6 +27,7 @@ import anyio
 
 from engine import demo
 from engine.client import ClientState, KafkaStreams
+from engine.console.progress import print_progress, progress_enabled
 from engine.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
@@ -68,15 +70,17 @@ def load_app(target: str) -> KafkaStreams:
     return app
 
 
-def run(target: str, close_timeout: float, monitor: bool = False) -> int:
+def run(target: str, close_timeout: float, monitor: bool = False, progress_interval: float | None = None) -> int:
+    """``progress_interval``: seconds between progress lines on stdout; None prints none."""
     streams = load_app(target)
     if monitor:
         # Fail before starting anything when the extra is missing.
         from engine.console.monitor import open_monitor  # noqa: F401
-    return asyncio.run(_supervise(streams, target, close_timeout, monitor))
+    return asyncio.run(_supervise(streams, target, close_timeout, monitor, progress_interval))
 
 
-async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool) -> int:
+async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool,
+                     progress_interval: float | None = None) -> int:
     """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it.
 
     It waits on the client's state itself rather than through ``set_state_listener``: that is the
@@ -107,6 +111,8 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
         log.info("Started %s (%s)", target, streams.client_id)
         async with anyio.create_task_group() as group:
             group.start_soon(until_stopped_by_itself)
+            if progress_interval is not None:
+                group.start_soon(print_progress, streams, sys.stdout, progress_interval)
             await stop.wait()
             group.cancel_scope.cancel()
     finally:
@@ -116,6 +122,13 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     final = streams.state
     log.info("Stopped in state %s", final.name)
     return 1 if final is ClientState.ERROR else 0
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -130,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--log-level", default="INFO",
                             help="DEBUG, INFO, WARNING or ERROR (default: INFO; DEBUG adds task, thread and "
                                  "group state transitions)")
+    run_parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                            help="print a progress line (state, records in and processed per second, lag) "
+                                 "every --progress-interval seconds (default: when stdout is a terminal)")
+    run_parser.add_argument("--progress-interval", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                            help="seconds between progress lines (default: %(default)s)")
     run_parser.add_argument("--monitor", action="store_true",
                             help="open the aiomonitor console on monitor.host:monitor.port (extra 'monitor')")
     demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker",
@@ -142,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     add_app_dir(args.app_dir)
     try:
-        return run(args.app, args.close_timeout, args.monitor)
+        progress = args.progress_interval if progress_enabled(sys.stdout, args.progress) else None
+        return run(args.app, args.close_timeout, args.monitor, progress)
     except (AppLoadError, MissingExtraError, ConfigError) as exc:
         print(f"streamloop: {exc}", file=sys.stderr)
         return 2

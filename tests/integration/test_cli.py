@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -78,9 +81,9 @@ def app_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def start(app_dir: Path, target: str) -> subprocess.Popen[str]:
+def start(app_dir: Path, target: str, *options: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
-    return subprocess.Popen([sys.executable, "-m", "engine", "run", target], cwd=app_dir, env=env,
+    return subprocess.Popen([sys.executable, "-m", "engine", "run", *options, target], cwd=app_dir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -207,7 +210,8 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize(("command", "options"), [
     ("demo", ["--orders", "--rate", "orders per second", "--threads", "--spark"]),
-    ("run", ["--app-dir", "--close-timeout", "--log-level", "DEBUG, INFO", "--monitor"]),
+    ("run", ["--app-dir", "--close-timeout", "--log-level", "DEBUG, INFO", "--monitor", "--progress",
+             "--no-progress", "--progress-interval"]),
 ])
 def test_help_of_a_command_lists_its_options(command: str, options: list[str],
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,3 +223,40 @@ def test_help_of_a_command_lists_its_options(command: str, options: list[str],
     assert exited.value.code == 0
     help_text = capsys.readouterr().out
     assert [option for option in options if option not in help_text] == []
+
+
+PROGRESS_LINE = re.compile(r"^RUNNING  in [0-9,]+/s  processed [0-9,]+/s  lag [0-9,-]+  threads 1  tasks 1$", re.M)
+
+
+def test_progress_lines_are_printed_when_asked_for(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:healthy", "--progress", "--progress-interval", "0.2")
+    try:
+        read_until(process, "processed 4")
+        seen = read_until(process, "  tasks 1")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert PROGRESS_LINE.search(seen + rest), seen + rest
+
+
+def test_progress_lines_are_printed_on_a_terminal_by_default(app_dir: Path) -> None:
+    main_fd, terminal_fd = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
+    process = subprocess.Popen([sys.executable, "-m", "engine", "run", "--progress-interval", "0.2",
+                                "cli_test_app:healthy"], cwd=app_dir, env=env, stdout=terminal_fd,
+                               stderr=terminal_fd)
+    os.close(terminal_fd)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while not PROGRESS_LINE.search(seen.decode(errors="replace").replace("\r\n", "\n")):
+            assert time.monotonic() < deadline, f"no progress line within 30 s:\n{seen.decode(errors='replace')}"
+            if select.select([main_fd], [], [], 1.0)[0]:
+                seen += os.read(main_fd, 4096)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        os.close(main_fd)
+
