@@ -42,7 +42,9 @@ APP = textwrap.dedent('''
     def check(value):
         if value["poison"]:
             raise ValueError("poison")
-        print("processed", value["i"], flush=True)
+        # One string, one write: with PYTHONUNBUFFERED each argument of print() is a write of its
+        # own, and a log line from another thread could land between them.
+        print(f"processed {value['i']}", flush=True)
         return value
 
     def make(poison=False):
@@ -59,7 +61,7 @@ APP = textwrap.dedent('''
         return make(poison=True)
 
     def _print_state(new, old):
-        print("user listener", old.name, "->", new.name, flush=True)
+        print(f"user listener {old.name} -> {new.name}", flush=True)
 
     def listening():
         streams = make()
