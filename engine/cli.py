@@ -124,6 +124,18 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     return 1 if final is ClientState.ERROR else 0
 
 
+def configure_logging(level: str) -> None:
+    """Log at ``level`` in ``LOG_FORMAT``; aiokafka's INFO lines only at DEBUG.
+
+    aiokafka logs some seven INFO lines per consumer and rebalance (joining, syncing, the
+    partitions); the stream threads' one "Assigned tasks" line says what matters. Its
+    warnings and errors still show.
+    """
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    if logging.getLevelName(level.upper()) != logging.DEBUG:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
 def _positive_seconds(text: str) -> float:
     seconds = float(text)
     if not seconds > 0:
@@ -157,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo.run(args)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args.log_level)
     add_app_dir(args.app_dir)
     try:
         progress = args.progress_interval if progress_enabled(sys.stdout, args.progress) else None

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.cli import LOG_FORMAT
+from engine.cli import LOG_FORMAT, configure_logging
 from engine.testing import eventually
 from engine.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
@@ -107,3 +107,17 @@ def test_a_rebalance_takes_one_info_line_per_thread(two_threads: KafkaStreams, l
 
 def test_the_generated_client_id_is_the_application_id_and_six_hex_digits(two_threads: KafkaStreams) -> None:
     assert re.fullmatch(r"orders-[0-9a-f]{6}", two_threads.client_id)
+
+
+
+@pytest.mark.parametrize(("level", "aiokafka_level"), [("INFO", logging.WARNING), ("warning", logging.WARNING),
+                                                       ("DEBUG", logging.NOTSET)])
+def test_the_runner_shows_aiokafkas_rebalance_chatter_only_at_debug(level: str, aiokafka_level: int) -> None:
+    """aiokafka logs some 7 INFO lines per consumer per rebalance (joining, syncing, partitions)."""
+    aiokafka = logging.getLogger("aiokafka")
+    assert aiokafka.level == logging.NOTSET
+    try:
+        configure_logging(level)
+        assert aiokafka.level == aiokafka_level
+    finally:
+        aiokafka.setLevel(logging.NOTSET)
