@@ -10,6 +10,7 @@ from engine.errors import (
     CommitFailedError,
     ConfigError,
     DeserializationError,
+    HandledRecordError,
     IllegalStateError,
     InternalTopicError,
     InvalidStateStoreError,
@@ -28,6 +29,7 @@ from engine.errors import (
     TaskError,
     TopologyError,
     TransportError,
+    UnknownConfigError,
 )
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
@@ -46,6 +48,7 @@ __all__ = [
     "CommitFailedError",
     "ConfigError",
     "DeserializationError",
+    "HandledRecordError",
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
@@ -87,5 +90,6 @@ __all__ = [
     "Topology",
     "TopologyError",
     "TransportError",
+    "UnknownConfigError",
     "Windowed",
 ]

@@ -1,11 +1,13 @@
 """``streamloop`` (also ``python -m engine``): run an application, or the demo.
 
-    streamloop run package.module:streams [--monitor]   # a KafkaStreams, or a function returning one
+    streamloop run package.module:streams [--monitor] [--progress]   # a KafkaStreams, or a function returning one
     streamloop demo [--orders N]
 
-``run`` starts the client, waits until SIGINT/SIGTERM or until the client stops by
-itself, closes it gracefully (finish in-flight records, commit, leave the group),
-and exits 0 after a clean stop, 1 when the client ended in ERROR. With
+``run`` imports the module from the current directory (or ``--app-dir``), as uvicorn
+does, so no ``PYTHONPATH=.`` is needed. It starts the client, waits until SIGINT/SIGTERM
+or until the client stops by itself, closes it gracefully (finish in-flight records,
+commit, leave the group), and exits 0 after a clean stop, 1 when the client ended in
+ERROR. On a terminal it prints a progress line every few seconds (``--progress``). With
 ``--monitor`` it opens the aiomonitor console (``monitor.port``, see docs/console.md)
 on the runner's event loop, the one that supervises the client.
 """
@@ -16,20 +18,37 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 import anyio
 
+from engine import demo
 from engine.client import ClientState, KafkaStreams
+from engine.console.progress import print_progress, progress_enabled
 from engine.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
 
+# What ``run`` logs each line as. No thread name: the stream threads' lines start with theirs.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
 
 class AppLoadError(Exception):
     """The ``module:attribute`` given to ``run`` does not name a KafkaStreams (or a factory)."""
+
+
+def add_app_dir(app_dir: str) -> None:
+    """Put ``app_dir`` first on ``sys.path``, so that ``run mod:app`` finds ``mod`` there.
+
+    ``python -m engine`` has the current directory on the path already; the ``streamloop``
+    console script has its own directory there instead.
+    """
+    path = os.path.abspath(app_dir)
+    if path not in (os.path.abspath(entry or os.curdir) for entry in sys.path):
+        sys.path.insert(0, path)
 
 
 def load_app(target: str) -> KafkaStreams:
@@ -51,15 +70,17 @@ def load_app(target: str) -> KafkaStreams:
     return app
 
 
-def run(target: str, close_timeout: float, monitor: bool = False) -> int:
+def run(target: str, close_timeout: float, monitor: bool = False, progress_interval: float | None = None) -> int:
+    """``progress_interval``: seconds between progress lines on stdout; None prints none."""
     streams = load_app(target)
     if monitor:
         # Fail before starting anything when the extra is missing.
         from engine.console.monitor import open_monitor  # noqa: F401
-    return asyncio.run(_supervise(streams, target, close_timeout, monitor))
+    return asyncio.run(_supervise(streams, target, close_timeout, monitor, progress_interval))
 
 
-async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool) -> int:
+async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool,
+                     progress_interval: float | None = None) -> int:
     """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it.
 
     It waits on the client's state itself rather than through ``set_state_listener``: that is the
@@ -90,6 +111,8 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
         log.info("Started %s (%s)", target, streams.client_id)
         async with anyio.create_task_group() as group:
             group.start_soon(until_stopped_by_itself)
+            if progress_interval is not None:
+                group.start_soon(print_progress, streams, sys.stdout, progress_interval)
             await stop.wait()
             group.cancel_scope.cancel()
     finally:
@@ -101,28 +124,56 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     return 1 if final is ClientState.ERROR else 0
 
 
+def configure_logging(level: str) -> None:
+    """Log at ``level`` in ``LOG_FORMAT``; aiokafka's INFO lines only at DEBUG.
+
+    aiokafka logs some seven INFO lines per consumer and rebalance (joining, syncing, the
+    partitions); the stream threads' one "Assigned tasks" line says what matters. Its
+    warnings and errors still show.
+    """
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    if logging.getLevelName(level.upper()) != logging.DEBUG:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamloop", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run an application until SIGINT/SIGTERM")
     run_parser.add_argument("app", help="package.module:attribute naming a KafkaStreams or a factory")
+    run_parser.add_argument("--app-dir", default=os.curdir,
+                            help="directory to import the module from (default: the current directory)")
     run_parser.add_argument("--close-timeout", type=float, default=60.0, help="seconds for a graceful close")
-    run_parser.add_argument("--log-level", default="INFO")
+    run_parser.add_argument("--log-level", default="INFO",
+                            help="DEBUG, INFO, WARNING or ERROR (default: INFO; DEBUG adds task, thread and "
+                                 "group state transitions)")
+    run_parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                            help="print a progress line (state, records in and processed per second, lag) "
+                                 "every --progress-interval seconds (default: when stdout is a terminal)")
+    run_parser.add_argument("--progress-interval", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                            help="seconds between progress lines (default: %(default)s)")
     run_parser.add_argument("--monitor", action="store_true",
                             help="open the aiomonitor console on monitor.host:monitor.port (extra 'monitor')")
-    commands.add_parser("demo", help="the order pipeline on the embedded broker (its own options follow)")
-    args, extra = parser.parse_known_args(argv)
+    demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker",
+                                      description=demo.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_arguments(demo_parser)
+    args = parser.parse_args(argv)
     if args.command == "demo":
-        from engine.demo import main as demo_main
-
-        return demo_main(extra)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s %(message)s")
+        return demo.run(args)
+    configure_logging(args.log_level)
+    add_app_dir(args.app_dir)
     try:
-        return run(args.app, args.close_timeout, args.monitor)
+        progress = args.progress_interval if progress_enabled(sys.stdout, args.progress) else None
+        return run(args.app, args.close_timeout, args.monitor, progress)
     except (AppLoadError, MissingExtraError, ConfigError) as exc:
         print(f"streamloop: {exc}", file=sys.stderr)
         return 2

@@ -53,6 +53,7 @@ from engine.errors import (
 )
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.state.bytes_stores import require_rocksdict
 from engine.state.cleaner import StateDirCleaner
 from engine.state.directory import StateDirectoryLock
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
@@ -145,6 +146,10 @@ class KafkaStreams:
         topology.validate()
         topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])
+        default_persistent = self.config[cfg.DEFAULT_DSL_STORE] == "rocksDB"
+        for name in topology.store_names:
+            if topology.store_builder(name).is_persistent(default_persistent):
+                require_rocksdict(name)  # now, not at the first task's start on a stream thread
         self.topology = topology
         self._restore_listener: StateRestoreListener | None = None
         self._cleaner: StateDirCleaner | None = None
@@ -263,7 +268,8 @@ class KafkaStreams:
         """
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
-        self.log.info("%s", self.config.describe())
+        # DEBUG: start-up stays a few INFO lines; the values are there when asked for (secrets hidden).
+        self.log.debug("%s", self.config.describe())
         self._check_topics()
         if self.topology.store_names:
             lock = StateDirectoryLock(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])

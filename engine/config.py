@@ -3,9 +3,11 @@
 Keys keep Kafka Streams' dotted names. The table below is the single source of
 truth: validation, defaults and the documentation all come from it. Values are
 checked once, at construction; a wrong type or value raises ``ConfigError``
-naming the key, and an unknown key only warns (Kafka Streams does the same), so
-settings meant for the clients can be passed through with the ``consumer.``,
-``producer.``, ``admin.`` and ``spark.`` prefixes.
+naming the key. An unknown key is a ``ConfigError`` too, suggesting the closest
+known key (a misspelled ``task.timeout.ms`` would otherwise be silently ignored);
+``config.unknown.keys: warn`` turns that into a warning. Settings meant for the
+clients pass through with the ``consumer.``, ``producer.``, ``admin.`` and
+``spark.`` prefixes.
 
 Secrets are never shown: whatever prints a value (``repr``, logs, a ``ConfigError``,
 the console) asks ``shown(key, value)``, which hides the value of every key
@@ -14,18 +16,19 @@ the console) asks ``shown(key, value)``, which hides the value of every key
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import ipaddress
 import logging
 import os
 import re
+import secrets
 import sys
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, UnknownConfigError
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +152,20 @@ def _secret(value: Any) -> str | None:
     return None if isinstance(value, str) and value.strip() else "expected a non-empty string (value not shown)"
 
 
+MEMORY_SCHEME = "memory://"
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?")
+
+
+def check_bootstrap_servers(value: Any) -> str | None:
+    """Why ``value`` is not ``host:port[,host:port]`` nor ``memory://name``; None when it is one of them."""
+    if not value.strip():
+        return "must not be empty"
+    if value.startswith(MEMORY_SCHEME) or all(_HOST_PORT.fullmatch(part.strip()) for part in value.split(",")):
+        return None
+    return (f"expected host:port[,host:port] (a Kafka cluster) or memory://name (the embedded broker), "
+            f"got {value!r}")
+
+
 APPLICATION_ID = "application.id"
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 CLIENT_ID = "client.id"
@@ -188,6 +205,7 @@ PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 DEFAULT_DSL_STORE = "default.dsl.store"
 STATE_CLEANUP_DELAY_MS = "state.cleanup.delay.ms"
+CONFIG_UNKNOWN_KEYS = "config.unknown.keys"
 METRICS_SAMPLE_WINDOW_MS = "metrics.sample.window.ms"
 METRICS_NUM_SAMPLES = "metrics.num.samples"
 METRICS_PROMETHEUS_HOST = "metrics.prometheus.host"
@@ -242,9 +260,13 @@ KEYS: tuple[ConfigKey, ...] = (
               _non_empty),
     ConfigKey(BOOTSTRAP_SERVERS, str, None,
               "host:port[,host:port] of the Kafka cluster, or memory://[name] for the embedded broker. Required.",
-              _non_empty),
+              check_bootstrap_servers),
     ConfigKey(CLIENT_ID, str, "",
-              "Prefix of thread and client names; defaults to <application.id>-<process uuid>."),
+              "Prefix of thread and client names; defaults to <application.id>-<6 random hex digits>."),
+    ConfigKey(CONFIG_UNKNOWN_KEYS, str, "error",
+              "What a key that is neither known nor under a pass-through prefix does: 'error' raises a "
+              "ConfigError that suggests the closest known key; 'warn' logs that and ignores the key.",
+              _one_of("error", "warn")),
     ConfigKey(NUM_STREAM_THREADS, int, 1, "Stream threads started by start().", _at_least(0)),
     ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
               "How often a stream thread commits the offsets of fully processed records "
@@ -266,7 +288,7 @@ KEYS: tuple[ConfigKey, ...] = (
               "Some Kafka-compatible brokers (Tansu) hold each JoinGroup reply for half of it, so every start "
               "and rebalance waits about 23 s at the default; a lower value (e.g. 10000) shortens that, but "
               "heartbeats run on the stream thread's event loop, so a short timeout and a busy loop risk "
-              "eviction. See [Operations](operations.md#brokers-that-hold-joingroup).", _at_least(1)),
+              "eviction. See [Running in production](operations.md#brokers-that-hold-joingroup).", _at_least(1)),
     ConfigKey(HEARTBEAT_INTERVAL_MS, int, 3_000, "Group heartbeat interval.", _at_least(1)),
     ConfigKey(REQUEST_TIMEOUT_MS, int, 40_000, "Client request timeout.", _at_least(1)),
     ConfigKey(RETRY_BACKOFF_MS, int, 100, "Back-off before retrying a failed request.", _at_least(0)),
@@ -322,7 +344,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(METRICS_NUM_SAMPLES, int, 2,
               "Sample windows kept for the windowed metrics.", _at_least(1)),
     ConfigKey(METRICS_PROMETHEUS_HOST, str, "127.0.0.1",
-              "Address the Prometheus endpoint listens on (extra 'monitor'). Loopback by default; any other "
+              "Address the Prometheus endpoint listens on (extra 'prometheus'). Loopback by default; any other "
               "address serves the metrics to anyone who reaches it, without a token, and logs a WARNING.",
               _non_empty),
     ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
@@ -389,6 +411,12 @@ KEYS: tuple[ConfigKey, ...] = (
 _BY_NAME = {key.name: key for key in KEYS}
 
 
+def _closest_key(name: str) -> str | None:
+    """The known key closest to ``name`` (difflib), None when none is close."""
+    close = difflib.get_close_matches(name, _BY_NAME, n=1) if isinstance(name, str) else []
+    return close[0] if close else None
+
+
 class StreamsConfig(Mapping[str, Any]):
     """Validated configuration of a ``KafkaStreams`` client.
 
@@ -415,10 +443,10 @@ class StreamsConfig(Mapping[str, Any]):
                 values[key.name] = key.default
         for name in settings:
             self._reject_foreign_security_key(name)
-            if name not in _BY_NAME and not name.startswith(PASS_THROUGH_PREFIXES):
-                log.warning("Unknown config '%s' is ignored", name)
+        self._check_unknown(settings, values[CONFIG_UNKNOWN_KEYS])
         if not values[CLIENT_ID]:
-            values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{uuid.uuid4()}"
+            # Short: it prefixes every thread name and log line. The assignor's process id is a full uuid.
+            values[CLIENT_ID] = f"{values[APPLICATION_ID]}-{secrets.token_hex(3)}"
         for name, value in settings.items():
             if name.startswith(PASS_THROUGH_PREFIXES):
                 values[name] = value
@@ -434,6 +462,22 @@ class StreamsConfig(Mapping[str, Any]):
         if kafka_key is not None:
             raise ConfigError(name, f"is not a Kafka key; set {name[:len(name) - len(unprefixed)]}{kafka_key} "
                               "instead (PEM files; see docs/security.md)")
+
+    @staticmethod
+    def _check_unknown(settings: Mapping[str, Any], policy: str) -> None:
+        unknown = {name: _closest_key(name) for name in settings
+                   if name not in _BY_NAME and not str(name).startswith(PASS_THROUGH_PREFIXES)}
+        if not unknown:
+            return
+        if policy == "error":
+            raise UnknownConfigError(unknown, "Client settings pass through under the prefixes "
+                                     + ", ".join(f"'{p}'" for p in PASS_THROUGH_PREFIXES)
+                                     + f"; set '{CONFIG_UNKNOWN_KEYS}': 'warn' to only log unknown keys.")
+        for name, closest in unknown.items():
+            if closest is None:
+                log.warning("Unknown config '%s' is ignored", name)
+            else:
+                log.warning("Unknown config '%s' is ignored: did you mean `%s`?", name, closest)
 
     @staticmethod
     def _check_exactly_once(values: dict[str, Any], settings: Mapping[str, Any]) -> None:
@@ -538,6 +582,8 @@ def reference_markdown() -> str:
         "",
         "Every key `StreamsConfig` reads, with its default. Keys keep Kafka Streams' dotted names;",
         "`consumer.*`, `producer.*`, `admin.*` and `spark.*` keys pass through to the clients.",
+        "Any other key is an error that names the closest known key (\"did you mean `task.timeout.ms`?\"),",
+        "or only a logged warning with `config.unknown.keys: warn`.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",

@@ -224,14 +224,23 @@ async def _topics(bootstrap: str) -> dict[str, int]:
         await admin.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--orders", type=int, default=20_000)
-    parser.add_argument("--rate", type=int, default=10_000, help="orders per second")
-    parser.add_argument("--threads", type=int, default=2)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options, on its own parser or on ``streamloop demo``'s."""
+    parser.add_argument("--orders", type=int, default=20_000, help="orders to produce (default: %(default)s)")
+    parser.add_argument("--rate", type=int, default=10_000, help="orders per second (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=2, help="stream threads (default: %(default)s)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="add the Spark stage (default: when pyspark is installed)")
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with the options of ``add_arguments``."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     with_spark = spark_installed() if args.spark is None else args.spark
     return asyncio.run(main_async(args.orders, args.rate, args.threads, with_spark))

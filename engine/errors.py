@@ -4,8 +4,9 @@
 
     StreamsError
     ├── ConfigError                  a config key has a wrong type or value (names the key)
-    │   └── StateDirectoryError      state.dir (or a file in it) is not private: another user's, writable
+    │   ├── StateDirectoryError      state.dir (or a file in it) is not private: another user's, writable
     │                                by group or others, or a symbolic link where a file is opened
+    │   └── UnknownConfigError       a key that is not known nor passed through (names it, suggests the closest)
     ├── TopologyError                the topology cannot be built (names the node or topic)
     │   └── MissingSerdeError        a sink must write keys or values known not to be bytes (Windowed keys,
     │                                a Spark stage's rows) and no serde is given, known or set as default
@@ -19,10 +20,13 @@
     ├── InternalTopicError           a repartition or changelog topic has the wrong partition count
     ├── StateStoreError              a state store cannot be opened, restored or used (names the store)
     │   └── InvalidStateStoreError   a query for a store that no local task has (yet), or a wrong kind
-    ├── MissingExtraError            a feature needs an optional extra that is not installed (names it)
+    ├── MissingExtraError            a feature needs an optional extra that is not installed (names it:
+    │                                rocksdb, monitor, prometheus)
     ├── TaskError                    something went wrong in one task (carries task_id)
-    │   ├── DeserializationError     a record's bytes could not be read (topic, partition, offset)
-    │   ├── ProcessingError          a user processor raised (topic, partition, offset, processor)
+    │   ├── HandledRecordError       a record's error an exception handler was asked about (names the
+    │   │   │                        handler's setting, its value and its answer)
+    │   │   ├── DeserializationError a record's bytes could not be read (topic, partition, offset)
+    │   │   └── ProcessingError      a user processor raised (topic, partition, offset, processor)
     │   ├── TaskTimeoutError         the task kept timing out past task.timeout.ms (not a TimeoutError:
     │   │                            it ends the retries of timeouts, it is not one of them)
     │   ├── TaskCorruptedError       exactly-once: the task's open transaction cannot commit (a timeout,
@@ -54,7 +58,7 @@ runs: when the type a sink must write is known when the client (or the test driv
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -84,6 +88,20 @@ class StateDirectoryError(ConfigError):
         super().__init__("state.dir", f"{path} {problem}. {fix}")
         self.path = path
         self.problem = problem
+
+
+class UnknownConfigError(ConfigError):
+    """Config keys that are neither known nor under a pass-through prefix.
+
+    ``unknown`` maps each such key to the closest known key (None when none is close); ``key`` is the first.
+    """
+
+    def __init__(self, unknown: Mapping[str, str | None], hint: str) -> None:
+        described = "; ".join(f"'{name}'" + (f": did you mean `{closest}`?" if closest else "")
+                              for name, closest in unknown.items())
+        StreamsError.__init__(self, f"Unknown config {described}. {hint}")
+        self.key = next(iter(unknown))
+        self.unknown = dict(unknown)
 
 
 class TopologyError(StreamsError):
@@ -173,8 +191,10 @@ class StartupTimeoutError(StreamsError):
 class MissingExtraError(StreamsError, ImportError):
     """A feature needs a package of an optional extra (e.g. ``monitor``) that is not installed."""
 
-    def __init__(self, feature: str, extra: str, package: str) -> None:
-        super().__init__(f"{feature} needs the '{package}' package: pip install 'streamloop[{extra}]'")
+    def __init__(self, feature: str, extra: str, package: str, instead: str = "") -> None:
+        """``instead``: what works without the extra, said after the install command."""
+        super().__init__(f"{feature} needs the '{package}' package: pip install 'streamloop[{extra}]'"
+                         + (f"; {instead}" if instead else ""))
         self.feature = feature
         self.extra = extra
         self.package = package
@@ -188,7 +208,36 @@ class TaskError(StreamsError):
         self.task_id = task_id
 
 
-class DeserializationError(TaskError):
+class HandledRecordError(TaskError):
+    """A record's error that an exception handler was asked about.
+
+    After the handler answered, ``handler_setting`` is the config key that chose it
+    (``default.deserialization.exception.handler`` or ``processing.exception.handler``),
+    ``handler`` its class and ``answer`` what it answered; the message then ends with them,
+    so that whoever reads the error learns which setting to change.
+    """
+
+    handler_setting: str | None = None
+    handler: str | None = None
+    answer: str | None = None
+
+    def answered(self, setting: str, handler: str, answer: str) -> None:
+        """Caller: ``ErrorHandling``, once the handler named by ``setting`` answered."""
+        self.handler_setting = setting
+        self.handler = handler
+        self.answer = answer
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.handler_setting is None:
+            return message
+        note = f". {self.handler_setting} is {self.handler}, which answered {self.answer}"
+        if self.answer == "FAIL":
+            note += "; a handler that answers CONTINUE skips such records, PAUSE pauses the task (docs: bad-records)"
+        return message + note
+
+
+class DeserializationError(HandledRecordError):
     """The key or value bytes of a fetched record could not be deserialized."""
 
     def __init__(
@@ -211,7 +260,7 @@ class DeserializationError(TaskError):
         self.what = what
 
 
-class ProcessingError(TaskError):
+class ProcessingError(HandledRecordError):
     """A user processor raised while processing a record."""
 
     def __init__(

@@ -37,8 +37,11 @@ class StateMachine(Generic[S]):
         initial: S,
         allowed: Mapping[S, Collection[S]],
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+        level: int = logging.INFO,
     ) -> None:
+        """``level``: what transitions are logged at; DEBUG for the many small machines (tasks, members)."""
         self._owner = owner
+        self._level = level
         self._state = initial
         self._allowed = allowed
         self._log = logger
@@ -73,7 +76,7 @@ class StateMachine(Generic[S]):
             if new not in self._allowed[old]:
                 raise IllegalTransitionError(self._owner, old, new)
             self._state = new
-            self._log.info("State transition from %s to %s", old.name, new.name)
+            self._log.log(self._level, "State transition from %s to %s", old.name, new.name)
             self._cond.notify_all()
             listeners = list(self._listeners)
             for listener in listeners:

@@ -26,8 +26,8 @@ from engine.errors import MissingExtraError
 try:
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.metrics_core import Metric as PrometheusMetric
-except ImportError as exc:  # the 'monitor' extra is optional
-    raise MissingExtraError("The Prometheus endpoint (metrics.prometheus.port)", "monitor",
+except ImportError as exc:  # the 'prometheus' extra is optional
+    raise MissingExtraError("The Prometheus endpoint (metrics.prometheus.port)", "prometheus",
                             "prometheus-client") from exc
 
 log = logging.getLogger(__name__)

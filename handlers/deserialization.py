@@ -1,6 +1,7 @@
 """Deserialization exception handlers: what to do with a record whose bytes cannot be read.
 
-``FAIL`` fails the stream thread (its uncaught-exception handler decides next);
+``FAIL`` fails the stream thread (its uncaught-exception handler decides next; the
+thread's failure report logs the traceback, so a handler that answers ``FAIL`` need not);
 ``CONTINUE`` drops the record, logs it, counts it, and its offset is committed past;
 ``PAUSE`` stops only that task: it stays assigned, nothing of it is fetched or
 processed, its last good position is committed (so the committed offset is the
@@ -40,11 +41,12 @@ class _Configurable:
 
 
 class LogAndFailExceptionHandler(_Configurable):
-    """The default: log the error, then fail the thread."""
+    """The default: log the error in one line, then fail the thread (whose failure report logs the traceback)."""
 
     def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> DeserializationHandlerResponse:
-        log.error("Exception caught during deserialization, task %s, topic %s, partition %s, offset %s; failing",
-                  context.task_id, context.topic, context.partition, context.offset, exc_info=exception)
+        log.error("Exception caught during deserialization, task %s, topic %s, partition %s, offset %s; "
+                  "failing: %s: %s", context.task_id, context.topic, context.partition, context.offset,
+                  type(exception).__name__, exception)
         return DeserializationHandlerResponse.FAIL
 
 

@@ -37,12 +37,12 @@ class _Configurable:
 
 
 class LogAndFailProcessingExceptionHandler(_Configurable):
-    """The default: log the error, then fail the thread."""
+    """The default: log the error in one line, then fail the thread (whose failure report logs the traceback)."""
 
     def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
-        log.error("Processor %s failed, task %s, topic %s, partition %s, offset %s; failing",
+        log.error("Processor %s failed, task %s, topic %s, partition %s, offset %s; failing: %s: %s",
                   context.processor_node, context.task_id, context.topic, context.partition, context.offset,
-                  exc_info=exception)
+                  type(exception).__name__, exception)
         return ProcessingHandlerResponse.FAIL
 
 

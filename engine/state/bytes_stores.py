@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from engine.errors import StateStoreError
+from engine.errors import MissingExtraError, StateStoreError
 from engine.state.directory import make_private_dirs
 
 
@@ -103,16 +103,25 @@ class InMemoryBytesStore:
         self._version += 1
 
 
+def require_rocksdict(store: str) -> None:
+    """Raises ``MissingExtraError`` naming ``store`` when ``rocksdict`` (the 'rocksdb' extra) is missing."""
+    try:
+        import rocksdict  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtraError(f"The persistent state store '{store}'", "rocksdb", "rocksdict",
+                                "or keep it in memory: default.dsl.store='in_memory' for the DSL's stores, "
+                                "Materialized(persistent=False) or a Stores.in_memory_* supplier for one store") from exc
+
+
 class RocksDBBytesStore:
-    """A RocksDB database (through ``rocksdict``) in ``directory``; survives restarts."""
+    """A RocksDB database (through ``rocksdict``, the 'rocksdb' extra) in ``directory``; survives restarts."""
 
     persistent = True
 
     def __init__(self, name: str, directory: str) -> None:
-        try:
-            from rocksdict import Options, Rdict, WriteOptions
-        except ImportError as exc:  # pragma: no cover - rocksdict is a dependency
-            raise StateStoreError(name, "persistent stores need the 'rocksdict' package") from exc
+        require_rocksdict(name)
+        from rocksdict import Options, Rdict, WriteOptions
+
         self.name = name
         self.directory = directory
         self._rdict = Rdict

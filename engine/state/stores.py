@@ -54,6 +54,10 @@ class StoreBuilder:
     def name(self) -> str:
         return self.supplier.name
 
+    def is_persistent(self, default_persistent: bool) -> bool:
+        """RocksDB or in memory: the supplier's choice, else ``default.dsl.store``'s."""
+        return default_persistent if self.supplier.persistent is None else self.supplier.persistent
+
     @property
     def type(self) -> StoreType:
         return self.supplier.type

@@ -84,9 +84,8 @@ class TaskStateManager:
               default_value_serde: Serde, application_id: str, append: Append, cache: ThreadCache | None,
               timestamp: Callable[[], int], source: Source) -> StateStore:
         name = builder.name
-        persistent = default_persistent if builder.supplier.persistent is None else builder.supplier.persistent
         inner: BytesStore
-        if persistent:
+        if builder.is_persistent(default_persistent):
             inner = RocksDBBytesStore(name, os.path.join(self.directory, name))
         else:
             inner = InMemoryBytesStore(name)

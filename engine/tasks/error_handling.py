@@ -13,7 +13,8 @@ from enum import Enum
 from typing import Any
 
 from engine.collector import RecordCollector
-from engine.errors import StreamsError, TaskError
+from engine.config import DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, PROCESSING_EXCEPTION_HANDLER
+from engine.errors import HandledRecordError, StreamsError, TaskError
 from engine.records import ConsumerRecord
 from handlers.context import ErrorContext
 from handlers.dead_letter import dead_letter
@@ -49,16 +50,17 @@ class ErrorHandling:
         self.paused = 0
 
     async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> FailureAction:
-        return await self._ask(self._deserialization, DeserializationHandlerResponse, "deserialization",
-                               _context(task_id, raw, None), raw, error)
+        return await self._ask(self._deserialization, DeserializationHandlerResponse,
+                               DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, _context(task_id, raw, None), raw, error)
 
     async def on_processing_error(self, task_id: TaskId, raw: ConsumerRecord, node: str, record: Any,
                                   error: TaskError) -> FailureAction:
-        return await self._ask(self._processing, ProcessingHandlerResponse, "processing",
+        return await self._ask(self._processing, ProcessingHandlerResponse, PROCESSING_EXCEPTION_HANDLER,
                                _context(task_id, raw, node), record, error)
 
-    async def _ask(self, handler: Any, answers: type[Enum], kind: str, context: ErrorContext, record: Any,
+    async def _ask(self, handler: Any, answers: type[Enum], setting: str, context: ErrorContext, record: Any,
                    error: TaskError) -> FailureAction:
+        kind = "deserialization" if setting == DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER else "processing"
         cause = error.__cause__ or error
         try:
             answer = handler.handle(context, record, cause)
@@ -67,6 +69,9 @@ class ErrorHandling:
         if not isinstance(answer, answers):
             raise HandlerError(f"The {kind} exception handler answered {answer!r}, "
                                f"not a {answers.__name__}") from error
+        if isinstance(error, HandledRecordError):
+            handler_class = type(handler)
+            error.answered(setting, f"{handler_class.__module__}.{handler_class.__qualname__}", answer.name)
         return await self._act(context, cause, FailureAction(answer.value))
 
     async def _act(self, context: ErrorContext, cause: BaseException, action: FailureAction) -> FailureAction:

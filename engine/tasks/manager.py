@@ -10,6 +10,7 @@ closes tasks cleanly (finish the record in flight, flush, commit) or dirtily
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -137,7 +138,9 @@ class TaskManager:
             created.append(task)
             self._spawn(task)
         if created:
-            self._log.info("Created tasks %s", [str(t.id) for t in created])
+            self._log.debug("Created tasks %s", [str(t.id) for t in created])
+        # The one INFO line of a rebalance on this thread.
+        self._log.info("Assigned tasks %s", [str(task_id) for task_id in sorted(self.tasks)])
         return created
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
@@ -323,7 +326,8 @@ class TaskManager:
                         self._backpressured.discard(tp)
                         released.append(tp)
             self._resume_released(released)
-        self._log.info("Closed tasks %s %s", [str(t.id) for t in tasks], "cleanly" if clean else "dirty")
+        self._log.log(logging.DEBUG if clean else logging.INFO, "Closed tasks %s %s", [str(t.id) for t in tasks],
+                      "cleanly" if clean else "dirty")
 
     def _resume_released(self, partitions: list[TopicPartition]) -> None:
         """Resume fetching partitions that back-pressure paused for a task now closed, if they stay

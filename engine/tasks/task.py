@@ -102,7 +102,7 @@ class StreamTask:
         self.graph = graph
         self.context = context
         self.log = logger.child(f"task [{task_id}] ")
-        self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log)
+        self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log, logging.DEBUG)
         self._send_buffered = send_buffered
         self._clock_ms = clock_ms
         self._monotonic_ms = monotonic_ms or clock_ms

@@ -3,7 +3,9 @@
 ``TopologyTestDriver`` runs a topology in the calling thread with no broker and no real
 time; ``engine.testing.strategies`` (needs hypothesis) draws inputs and fault schedules
 that the driver and ``play_on_memory_broker`` (real clients on ``memory://``) play;
-``eventually``/``eventually_async`` wait on a condition with a deadline.
+``eventually``/``eventually_async`` wait on a condition with a deadline;
+``create_topics``, ``produce`` and ``read`` feed and read the ``memory://`` broker's topics
+through serdes, from a test or a script.
 """
 
 from engine.testing.driver import (
@@ -13,6 +15,7 @@ from engine.testing.driver import (
     UnusedTopicsError,
 )
 from engine.testing.memory_play import play_on_memory_broker
+from engine.testing.memory_topics import create_topics, produce, read
 from engine.testing.scenario import (
     AdvanceWallClock,
     BadRecord,
@@ -44,8 +47,11 @@ __all__ = [
     "UnusedTopics",
     "UnusedTopicsError",
     "by_key",
+    "create_topics",
     "eventually",
     "eventually_async",
     "inputs",
     "play_on_memory_broker",
+    "produce",
+    "read",
 ]

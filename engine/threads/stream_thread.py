@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ class StreamThread:
         self._process_id = process_id
         self.log = thread_log(__name__, self.name)
         self.state = StateMachine(f"stream-thread [{self.name}]", StreamThreadState.CREATED,
-                                  THREAD_TRANSITIONS, self.log)
+                                  THREAD_TRANSITIONS, self.log, logging.DEBUG)
         self.state.add_listener(lambda old, new: on_state_change(self, old, new))
         self._on_failure = on_failure
         self._on_shutdown_requested = on_shutdown_requested
@@ -381,8 +382,9 @@ class StreamThread:
     def _report_failure(self, error: BaseException) -> None:
         """Log the death and let the client's uncaught-exception handler decide (once)."""
         self._failure_reported = True
+        # The one log of a failed record's traceback: handlers answering FAIL and the supervisor do not repeat it.
         self.log.error("Encountered the following exception during processing and the thread is "
-                       "going to shut down: %r", error, exc_info=error)
+                       "going to shut down: %s", error, exc_info=error)
         self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
         try:
             self._on_failure(self, error)
@@ -686,7 +688,7 @@ class StreamThread:
         if first_join and self._on_first_join is not None:
             self._on_first_join(self)
         if self._manager is not None and revoked:
-            self.log.info("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
+            self.log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
             if self._failed_member:
                 # A failed thread still in the group (carrying a shutdown request): no commit.
                 await self._manager.shutdown(clean=False, timeout=0)
@@ -707,7 +709,7 @@ class StreamThread:
             self.log.debug("Skipping task creation: the thread is shutting down")
             return
         if self._manager is not None:
-            self.log.info("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
+            self.log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             self._manager.handle_assignment(assigned)
             self.assignor.owned_tasks = sorted(self._manager.tasks)
             self._refresh_metadata()

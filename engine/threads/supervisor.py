@@ -87,8 +87,9 @@ class Supervisor:
 
     def on_failure(self, thread: StreamThread, exc: BaseException) -> Response:
         response = self.decide(thread, exc)
-        log.error("stream-thread [%s] Thread failed with %r; the handler answered %s",
-                  thread.name, exc, response.name)
+        # The thread's failure report logged the error and its traceback just before.
+        log.error("stream-thread [%s] Thread failed with %s; the uncaught exception handler answered %s",
+                  thread.name, type(exc).__name__, response.name)
         if response is Response.REPLACE_THREAD:
             delay = self._backoff.next_delay(time.monotonic())
             if delay > 0:

@@ -5,14 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.config import BOOTSTRAP_SERVERS, MEMORY_SCHEME, check_bootstrap_servers
+from engine.errors import ConfigError
 from engine.transport.base import Transport
-
-MEMORY_SCHEME = "memory://"
 
 
 def open_transport(config: Mapping[str, Any]) -> Transport:
-    """``memory://[name]`` gives the in-process broker of that name; anything else is Kafka."""
-    servers: str = config["bootstrap.servers"]
+    """``memory://[name]`` gives the in-process broker of that name; ``host:port[,host:port]`` is Kafka.
+
+    Raises ``ConfigError`` naming ``bootstrap.servers`` for anything else.
+    """
+    servers: str = config[BOOTSTRAP_SERVERS]
+    problem = check_bootstrap_servers(servers) if isinstance(servers, str) else f"expected str, got {servers!r}"
+    if problem:
+        raise ConfigError(BOOTSTRAP_SERVERS, problem)
     if servers.startswith(MEMORY_SCHEME):
         from engine.transport.memory import MemoryBroker, MemoryTransport
 

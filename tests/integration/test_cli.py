@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -39,7 +42,9 @@ APP = textwrap.dedent('''
     def check(value):
         if value["poison"]:
             raise ValueError("poison")
-        print("processed", value["i"], flush=True)
+        # One string, one write: with PYTHONUNBUFFERED each argument of print() is a write of its
+        # own, and a log line from another thread could land between them.
+        print(f"processed {value['i']}", flush=True)
         return value
 
     def make(poison=False):
@@ -56,7 +61,7 @@ APP = textwrap.dedent('''
         return make(poison=True)
 
     def _print_state(new, old):
-        print("user listener", old.name, "->", new.name, flush=True)
+        print(f"user listener {old.name} -> {new.name}", flush=True)
 
     def listening():
         streams = make()
@@ -78,9 +83,9 @@ def app_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def start(app_dir: Path, target: str) -> subprocess.Popen[str]:
+def start(app_dir: Path, target: str, *options: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
-    return subprocess.Popen([sys.executable, "-m", "engine", "run", target], cwd=app_dir, env=env,
+    return subprocess.Popen([sys.executable, "-m", "engine", "run", *options, target], cwd=app_dir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -155,6 +160,44 @@ def test_a_bad_target_is_a_clear_error(app_dir: Path, target: str, message: str)
     assert message in output
 
 
+# What pip's console script ``streamloop`` does: its sys.path[0] is the script's directory, not the
+# current one (unlike ``python -m engine``).
+CONSOLE_SCRIPT = "import sys\nfrom engine.cli import main\nsys.exit(main())\n"
+
+
+def start_console_script(app_dir: Path, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    script = tmp_path / "bin" / "streamloop"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(CONSOLE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, str(script), *args], cwd=app_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_run_finds_the_module_in_the_current_directory_without_pythonpath(app_dir: Path, tmp_path: Path) -> None:
+    process = start_console_script(app_dir, tmp_path, "run", "cli_test_app:healthy")
+    try:
+        read_until(process, "processed 4")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, rest
+
+
+def test_run_finds_the_module_in_the_app_dir_given(app_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    process = start_console_script(elsewhere, tmp_path, "run", "--app-dir", str(app_dir), "cli_test_app:healthy")
+    try:
+        read_until(process, "processed 4")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, rest
+
+
 def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     from engine.cli import main
     from engine.transport.memory import MemoryBroker
@@ -165,3 +208,57 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
     finally:
         MemoryBroker.reset("demo")
     assert "Check: every kept order is in the output" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("command", "options"), [
+    ("demo", ["--orders", "--rate", "orders per second", "--threads", "--spark"]),
+    ("run", ["--app-dir", "--close-timeout", "--log-level", "DEBUG, INFO", "--monitor", "--progress",
+             "--no-progress", "--progress-interval"]),
+])
+def test_help_of_a_command_lists_its_options(command: str, options: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    assert [option for option in options if option not in help_text] == []
+
+
+PROGRESS_LINE = re.compile(r"^RUNNING  in [0-9,]+/s  processed [0-9,]+/s  lag [0-9,-]+  threads 1  tasks 1$", re.M)
+
+
+def test_progress_lines_are_printed_when_asked_for(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:healthy", "--progress", "--progress-interval", "0.2")
+    try:
+        read_until(process, "processed 4")
+        seen = read_until(process, "  tasks 1")
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert PROGRESS_LINE.search(seen + rest), seen + rest
+
+
+def test_progress_lines_are_printed_on_a_terminal_by_default(app_dir: Path) -> None:
+    main_fd, terminal_fd = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
+    process = subprocess.Popen([sys.executable, "-m", "engine", "run", "--progress-interval", "0.2",
+                                "cli_test_app:healthy"], cwd=app_dir, env=env, stdout=terminal_fd,
+                               stderr=terminal_fd)
+    os.close(terminal_fd)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while not PROGRESS_LINE.search(seen.decode(errors="replace").replace("\r\n", "\n")):
+            assert time.monotonic() < deadline, f"no progress line within 30 s:\n{seen.decode(errors='replace')}"
+            if select.select([main_fd], [], [], 1.0)[0]:
+                seen += os.read(main_fd, 4096)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        os.close(main_fd)
+

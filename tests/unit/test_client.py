@@ -121,9 +121,16 @@ def test_missing_application_id_raises_config_error_naming_it(clients: Clients) 
     assert info.value.key == "application.id"
 
 
-def test_unknown_config_key_only_warns(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_config_key_is_a_config_error_naming_it(clients: Clients) -> None:
+    with pytest.raises(ConfigError, match="Unknown config 'made.up.key'") as info:
+        clients(made_up_key="x")
+
+    assert info.value.key == "made.up.key"
+
+
+def test_unknown_config_key_only_warns_when_asked(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="engine.config"):
-        streams = clients(made_up_key="x")
+        streams = clients(made_up_key="x", config_unknown_keys="warn")
 
     assert streams.state is C.CREATED
     assert "Unknown config 'made.up.key' is ignored" in caplog.text
@@ -365,3 +372,32 @@ def test_close_from_a_state_listener_during_start_leaves_no_stream_thread_runnin
         for thread in streams._threads.snapshot():
             thread.shutdown()
             thread.join(WAIT)
+
+
+def test_a_failing_record_logs_its_traceback_once(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
+    """The handler, the thread's failure report and the supervisor all speak of it; one of them shows the trace."""
+    def poisoned(value: bytes) -> bytes:
+        if value == b"poison":
+            raise ValueError("poison")
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream("in").map_values(poisoned).to("out")
+    streams = clients(builder.build())
+    clients.produce("in", 0, b"ok", b"poison")
+
+    with caplog.at_level(logging.DEBUG):
+        streams.start()
+        assert streams.wait_for_state(C.ERROR, timeout=WAIT), f"client is {streams.state.name}, not ERROR"
+
+    def shows_the_poison(record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        while error is not None:
+            if isinstance(error, ValueError) and str(error) == "poison":
+                return True
+            error = error.__cause__
+        return False
+
+    with_traceback = [r for r in caplog.records if shows_the_poison(r)]
+    assert len(with_traceback) == 1, [r.getMessage() for r in with_traceback]
+    assert "processing.exception.handler is" in with_traceback[0].getMessage()

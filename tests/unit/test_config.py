@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 import pytest
 
 from engine.config import StreamsConfig
-from engine.errors import ConfigError
+from engine.errors import ConfigError, UnknownConfigError
 
 REQUIRED = {"application.id": "orders", "bootstrap.servers": "memory://"}
 
@@ -201,12 +200,77 @@ def test_any_object_is_accepted_as_a_default_serde() -> None:
 # -- unknown, deprecated and pass-through keys -----------------------------------------
 
 
-def test_unknown_key_only_warns(caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_key_is_an_error_that_suggests_the_closest_key() -> None:
+    with pytest.raises(ConfigError, match=r"Unknown config 'task.timeout': did you mean `task.timeout.ms`\?") as caught:
+        config_with("task.timeout", 1000)
+
+    assert caught.value.key == "task.timeout"
+    assert "config.unknown.keys" in str(caught.value)
+
+
+def test_unknown_key_far_from_every_key_is_an_error_without_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match="Unknown config 'zzz'") as caught:
+        config_with("zzz", 1)
+
+    assert "did you mean" not in str(caught.value)
+
+
+def test_every_unknown_key_is_named_in_the_one_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        make({"num.stream.thread": 2, "commit.intervall.ms": 5})
+
+    assert "`num.stream.threads`" in str(caught.value)
+    assert "`commit.interval.ms`" in str(caught.value)
+
+
+def test_unknown_key_only_warns_when_asked_for_lenience(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="engine.config"):
-        config = config_with("num.stream.thread", 3)
+        config = make({"num.stream.thread": 3, "config.unknown.keys": "warn"})
 
     assert "num.stream.thread" not in config
-    assert [r.getMessage() for r in caplog.records] == ["Unknown config 'num.stream.thread' is ignored"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Unknown config 'num.stream.thread' is ignored: did you mean `num.stream.threads`?"]
+
+
+def test_lenience_is_a_checked_choice() -> None:
+    with pytest.raises(ConfigError, match="must be one of") as caught:
+        config_with("config.unknown.keys", "ignore")
+
+    assert caught.value.key == "config.unknown.keys"
+
+
+@pytest.mark.parametrize(("key", "value"), [("security.protocol", "PLAINTEXT"), ("sasl.mechanism", "PLAIN"),
+                                            ("ssl.endpoint.identification.algorithm", "https")])
+def test_kafka_security_keys_are_known(key: str, value: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="engine.config"):
+        config_with(key, value)
+
+    assert caplog.records == []
+
+
+def test_a_misspelled_security_key_is_unknown_and_the_closest_is_suggested() -> None:
+    with pytest.raises(UnknownConfigError) as caught:
+        config_with("security.protocl", "SSL")
+
+    assert "security.protocol" in str(caught.value)
+
+
+@pytest.mark.parametrize("servers", ["memry://x", "kafka://broker:9092", "broker:port", "a:9092,,b:9092",
+                                     "host:9092/path"])
+def test_malformed_bootstrap_servers_is_an_error_naming_the_accepted_forms(servers: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_with("bootstrap.servers", servers)
+
+    assert caught.value.key == "bootstrap.servers"
+    assert "host:port[,host:port]" in str(caught.value)
+    assert "memory://name" in str(caught.value)
+    assert repr(servers) in str(caught.value)
+
+
+@pytest.mark.parametrize("servers", ["memory://", "memory://orders", "localhost:9092", "b1:9092, b2:9093",
+                                     "broker", "[::1]:9092", "10.0.0.1:9092"])
+def test_well_formed_bootstrap_servers_are_accepted(servers: str) -> None:
+    assert config_with("bootstrap.servers", servers)["bootstrap.servers"] == servers
 
 
 def test_known_keys_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
@@ -258,12 +322,13 @@ def test_with_prefix_strips_the_prefix_and_keeps_only_its_keys() -> None:
 # -- client.id --------------------------------------------------------------------
 
 
-def test_client_id_defaults_to_application_id_and_a_uuid() -> None:
+def test_client_id_defaults_to_application_id_and_a_short_random_suffix() -> None:
     client_id = make()["client.id"]
 
     prefix, _, suffix = client_id.partition("-")
     assert prefix == "orders"
-    assert str(uuid.UUID(suffix)) == suffix
+    assert len(suffix) == 6
+    int(suffix, 16)
 
 
 def test_generated_client_ids_differ_between_configs() -> None:

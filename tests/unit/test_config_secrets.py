@@ -82,7 +82,7 @@ def test_the_config_logged_at_start_hides_secrets(caplog: pytest.LogCaptureFixtu
     streams = KafkaStreams(builder.build(), {
         "application.id": "secrets", "bootstrap.servers": "memory://secrets-log", "state.dir": str(tmp_path),
         "num.stream.threads": 0, "monitor.token": SECRET, "consumer.sasl.jaas.config": SECRET})
-    with caplog.at_level(logging.INFO, logger="engine"):
+    with caplog.at_level(logging.DEBUG, logger="engine"):
         with pytest.raises(MissingSourceTopicError):  # start() logs, then finds no topics
             streams.start()
     logged = "\n".join(r.getMessage() for r in caplog.records)

@@ -112,3 +112,21 @@ def test_an_unloadable_handler_is_a_config_error_when_the_client_is_made() -> No
     with pytest.raises(ConfigError, match="processing.exception.handler"):
         KafkaStreams(builder.build(), {"application.id": "app", "bootstrap.servers": "memory://x",
                                        "processing.exception.handler": "no.such.Handler"})
+
+
+@pytest.mark.parametrize(("handler", "traceback_logged"), [
+    (LogAndFailExceptionHandler(), False),
+    (LogAndContinueExceptionHandler(), True),
+    (LogAndPauseExceptionHandler(), True),
+    (LogAndFailProcessingExceptionHandler(), False),
+    (LogAndContinueProcessingExceptionHandler(), True),
+    (LogAndPauseProcessingExceptionHandler(), True),
+], ids=lambda x: type(x).__name__ if not isinstance(x, bool) else str(x))
+def test_only_a_handler_that_keeps_the_thread_going_logs_the_traceback(
+        handler, traceback_logged: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A FAIL ends in the thread's failure report, which logs the traceback; logging it here too doubles it."""
+    with caplog.at_level(logging.WARNING):
+        handler.handle(CONTEXT, None, ValueError("bad"))
+
+    assert (caplog.records[-1].exc_info is not None) is traceback_logged
+    assert "ValueError: bad" in caplog.records[-1].getMessage() or traceback_logged

@@ -124,7 +124,7 @@ class MemoryBroker:
                     PartitionLog(TopicPartition(topic, p)) for p in range(partitions[topic])
                 ]
             if created:
-                log.info("%r: created topics %s", self, created)
+                log.debug("%r: created topics %s", self, created)
                 self._topics_changed(created)
 
     def delete_topics(self, topics: Sequence[str]) -> None:
@@ -133,7 +133,7 @@ class MemoryBroker:
             deleted = [t for t in topics if self._topics.pop(t, None) is not None]
             if not deleted:
                 return
-            log.info("%r: deleted topics %s", self, deleted)
+            log.debug("%r: deleted topics %s", self, deleted)
             for group in self._groups.values():
                 for tp in [tp for tp in group.offsets if tp.topic in deleted]:
                     del group.offsets[tp]

@@ -151,7 +151,7 @@ class ConsumerGroup:
         self.group_id = group_id
         self._log = LogContext(log, f"group [{group_id}] ")
         self._state = StateMachine(
-            f"group {group_id}", GroupState.EMPTY, _GROUP_TRANSITIONS, self._log
+            f"group {group_id}", GroupState.EMPTY, _GROUP_TRANSITIONS, self._log, logging.DEBUG
         )
         self.generation = 0
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -377,7 +377,7 @@ class ConsumerGroup:
 
     def _remove(self, member_id: str, reason: str, now: int) -> None:
         member = self._members.pop(member_id)
-        self._log.info("Member %s removed: %s", member_id, reason)
+        self._log.debug("Member %s removed: %s", member_id, reason)
         self._wake(member.request.wakeup)
         if not self._members:
             self._leader_id = None
@@ -485,5 +485,5 @@ class ConsumerGroup:
             self._wake(member.request.wakeup)
 
     def _transition_to(self, new: GroupState, reason: str) -> None:
-        self._log.info("%s (generation %d)", reason, self.generation)
+        self._log.debug("%s (generation %d)", reason, self.generation)
         self._state.transition_to(new)

@@ -96,7 +96,7 @@ class GroupMembership:
         self._rejoin_requested = False
         self._log = LogContext(log, f"consumer [{settings.client_id}] group [{settings.group_id}] ")
         self._state = StateMachine(
-            f"consumer {settings.client_id}", MemberState.UNJOINED, _MEMBER_TRANSITIONS, self._log
+            f"consumer {settings.client_id}", MemberState.UNJOINED, _MEMBER_TRANSITIONS, self._log, logging.DEBUG
         )
         self.member_id: str | None = None
         self.generation: int | None = None
@@ -219,7 +219,7 @@ class GroupMembership:
     async def _revoke(self) -> None:
         self._transition_to(MemberState.REVOKING)
         revoked = self._assignment.partitions
-        self._log.info(
+        self._log.debug(
             "Member %s revoking %s (generation %s)", self.member_id, sorted(revoked), self.generation
         )
         try:
@@ -232,7 +232,7 @@ class GroupMembership:
                 self._transition_to(MemberState.UNJOINED)
 
     def _lead(self, task: LeaderTask) -> None:
-        self._log.info(
+        self._log.debug(
             "Member %s leads: assigning generation %s with %s",
             self.member_id,
             task.generation,
@@ -247,7 +247,7 @@ class GroupMembership:
         partitions = {TopicPartition(*tp) for tp in assignment.partitions}
         self._assignment.assign(partitions)
         self._broker.register_fetcher(self._wakeup, partitions)
-        self._log.info(
+        self._log.debug(
             "Member %s assigned %s (generation %s)", self.member_id, sorted(partitions), generation
         )
         try:

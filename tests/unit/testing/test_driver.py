@@ -453,3 +453,31 @@ def test_a_processor_with_concurrency_runs_one_record_at_a_time_in_input_order()
         driver.create_input_topic("in", STR, INT).pipe_records([("a", n) for n in range(5)])
         assert driver.create_output_topic("out", STR, INT).read_values() == [0, 1, 2, 3, 4]
         assert driver.committed("in") == 5
+
+
+def test_a_failed_record_names_the_deserialization_handler_setting_and_its_value(driver) -> None:
+    driver.create_output_topic("out")
+    with pytest.raises(DeserializationError) as caught:
+        driver.pipe_raw("in", b"k", b"\xff")
+
+    message = str(caught.value)
+    assert "default.deserialization.exception.handler is handlers.deserialization.LogAndFailExceptionHandler" in message
+    assert "answered FAIL" in message
+    assert caught.value.handler_setting == "default.deserialization.exception.handler"
+
+
+def test_a_failed_processor_names_the_processing_handler_setting_and_its_value() -> None:
+    class Fails(Exception):
+        pass
+
+    def fail(value: int) -> int:
+        raise Fails("no")
+
+    with TopologyTestDriver(doubling(fn=fail)) as driver:
+        driver.create_output_topic("out", STR, INT)
+        with pytest.raises(ProcessingError) as caught:
+            driver.create_input_topic("in", STR, INT).pipe_input("a", 1)
+
+    message = str(caught.value)
+    assert "processing.exception.handler is handlers.processing.LogAndFailProcessingExceptionHandler" in message
+    assert "answered FAIL" in message
