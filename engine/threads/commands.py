@@ -74,8 +74,10 @@ class CommandChannel:
 
         def start() -> None:  # on the loop
             with self._lock:
-                group = self._task_group
+                if future not in self._pending:
+                    return  # rejected by close() before the loop got to it
                 self._pending.discard(future)
+                group = self._task_group
             if not future.set_running_or_notify_cancel():
                 return
             if group is None:

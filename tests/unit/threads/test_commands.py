@@ -220,3 +220,20 @@ def _block_the_loop(loop_thread: LoopThread) -> tuple[threading.Event, concurren
     stuck = loop_thread.portal.start_task_soon(block)
     assert blocked.wait(5)
     return release, stuck
+
+
+def test_a_command_rejected_at_close_is_not_started_later(loop_thread: LoopThread,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The loop gets to a command submitted before close() only after close() rejected it: it is
+    left alone (no second completion of its future, which concurrent.futures logs as CRITICAL)."""
+    channel = CommandChannel("stream-thread [t-3]")
+    loop_thread.portal.call(channel.open, loop_thread.task_group)
+    release, stuck = _block_the_loop(loop_thread)
+    future = channel.submit(double, 1)
+    channel.close()
+    release.set()
+    stuck.result(5)
+    loop_thread.portal.call(double, 0)  # queued after the start callback (FIFO): that one has run
+    with pytest.raises(CommandRejected):
+        future.result(5)
+    assert [r for r in caplog.records if r.levelname == "CRITICAL"] == []
