@@ -1,15 +1,24 @@
-"""Broker faults: how the client rides out a broker that goes away or freezes, in figures.
+"""The fault suite in figures: broker faults, process kills, racing thread calls, thread adds.
 
 Each scenario runs a fresh client (fresh topics) against this script's own broker, injects its
-fault and returns a dict of figures (see ``tests/support/broker_faults.py``): faults injected,
-records lost, duplicates (exactly-once), stalls (output incomplete or lag not 0 within the
-bound), thread deaths and seconds to recover. The table ends with one row per scenario.
+faults and returns a dict of figures: faults injected, records lost, duplicates (exactly-once),
+stalls (output incomplete or lag not 0 within the bound), thread deaths, seconds to recover, and
+a note. The table ends with one row per scenario.
 
-Scenarios are plain ``async def scenario(broker) -> dict`` functions in ``SCENARIOS``; others
-(process kills, add-thread latency) plug in by appending to the list.
+- broker: a bounce (stopped, started again on the same data and port), a freeze (SIGSTOP), an
+  outage past ``task.timeout.ms``, thread start-up during an outage (``tests/support/broker_faults.py``);
+- process kills: the app SIGKILLed at random points and restarted (``benchmarks/fault_kill.py``);
+- thread races: storms of add/remove/close calls and handler answers from outside and inside
+  stream threads, on ``memory://`` (``tests/support/thread_races.py``): faults = calls made,
+  stalled = calls that overran their timeout;
+- add-thread latency: ``add_stream_thread()`` to the new thread's first record, 8 threads over
+  16 partitions (``benchmarks/thread_scaling.py``).
 
-Run: ``python benchmarks/faults.py`` (bounces of 10 s) or ``--long`` (30 s bounces, and a
-SIGKILL bounce); ``--only NAME`` runs the scenarios whose name contains NAME.
+Scenarios are plain ``async def scenario(broker) -> dict`` functions in ``SCENARIOS``.
+
+Run: ``python benchmarks/faults.py`` (bounces of 10 s, 5 kills and 50 storms) or ``--long`` (30 s
+bounces, SIGKILL bounces, 20 kills, 1 000 storms); ``--only NAME`` runs the scenarios whose name
+contains NAME.
 """
 
 from __future__ import annotations
@@ -26,7 +35,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.fault_kill import run_kills  # noqa: E402
+from benchmarks.thread_scaling import add_remove_latency  # noqa: E402
+from engine.transport import open_transport  # noqa: E402
 from tests.support import broker_faults  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
+from tests.support.thread_races import random_storm, run_storm  # noqa: E402
 from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE  # noqa: E402
 from tests.support.kafka_broker import KafkaBroker  # noqa: E402
 
@@ -53,12 +67,59 @@ def scenarios(long: bool) -> list[tuple[str, Scenario]]:
         ("thread start-up > task.timeout.ms (3s)",
          partial(broker_faults.thread_added_during_long_outage, task_timeout_ms=3_000)),
     ]
+    kills = 20 if long else 5
+    for guarantee, short in GUARANTEES.items():
+        result.append((f"SIGKILL app x{kills} {short}", partial(process_kills, kills=kills, guarantee=guarantee)))
+    storms = 1_000 if long else 50
+    result += [
+        (f"thread races x{storms} (memory)", partial(thread_races, storms=storms)),
+        ("add thread, 8 threads/16 partitions x20", add_thread_latency),
+    ]
     return result
+
+
+async def process_kills(broker: KafkaBroker, *, kills: int, guarantee: str) -> dict[str, Any]:
+    figures = await run_kills(kills, guarantee, bootstrap=broker.bootstrap)
+    return {"faults": figures["kills"], "lost": figures["lost"], "duplicates": figures["duplicates"],
+            "stalled": figures["stalls"], "recover_s": round(float(figures["drain_seconds"]), 1),
+            "note": f"{figures['records_in']} in, {figures['records_out']} out"}
+
+
+async def thread_races(_broker: KafkaBroker, *, storms: int) -> dict[str, Any]:
+    """Seeded storms on memory:// (each one its own broker): a hang or a lost record is counted."""
+    import random
+
+    calls = overruns = lost = failed = 0
+    first_problem: str | None = None
+    for seed in range(storms):
+        try:
+            figures = await asyncio.to_thread(run_storm, *random_storm(random.Random(seed)))
+        except (AssertionError, TimeoutError) as exc:  # a hang, or records that never came out
+            failed += 1
+            first_problem = first_problem or f"storm {seed}: {exc}"
+            continue
+        calls += figures.calls
+        overruns += len(figures.overruns)
+        lost += figures.lost
+        if figures.overruns or figures.errors:
+            first_problem = first_problem or f"storm {seed}: {figures.overruns + figures.errors}"
+    return {"faults": calls, "lost": lost, "stalled": overruns + failed, "error": first_problem,
+            "note": f"{storms} storms, {calls} calls"}
+
+
+async def add_thread_latency(broker: KafkaBroker) -> dict[str, Any]:
+    """20 adds (each removed again) on 8 threads over 16 partitions, Kafka's heartbeat.interval.ms."""
+    cluster = Cluster(open_transport({"bootstrap.servers": broker.bootstrap}), broker.bootstrap)
+    times = await add_remove_latency(cluster, 16, 20, base=8, heartbeat_ms=3_000)
+    first = sorted(times["first_record"])
+    p50, p99 = first[len(first) // 2], first[min(len(first) - 1, round(0.99 * (len(first) - 1)))]
+    return {"faults": len(first), "lost": 0, "stalled": 0, "thread_deaths": 0, "recover_s": round(p99, 2),
+            "note": f"first record p50 {p50:.2f} s, p99 {p99:.2f} s"}
 
 
 SCENARIOS: list[tuple[str, Scenario]] = scenarios(long=False)
 
-COLUMNS = ("faults", "lost", "duplicates", "stalled", "thread_deaths", "recover_s", "state", "error")
+COLUMNS = ("faults", "lost", "duplicates", "stalled", "thread_deaths", "recover_s", "state", "error", "note")
 
 
 def _cell(value: Any) -> str:
@@ -70,9 +131,9 @@ def _cell(value: Any) -> str:
 def print_table(rows: list[tuple[str, dict[str, Any], float]]) -> None:
     header = ("scenario", *COLUMNS, "run_s")
     cells = [[name, *(_cell(figures.get(c)) for c in COLUMNS), f"{took:.0f}"] for name, figures, took in rows]
+    error_at = 1 + COLUMNS.index("error")
     for line in cells:
-        error = line[len(COLUMNS)]  # keep the error's type only: the table stays readable
-        line[len(COLUMNS)] = error.split(":", 1)[0]
+        line[error_at] = line[error_at].split(":", 1)[0]  # the error's type only: the table stays readable
     widths = [max(len(str(x)) for x in column) for column in zip(header, *cells)]
     for line in (header, *cells):
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
