@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 import time
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.kafka_broker import KafkaBroker, KafkaToolingError
+from tests.support.kafka_broker import KafkaBroker, KafkaToolingError, _free_port
 
 __all__ = [
     "CLIENT_KEY_PASSWORD",
@@ -118,21 +116,6 @@ def unsecured_token(subject: str = USER, lifetime_s: int = 3600) -> str:
     return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_s})}."
 
 
-def _free_low_port(taken: set[int]) -> int:
-    """A free loopback port below 32768 (the kernel's ephemeral range starts there)."""
-    for _ in range(200):
-        port = random.randrange(20_000, 32_768)
-        if port in taken:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise KafkaToolingError("no free port below 32768 for the secure listeners")
-
-
 class SecureKafkaBroker(KafkaBroker):
     """A :class:`KafkaBroker` with SASL_PLAINTEXT, SSL and SASL_SSL listeners; see the module docstring."""
 
@@ -152,7 +135,7 @@ class SecureKafkaBroker(KafkaBroker):
         taken = {self.port, self.controller_port}
         self.secure_ports = {}
         for listener in _SECURE_LISTENERS:
-            self.secure_ports[listener] = port = _free_low_port(taken)  # type: ignore[arg-type]
+            self.secure_ports[listener] = port = _free_port(taken)  # type: ignore[arg-type]
             taken.add(port)
         secure = ",".join(f"{name}://127.0.0.1:{port}" for name, port in self.secure_ports.items())
         plain_users = f'{_PLAIN_MODULE} required user_{USER}="{PASSWORD}";'
