@@ -314,6 +314,9 @@ class TaskManager:
             released: list[TopicPartition] = []
             for task in tasks:
                 task_clean = clean and task.transaction_error is None
+                # A task an error handler PAUSED has its partitions paused in the consumer too: a
+                # revived task (created again, RUNNING) must fetch them again.
+                handler_paused = task.is_paused
                 task.close(task_clean)
                 if self._eos is not None:
                     await self._release_producer(task, task_clean, timeout)
@@ -325,14 +328,17 @@ class TaskManager:
                     if tp in self._backpressured:
                         self._backpressured.discard(tp)
                         released.append(tp)
+                    elif handler_paused:
+                        released.append(tp)
             self._resume_released(released)
         self._log.log(logging.DEBUG if clean else logging.INFO, "Closed tasks %s %s", [str(t.id) for t in tasks],
                       "cleanly" if clean else "dirty")
 
     def _resume_released(self, partitions: list[TopicPartition]) -> None:
-        """Resume fetching partitions that back-pressure paused for a task now closed, if they stay
-        assigned (a task revived from its last commit after an outage): nothing else tracks their
-        pause any more, so they would stay paused for good while the client looks RUNNING."""
+        """Resume fetching partitions that back-pressure or a PAUSE answer paused for a task now
+        closed, if they stay assigned (a task revived from its last commit after an outage): nothing
+        else tracks their pause any more, so they would stay paused for good while the client looks
+        RUNNING."""
         assigned = self._consumer.assignment()
         kept = [tp for tp in partitions if tp in assigned]
         if kept:

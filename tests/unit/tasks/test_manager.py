@@ -460,6 +460,25 @@ async def test_a_partition_paused_by_back_pressure_is_resumed_when_its_task_clos
 
 
 @pytest.mark.asyncio
+async def test_a_task_paused_by_a_handler_and_revived_fetches_its_partitions_again(parked: Rig) -> None:
+    # A PAUSE answer paused the task and its partitions; then a producer timeout revives every
+    # task from its last commit: the new task runs, so nothing would ever resume the partitions.
+    parked.consumer.assigned = {A0, B0}
+    parked.manager.handle_assignment([A0, B0])
+    (task,) = parked.manager.tasks.values()
+    task.state.transition_to(TaskState.RUNNING)
+    task.state.transition_to(TaskState.PAUSED)
+    parked.manager._on_pause(task)  # what the task calls when a handler answers PAUSE
+    assert parked.consumer.paused() == {A0, B0}
+
+    await parked.manager.close_tasks([task], clean=False, timeout=0.1)
+    (revived,) = parked.manager.handle_assignment([A0, B0])
+
+    assert not revived.is_paused
+    assert parked.consumer.paused() == set()
+
+
+@pytest.mark.asyncio
 async def test_a_revoked_partition_paused_by_back_pressure_is_left_alone(parked: Rig) -> None:
     parked.consumer.assigned = {A0, B0}
     parked.manager.handle_assignment([A0, B0])
