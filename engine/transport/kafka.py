@@ -182,9 +182,11 @@ _FENCED_ERRORS: tuple[type[BaseException], ...] = (
     aioerrors.TransactionCoordinatorFenced,
 )
 
-# The errors that end a retry (a deadline ran out): never retried themselves, even though
-# what they were raised from was.
-_FINAL_ERRORS: tuple[type[BaseException], ...] = (StreamsTimeoutError, TaskTimeoutError, StartupTimeoutError)
+# The errors that end a retry (a deadline ran out, or credentials the broker refused): never
+# retried themselves, even though what they were raised from was (a refused TLS handshake is
+# raised from the connection error it showed up as).
+_FINAL_ERRORS: tuple[type[BaseException], ...] = (StreamsTimeoutError, TaskTimeoutError, StartupTimeoutError,
+                                                   AuthenticationError)
 
 
 def is_retriable(exc: BaseException) -> bool:

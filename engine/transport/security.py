@@ -160,7 +160,10 @@ def _login_options(jaas: str, key: str, mechanism: str, allowed: frozenset[str])
         named = f"the login module {module}" if module.startswith(("org.", "com.", "io.")) else "another login module"
         raise ConfigError(key, f"names {named}, but sasl.mechanism={mechanism} needs {_LOGIN_MODULES[mechanism]}")
     if flag != "required":
-        raise ConfigError(key, f"has the control flag {flag!r}; only 'required' is supported (one login module)")
+        # Not quoted: a password written where the flag goes would be printed.
+        known = flag in ("requisite", "sufficient", "optional")
+        shown_flag = f"the control flag {flag!r}" if known else "a control flag other than 'required' (not shown)"
+        raise ConfigError(key, f"has {shown_flag}; only 'required' is supported (one login module)")
     options: dict[str, str] = {}
     text, at = entry.group("options"), 0
     while text[at:].strip():

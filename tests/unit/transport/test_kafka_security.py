@@ -260,6 +260,9 @@ def _bad_settings(certificates: Certificates, tmp_path: Path) -> list[tuple[Mapp
          "no password"),
         ({**SASL_PLAIN, "sasl.jaas.config": f'{plain_module} optional username="a" password="alice-secret";'},
          "sasl.jaas.config", "'required'"),
+        # A password where the control flag goes is not echoed.
+        ({**SASL_PLAIN, "sasl.jaas.config": f'{plain_module} alice_secret username="a" password="b";'},
+         "sasl.jaas.config", "not shown"),
         ({**SASL_PLAIN, "sasl.jaas.config": f'{plain_module} required username="a" password="alice-secret" '
                                             'serviceName="kafka";'}, "sasl.jaas.config", "serviceName"),
         ({**SASL_PLAIN, "producer.sasl.jaas.config": "alice-secret"}, "producer.sasl.jaas.config", "cannot be parsed"),
@@ -346,6 +349,21 @@ def test_an_authentication_error_is_not_a_timeout_to_retry() -> None:
     assert error.retriable is False
     assert not task_is_timeout(error)
     assert not is_retriable(error)
+
+
+def test_an_authentication_error_raised_from_a_lost_connection_is_not_retried() -> None:
+    """A TLS handshake the broker closed shows up as a connection error (retriable by itself):
+    reported as an AuthenticationError, it ends the start-up at once instead of being retried."""
+    try:
+        try:
+            raise aioerrors.KafkaConnectionError("Connection at 127.0.0.1:9093 closed")
+        except aioerrors.KafkaConnectionError as lost:
+            raise AuthenticationError("SSL", "c", "closed after the handshake") from lost
+    except AuthenticationError as exc:
+        error = exc
+
+    assert not is_retriable(error)
+    assert not task_is_timeout(error)
 
 
 def test_sasl_and_ssl_keys_that_the_protocol_does_not_use_warn_without_their_values(
