@@ -343,7 +343,7 @@ class TaskManager:
         kept = [tp for tp in partitions if tp in assigned]
         if kept:
             self._consumer.resume(*kept)
-            self._log.debug("Resumed fetching %s, paused by back-pressure for a closed task",
+            self._log.debug("Resumed fetching %s, paused for a closed task",
                             sorted(map(str, kept)))
 
     async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:
@@ -427,8 +427,9 @@ class TaskManager:
         self._consumer.resume(tp)
 
     async def _after_chunk(self, collector: RecordCollector | None = None) -> None:
-        for tp in list(self._backpressured):
-            self._release_backpressure(tp)
+        if self._backpressured:  # every chunk comes here: nothing to do in the common case
+            for tp in list(self._backpressured):
+                self._release_backpressure(tp)
         if collector is not None:
             if collector.buffered():
                 try:

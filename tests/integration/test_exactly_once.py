@@ -23,7 +23,6 @@ from engine.state import Materialized
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import count_topology, make_streams
-from tests.support.process_kills import read_to_end
 from tests.support.cluster import Cluster, committed_offset
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
@@ -41,7 +40,7 @@ def kafka(kafka_bootstrap: str) -> Cluster:
 
 async def read_committed(cluster: Cluster, topic: str) -> list[ConsumerRecord]:
     """Every committed record of ``topic`` up to its last stable offset, in offset order per partition."""
-    return await read_to_end(cluster, topic, read_committed=True)
+    return await cluster.read_all(topic, read_committed=True)
 
 
 def assert_counts_exactly_once(output: list[ConsumerRecord], expected: Counter[str]) -> None:

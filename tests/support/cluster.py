@@ -86,31 +86,41 @@ class Cluster:
             await reader.close()
         return result
 
-    async def read_all(self, topic: str) -> list[ConsumerRecord]:
-        """Every record now in ``topic`` (reads up to the end offsets)."""
+    async def read_all(self, topic: str, read_committed: bool = False, timeout: float = 30.0) -> list[ConsumerRecord]:
+        """Every record now in ``topic`` (read up to its end offsets), in offset order per partition.
+
+        ``read_committed`` skips aborted transactions and waits for open ones to end.
+        """
         counts = await self.partition_counts([topic])
-        reader = self.transport.reader("test-reader")
+        reader = self.transport.reader("test-reader", read_committed=read_committed)
         await reader.start()
         tps = [TopicPartition(topic, p) for p in range(counts[topic])]
         reader.assign(tps)
         for tp in tps:
             reader.seek(tp, 0)
+        result: list[ConsumerRecord] = []
         try:
             ends = await reader.end_offsets(tps)
-            result: list[ConsumerRecord] = []
-            positions = {tp: 0 for tp in tps}
-            deadline = time.monotonic() + 30
-            while any(positions[tp] < ends[tp] for tp in tps):
+            pending = {tp for tp in tps if ends[tp] > 0}
+            deadline = time.monotonic() + timeout
+            while pending:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"Could not read {topic} to its end offsets {ends}")
-                batch = await reader.poll(200, 10_000)
-                for tp, records in batch.items():
+                for records in (await reader.poll(200, 10_000)).values():
                     result.extend(records)
-                    if records:
-                        positions[TopicPartition(tp.topic, tp.partition)] = records[-1].offset + 1
+                # Transaction markers take offsets too: the reader's position says where it is.
+                pending = {tp for tp in pending if await reader.position(tp) < ends[tp]}
         finally:
             await reader.close()
         return result
+
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        reader = self.transport.reader("test-offsets")
+        await reader.start()
+        try:
+            return await reader.end_offsets(partitions)
+        finally:
+            await reader.close()
 
 
 def _producer_settings() -> Any:

@@ -32,7 +32,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from engine.records import ConsumerRecord, TopicPartition
+from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
 from engine.transport import open_transport
@@ -129,11 +129,11 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
     inputs = [TopicPartition(source, p) for p in range(partitions)]
 
     async def drained() -> bool:
-        ends = await _end_offsets(cluster, inputs)
+        ends = await cluster.end_offsets(inputs)
         for tp in inputs:
             if await committed_offset(cluster, app, tp) != ends[tp]:
                 return False
-        out = {JSON.deserialize(r.value)["n"] for r in await read_to_end(cluster, sink, exactly_once)}
+        out = {JSON.deserialize(r.value)["n"] for r in await cluster.read_all(sink, exactly_once)}
         return out >= set(range(sent))
 
     for round_ in range(kills + 1):
@@ -171,44 +171,9 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
                     if proc.process.returncode is None:
                         proc.process.kill()  # no commit, no leave-group, no flush
                     await proc.process.wait()
-    out = Counter(JSON.deserialize(r.value)["n"] for r in await read_to_end(cluster, sink, exactly_once))
+    out = Counter(JSON.deserialize(r.value)["n"] for r in await cluster.read_all(sink, exactly_once))
     expected = set(range(sent))
     return KillReport(
         guarantee=guarantee, kills=kills, records_in=sent, records_out=sum(out.values()),
         lost=len(expected - set(out)), duplicates=sum(c - 1 for n, c in out.items() if n in expected),
         stalls=stalls, drain_seconds=drain_seconds, stderr_tail=stalled_stderr)
-
-
-async def _end_offsets(cluster: Cluster, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-    reader = cluster.transport.reader("kills-offsets")
-    await reader.start()
-    try:
-        return await reader.end_offsets(tps)
-    finally:
-        await reader.close()
-
-
-async def read_to_end(cluster: Cluster, topic: str, read_committed: bool,
-                      timeout: float = 30.0) -> list[ConsumerRecord]:
-    """Every record of ``topic`` up to its end offsets; ``read_committed`` skips aborted transactions
-    (and waits for open ones to end: the end is reached when the reader's position is there)."""
-    counts = await cluster.partition_counts([topic])
-    reader = cluster.transport.reader(f"kills-reader-{uuid.uuid4().hex[:6]}", read_committed=read_committed)
-    await reader.start()
-    tps = [TopicPartition(topic, p) for p in range(counts[topic])]
-    reader.assign(tps)
-    for tp in tps:
-        reader.seek(tp, 0)
-    result: list[ConsumerRecord] = []
-    try:
-        ends = await reader.end_offsets(tps)
-        pending = {tp for tp in tps if ends[tp] > 0}
-        with anyio.fail_after(timeout):
-            while pending:
-                for records in (await reader.poll(200, 10_000)).values():
-                    result.extend(records)
-                # Transaction markers take offsets too: the reader's position says where it is.
-                pending = {tp for tp in pending if await reader.position(tp) < ends[tp]}
-    finally:
-        await reader.close()
-    return result
