@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.context import ErrorContext
+from handlers.responses import DeserializationHandlerResponse
 
 log = logging.getLogger(__name__)
-
-
-class DeserializationHandlerResponse(Enum):
-    CONTINUE = "continue"
-    FAIL = "fail"
-    PAUSE = "pause"
 
 
 @runtime_checkable

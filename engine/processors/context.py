@@ -12,8 +12,8 @@ from engine.records import Headers, Record
 from engine.topology.nodes import Forwarder, Node
 
 if TYPE_CHECKING:
+    from engine.ids import TaskId
     from engine.spark.session import SparkSessions
-    from engine.tasks.task_id import TaskId
 
 
 # The record in flight on this coroutine when a task runs several at once (see

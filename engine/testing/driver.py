@@ -45,6 +45,7 @@ from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.config import StreamsConfig, load_handler
 from engine.errors import IllegalStateError, InvalidStateStoreError, StreamsTimeoutError, TopologyError
+from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.processors.builtin import FunctionNode
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
@@ -57,7 +58,6 @@ from engine.state.task_state import StateSettings
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.manager import TaskManager
 from engine.tasks.task import StreamTask, TaskState
-from engine.tasks.task_id import TaskId
 from engine.tasks.timeouts import TaskTimer
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
