@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
-from engine.client import Metric as StreamsMetric
 from engine.config import is_loopback, shown
 from engine.errors import MissingExtraError
 
@@ -33,6 +32,23 @@ except ImportError as exc:  # the 'prometheus' extra is optional
 log = logging.getLogger(__name__)
 
 PREFIX = "kafka_streams"
+
+
+class StreamsMetric(Protocol):
+    """One metric in Kafka's shape, as ``KafkaStreams.metrics()`` gives it (``engine.client.Metric``).
+
+    A protocol rather than an import so that the exporter, which the client starts, does not
+    import the client back.
+    """
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def tags(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
 
 
 def prometheus_name(group: str, name: str) -> str:

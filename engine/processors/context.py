@@ -7,9 +7,9 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.processors.api import Cancellable, PunctuationType
+from engine.processors.nodes import Forwarder, Node
 from engine.processors.punctuation import PunctuationQueue
 from engine.records import Headers, Record
-from engine.topology.nodes import Forwarder, Node
 
 if TYPE_CHECKING:
     from engine.ids import TaskId

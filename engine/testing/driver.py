@@ -48,6 +48,7 @@ from engine.errors import IllegalStateError, InvalidStateStoreError, StreamsTime
 from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.processors.builtin import FunctionNode
+from engine.processors.nodes import SourceNode
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.cache import ThreadCache
@@ -62,7 +63,6 @@ from engine.tasks.timeouts import TaskTimer
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
 from engine.testing.virtual_time import VirtualTimeLoop
-from engine.topology.nodes import SourceNode
 from engine.topology.topology import Topology
 from engine.transport.base import OffsetAndMetadata
 
