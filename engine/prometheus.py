@@ -93,7 +93,7 @@ class PrometheusExporter:
 
     def __init__(self, read: Callable[[], Iterable[StreamsMetric]], host: str, port: int) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_Collector(read))  # type: ignore[arg-type]
+        self._registry.register(_Collector(read))
         self._server: Any
         self._thread: threading.Thread
         self._server, self._thread = start_http_server(port, addr=host, registry=self._registry)

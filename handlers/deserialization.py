@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.context import ErrorContext
-from handlers.responses import DeserializationHandlerResponse
+
+# ``as`` re-exports the answers under their Kafka Streams name, importable from here as before.
+from handlers.responses import DeserializationHandlerResponse as DeserializationHandlerResponse
 
 log = logging.getLogger(__name__)
 

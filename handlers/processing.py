@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.context import ErrorContext
-from handlers.responses import ProcessingHandlerResponse
+
+# ``as`` re-exports the answers under their Kafka Streams name, importable from here as before.
+from handlers.responses import ProcessingHandlerResponse as ProcessingHandlerResponse
 
 log = logging.getLogger(__name__)
 

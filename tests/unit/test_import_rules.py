@@ -22,6 +22,7 @@ not an edge: every module would depend on ``engine/__init__``, the facade that i
 from __future__ import annotations
 
 import ast
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -200,7 +201,7 @@ def _a_cycle_in(graph: dict[str, dict[str, Edge]], component: set[str]) -> Cycle
                     path = [start]
                     while len(path) == 1 or path[0] != start:
                         path.insert(0, came_from[path[0]])
-                    steps = [graph[a][b] for a, b in zip(path, path[1:], strict=False)]
+                    steps = [graph[a][b] for a, b in itertools.pairwise(path)]
                     return Cycle(sorted(component), path, steps)
                 following.append(nxt)
         frontier = following
@@ -300,8 +301,11 @@ def test_every_pending_edge_is_still_there() -> None:
 
 
 def test_an_import_is_told_by_when_it_runs() -> None:
-    source = ("import engine.a\nif TYPE_CHECKING:\n    import engine.b\ntry:\n    import engine.c\nexcept ImportError:\n"
-              "    pass\nclass K:\n    import engine.d\n    def f(self):\n        import engine.e\n")
+    source = "\n".join([
+        "import engine.a",
+        "if TYPE_CHECKING:", "    import engine.b",
+        "try:", "    import engine.c", "except ImportError:", "    pass",
+        "class K:", "    import engine.d", "    def f(self):", "        import engine.e", ""])
     kinds = {n.names[0].name: kind for n, kind in _imports(ast.parse(source).body) if isinstance(n, ast.Import)}
     assert kinds == {"engine.a": "module", "engine.b": "typing", "engine.c": "module", "engine.d": "module",
                      "engine.e": "deferred"}
