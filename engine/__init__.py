@@ -21,19 +21,19 @@ from engine.errors import (
     ProcessingError,
     ProduceError,
     SerializationError,
+    StartupTimeoutError,
     StateDirectoryError,
     StateStoreError,
     StreamsError,
-    StartupTimeoutError,
     StreamsTimeoutError,
     TaskError,
     TopologyError,
     TransportError,
     UnknownConfigError,
 )
+from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
-from engine.tasks.task_id import TaskId
 from engine.state import Materialized, Stores, TimeWindows, Windowed
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder

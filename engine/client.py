@@ -51,8 +51,10 @@ from engine.errors import (
     MissingSourceTopicError,
     StreamsTimeoutError,
 )
+from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.spark.session import SparkSessions
 from engine.state.bytes_stores import require_rocksdict
 from engine.state.cleaner import StateDirCleaner
 from engine.state.directory import StateDirectoryLock
@@ -60,9 +62,7 @@ from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
-from engine.spark.session import SparkSessions
 from engine.threads.registry import ThreadRegistry
-from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import (
     StreamThread,
     StreamThreadState,

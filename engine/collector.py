@@ -18,7 +18,7 @@ from engine.records import Headers, Record
 from engine.transport.base import Producer
 
 if TYPE_CHECKING:
-    from engine.topology.nodes import SinkNode
+    from engine.processors.nodes import SinkNode
 
 _HASH_CACHE_LIMIT = 65_536
 

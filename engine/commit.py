@@ -9,14 +9,17 @@ just not covered by this commit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from engine.collector import RecordCollector
 from engine.errors import CommitFailedError, ProduceError
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
-from engine.tasks.task import StreamTask
 from engine.tasks.timeouts import is_timeout
 from engine.transport.base import Consumer, OffsetAndMetadata
+
+if TYPE_CHECKING:
+    from engine.tasks.task import StreamTask
 
 
 class Committer:

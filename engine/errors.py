@@ -62,7 +62,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.tasks.task_id import TaskId
+    from engine.ids import TaskId
 
 
 class StreamsError(Exception):

@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
-from engine.client import Metric as StreamsMetric
 from engine.config import is_loopback, shown
 from engine.errors import MissingExtraError
 
@@ -33,6 +32,23 @@ except ImportError as exc:  # the 'prometheus' extra is optional
 log = logging.getLogger(__name__)
 
 PREFIX = "kafka_streams"
+
+
+class StreamsMetric(Protocol):
+    """One metric in Kafka's shape, as ``KafkaStreams.metrics()`` gives it (``engine.client.Metric``).
+
+    A protocol rather than an import so that the exporter, which the client starts, does not
+    import the client back.
+    """
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def tags(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
 
 
 def prometheus_name(group: str, name: str) -> str:
@@ -77,7 +93,7 @@ class PrometheusExporter:
 
     def __init__(self, read: Callable[[], Iterable[StreamsMetric]], host: str, port: int) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_Collector(read))  # type: ignore[arg-type]
+        self._registry.register(_Collector(read))
         self._server: Any
         self._thread: threading.Thread
         self._server, self._thread = start_http_server(port, addr=host, registry=self._registry)

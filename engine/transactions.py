@@ -43,8 +43,8 @@ from engine.tasks.timeouts import is_timeout
 from engine.transport.base import OffsetAndMetadata, TransactionalProducer
 
 if TYPE_CHECKING:
+    from engine.ids import TaskId
     from engine.tasks.task import StreamTask
-    from engine.tasks.task_id import TaskId
 
 
 # Kafka Streams' producer default under exactly-once: the broker aborts a transaction left open this

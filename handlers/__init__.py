@@ -16,7 +16,7 @@ from handlers.processing import (
     ProcessingExceptionHandler,
     ProcessingHandlerResponse,
 )
-from handlers.responses import StreamThreadExceptionResponse
+from handlers.responses import Answer, StreamThreadExceptionResponse
 from handlers.uncaught import (
     StreamsUncaughtExceptionHandler,
     replace_thread,
@@ -25,6 +25,7 @@ from handlers.uncaught import (
 )
 
 __all__ = [
+    "Answer",
     "DeadLetter",
     "DeserializationExceptionHandler",
     "DeserializationHandlerResponse",

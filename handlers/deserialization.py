@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.context import ErrorContext
 
+# ``as`` re-exports the answers under their Kafka Streams name, importable from here as before.
+from handlers.responses import DeserializationHandlerResponse as DeserializationHandlerResponse
+
 log = logging.getLogger(__name__)
-
-
-class DeserializationHandlerResponse(Enum):
-    CONTINUE = "continue"
-    FAIL = "fail"
-    PAUSE = "pause"
 
 
 @runtime_checkable

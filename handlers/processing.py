@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.context import ErrorContext
 
+# ``as`` re-exports the answers under their Kafka Streams name, importable from here as before.
+from handlers.responses import ProcessingHandlerResponse as ProcessingHandlerResponse
+
 log = logging.getLogger(__name__)
-
-
-class ProcessingHandlerResponse(Enum):
-    CONTINUE = "continue"
-    FAIL = "fail"
-    PAUSE = "pause"
 
 
 @runtime_checkable

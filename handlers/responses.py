@@ -5,6 +5,26 @@ from __future__ import annotations
 from enum import Enum
 
 
+class Answer(Enum):
+    """What a deserialization or processing exception handler answers about a failed record.
+
+    One enum for both kinds of handler, used by the engine as it is: the answers mean the
+    same for both (see ``handlers.deserialization`` and ``handlers.processing``).
+    """
+
+    CONTINUE = "continue"
+    """Drop the record, log it, count it; its offset is committed past."""
+    FAIL = "fail"
+    """Fail the stream thread; its uncaught-exception handler decides next."""
+    PAUSE = "pause"
+    """Pause only the failing task until ``KafkaStreams.resume(task_id)``."""
+
+
+# The names Kafka Streams users know; each is the one enum above.
+DeserializationHandlerResponse = Answer
+ProcessingHandlerResponse = Answer
+
+
 class StreamThreadExceptionResponse(Enum):
     """What to do when a stream thread dies of an exception (KIP-671)."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from engine.records import Headers, Record
 
 if TYPE_CHECKING:
-    from engine.tasks.task_id import TaskId
+    from engine.ids import TaskId
 
 
 class PunctuationType(Enum):

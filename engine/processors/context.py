@@ -7,13 +7,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from engine.processors.api import Cancellable, PunctuationType
+from engine.processors.nodes import Forwarder, Node
 from engine.processors.punctuation import PunctuationQueue
 from engine.records import Headers, Record
-from engine.topology.nodes import Forwarder, Node
 
 if TYPE_CHECKING:
+    from engine.ids import TaskId
     from engine.spark.session import SparkSessions
-    from engine.tasks.task_id import TaskId
 
 
 # The record in flight on this coroutine when a task runs several at once (see

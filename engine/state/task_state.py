@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from engine.completed_offsets import decode_completed
 from engine.errors import StateStoreError
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
@@ -26,7 +27,6 @@ from engine.state.changelog import Append, Changelogger, changelog_topic
 from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
 from engine.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from engine.state.stores import StoreBuilder, StoreType
-from engine.tasks.in_flight import decode_completed
 from engine.transport.base import Consumer
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,10 @@ from enum import IntEnum
 
 import orjson
 
+from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription
-
-from .task_id import TaskId
 
 log = logging.getLogger(__name__)
 

@@ -9,25 +9,16 @@ that topic whatever the answer, through the task's own producer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 from engine.collector import RecordCollector
 from engine.config import DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, PROCESSING_EXCEPTION_HANDLER
 from engine.errors import HandledRecordError, StreamsError, TaskError
+from engine.ids import TaskId
 from engine.records import ConsumerRecord
 from handlers.context import ErrorContext
 from handlers.dead_letter import dead_letter
-from handlers.deserialization import DeserializationHandlerResponse
-from handlers.processing import ProcessingHandlerResponse
-
-from .task_id import TaskId
-
-
-class FailureAction(Enum):
-    FAIL = "fail"
-    CONTINUE = "continue"
-    PAUSE = "pause"
+from handlers.responses import Answer
 
 
 class HandlerError(StreamsError):
@@ -49,32 +40,33 @@ class ErrorHandling:
         self.dropped = 0
         self.paused = 0
 
-    async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> FailureAction:
-        return await self._ask(self._deserialization, DeserializationHandlerResponse,
-                               DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, _context(task_id, raw, None), raw, error)
+    async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> Answer:
+        return await self._ask(self._deserialization, DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER,
+                               _context(task_id, raw, None), raw, error)
 
     async def on_processing_error(self, task_id: TaskId, raw: ConsumerRecord, node: str, record: Any,
-                                  error: TaskError) -> FailureAction:
-        return await self._ask(self._processing, ProcessingHandlerResponse, PROCESSING_EXCEPTION_HANDLER,
+                                  error: TaskError) -> Answer:
+        return await self._ask(self._processing, PROCESSING_EXCEPTION_HANDLER,
                                _context(task_id, raw, node), record, error)
 
-    async def _ask(self, handler: Any, answers: type[Enum], setting: str, context: ErrorContext, record: Any,
-                   error: TaskError) -> FailureAction:
+    async def _ask(self, handler: Any, setting: str, context: ErrorContext, record: Any,
+                   error: TaskError) -> Answer:
         kind = "deserialization" if setting == DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER else "processing"
         cause = error.__cause__ or error
         try:
             answer = handler.handle(context, record, cause)
         except Exception as exc:
             raise HandlerError(f"Fatal user code error in {kind} error callback: {exc!r}") from exc
-        if not isinstance(answer, answers):
+        if not isinstance(answer, Answer):
+            expected = "DeserializationHandlerResponse" if kind == "deserialization" else "ProcessingHandlerResponse"
             raise HandlerError(f"The {kind} exception handler answered {answer!r}, "
-                               f"not a {answers.__name__}") from error
+                               f"not a {expected}") from error
         if isinstance(error, HandledRecordError):
             handler_class = type(handler)
             error.answered(setting, f"{handler_class.__module__}.{handler_class.__qualname__}", answer.name)
-        return await self._act(context, cause, FailureAction(answer.value))
+        return await self._act(context, cause, answer)
 
-    async def _act(self, context: ErrorContext, cause: BaseException, action: FailureAction) -> FailureAction:
+    async def _act(self, context: ErrorContext, cause: BaseException, action: Answer) -> Answer:
         if self._dlq_topic is not None:
             letter = dead_letter(self._dlq_topic, context, cause)
             collector = self._collector
@@ -82,9 +74,9 @@ class ErrorHandling:
                 collector = self.collector_of(context.task_id) or collector
             await collector.send_raw(letter.topic, letter.key, letter.value, context.timestamp,
                                            letter.headers)
-        if action is FailureAction.CONTINUE:
+        if action is Answer.CONTINUE:
             self.dropped += 1
-        elif action is FailureAction.PAUSE:
+        elif action is Answer.PAUSE:
             self.paused += 1
         return action
 

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from engine.completed_offsets import decode_completed, encode_completed
 from engine.processors.context import CURRENT
+from engine.processors.nodes import Forwarder, Node, SinkNode
 from engine.records import ConsumerRecord, Record, TopicPartition
-from engine.topology.nodes import Forwarder, Node, SinkNode
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
     from .task import StreamTask
 
 ORDERINGS = ("partition", "key", "unordered")
-METADATA_PREFIX = "sl1:"
-METADATA_MAX_BYTES = 4096
 
 
 class RecordSlot:
@@ -113,29 +112,6 @@ class HeldCollector:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._collector, name)
-
-
-def encode_completed(watermark: int, completed: set[int]) -> str:
-    """Offsets done above the watermark, as distances, cut to fit Kafka's metadata limit.
-
-    What does not fit is simply processed again after a restart (at-least-once).
-    """
-    if not completed:
-        return ""
-    text = METADATA_PREFIX
-    for offset in sorted(completed):
-        item = f"{offset - watermark},"
-        if len(text) + len(item) > METADATA_MAX_BYTES:
-            break
-        text += item
-    return text.rstrip(",")
-
-
-def decode_completed(watermark: int, metadata: str) -> set[int]:
-    if not metadata.startswith(METADATA_PREFIX):
-        return set()
-    body = metadata[len(METADATA_PREFIX):]
-    return {watermark + int(part) for part in body.split(",") if part.strip().isdigit()}
 
 
 class InFlightWindow:

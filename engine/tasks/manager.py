@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,20 +21,19 @@ import anyio
 from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
+from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
-from engine.processors.context import TaskContext
+from engine.processors.context import CURRENT, TaskContext
 from engine.records import ConsumerRecord, TopicPartition
-from engine.processors.context import CURRENT
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
 from engine.transport.base import Consumer, OffsetAndMetadata, Producer
 
-from .task import StreamTask
-from .task_id import TaskId
 from .error_handling import ErrorHandling
 from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
+from .task import StreamTask
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ from engine.errors import (
     TaskMigratedError,
     TransportError,
 )
+from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
@@ -49,9 +50,9 @@ from engine.processors.punctuation import Schedule
 from engine.records import ConsumerRecord, Record, TopicPartition
 from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
+from handlers.responses import Answer
 
-from .task_id import TaskId
-from .error_handling import ErrorHandling, FailureAction
+from .error_handling import ErrorHandling
 from .in_flight import InFlightWindow, RecordSlot
 from .timeouts import TaskTimer, is_timeout
 
@@ -356,7 +357,7 @@ class StreamTask:
                 what = "value"
                 value = source.value_serde.deserialize(raw.value)
             except Exception as exc:  # noqa: BLE001 - any serde failure is a deserialization error
-                if await self._deserialization_failed(raw, what, exc) is FailureAction.PAUSE:
+                if await self._deserialization_failed(raw, what, exc) is Answer.PAUSE:
                     break
                 self._skip(queue, raw)
                 done += 1
@@ -383,7 +384,7 @@ class StreamTask:
                 forwarder.reset()
                 if not is_timeout(exc):
                     action = await self._processing_failed(raw, node, record, exc)
-                    if action is FailureAction.PAUSE:
+                    if action is Answer.PAUSE:
                         if states is not None:
                             states.undo_record()  # resume() runs the record again
                         break
@@ -417,7 +418,7 @@ class StreamTask:
         if ctx.wall_clock_schedules.next_due() is not None:
             await self.maybe_punctuate_wall_clock()
 
-    async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> FailureAction:
+    async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Answer:
         """Ask the deserialization handler; FAIL raises, PAUSE pauses, CONTINUE is the caller's to do."""
         error = DeserializationError(self.id, raw.topic, raw.partition, raw.offset, what, exc)
         error.__cause__ = exc
@@ -427,7 +428,7 @@ class StreamTask:
         return self._act_on(action, raw, error, exc)
 
     async def _processing_failed(self, raw: ConsumerRecord, node: str, record: Record,
-                                 exc: Exception) -> FailureAction:
+                                 exc: Exception) -> Answer:
         """Ask the processing handler; FAIL raises, PAUSE pauses, CONTINUE is the caller's to do."""
         error = ProcessingError(self.id, node, raw.topic, raw.partition, raw.offset, exc)
         error.__cause__ = exc
@@ -436,11 +437,11 @@ class StreamTask:
         action = await self.errors.on_processing_error(self.id, raw, node, record, error)
         return self._act_on(action, raw, error, exc)
 
-    def _act_on(self, action: FailureAction, raw: ConsumerRecord, error: TaskError,
-                exc: Exception) -> FailureAction:
-        if action is FailureAction.FAIL:
+    def _act_on(self, action: Answer, raw: ConsumerRecord, error: TaskError,
+                exc: Exception) -> Answer:
+        if action is Answer.FAIL:
             raise error from exc
-        if action is FailureAction.PAUSE:
+        if action is Answer.PAUSE:
             self._pause(raw)
         else:
             self.dropped += 1

@@ -1,21 +1,5 @@
-"""``TaskId``: a sub-topology and a partition number, printed ``0_3`` like Kafka Streams."""
+"""``TaskId`` lives in ``engine.ids`` (the foundation); this name stays for code that imports it here."""
 
-from __future__ import annotations
+from engine.ids import TaskId
 
-from typing import NamedTuple
-
-
-class TaskId(NamedTuple):
-    subtopology: int
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.subtopology}_{self.partition}"
-
-    @classmethod
-    def parse(cls, text: str) -> TaskId:
-        """``"0_3"`` → ``TaskId(0, 3)``; a clear ValueError for anything else."""
-        parts = text.split("_")
-        if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
-            raise ValueError(f"Task id must look like '<subtopology>_<partition>', got {text!r}")
-        return cls(int(parts[0]), int(parts[1]))
+__all__ = ["TaskId"]

@@ -24,10 +24,9 @@ from typing import TypeVar
 import anyio
 
 from engine.errors import StartupTimeoutError, TaskTimeoutError
+from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.transport.kafka import is_retriable
-
-from .task_id import TaskId
 
 is_timeout = is_retriable
 

@@ -8,12 +8,8 @@ that the driver and ``play_on_memory_broker`` (real clients on ``memory://``) pl
 through serdes, from a test or a script.
 """
 
-from engine.testing.driver import (
-    DriverTimeoutError,
-    TopologyTestDriver,
-    UnusedTopics,
-    UnusedTopicsError,
-)
+from engine.testing.driver import TopologyTestDriver
+from engine.testing.driver_errors import DriverTimeoutError, UnusedTopics, UnusedTopicsError
 from engine.testing.memory_play import play_on_memory_broker
 from engine.testing.memory_topics import create_topics, produce, read
 from engine.testing.scenario import (

@@ -30,45 +30,39 @@ driver's own, restored from the driver's changelog topics after ``crash()`` or
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import Awaitable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from engine import config as cfg
 from engine.clock import ManualClock
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.config import StreamsConfig, load_handler
-from engine.errors import IllegalStateError, InvalidStateStoreError, StreamsTimeoutError, TopologyError
+from engine.config import StreamsConfig
+from engine.errors import IllegalStateError, InvalidStateStoreError, TopologyError
+from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.processors.builtin import FunctionNode
-from engine.records import FetchedRecord, Headers, Record, TopicPartition
-from engine.serdes import BytesSerde, Serde, as_serde
+from engine.processors.nodes import SourceNode
+from engine.records import Headers, Record, TopicPartition
+from engine.serdes import Serde, as_serde
 from engine.state.cache import ThreadCache
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
-from engine.state.task_state import StateSettings
-from engine.tasks.error_handling import ErrorHandling
-from engine.tasks.manager import TaskManager
+from engine.tasks import wiring
 from engine.tasks.task import StreamTask, TaskState
-from engine.tasks.task_id import TaskId
-from engine.tasks.timeouts import TaskTimer
+from engine.testing.driver_errors import UnusedTopics, UnusedTopicsError
+from engine.testing.driver_loop import DriverLoop
+from engine.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
-from engine.testing.virtual_time import VirtualTimeLoop
-from engine.topology.nodes import SourceNode
 from engine.topology.topology import Topology
-from engine.transport.base import OffsetAndMetadata
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # What the driver assumes when the config leaves it out; the bootstrap is never contacted.
 _DEFAULTS: dict[str, Any] = {
@@ -76,183 +70,6 @@ _DEFAULTS: dict[str, Any] = {
     cfg.BOOTSTRAP_SERVERS: "memory://topology-test-driver",
     cfg.COMMIT_INTERVAL_MS: 0,
 }
-
-
-# -- errors ---------------------------------------------------------------------------
-class DriverTimeoutError(StreamsTimeoutError):
-    """A driver call did not finish: a processor awaits something that never happens.
-
-    Names the processor, the task and the record (``topic``/``partition``/``offset`` are
-    None when it hung in a punctuation).
-    """
-
-    def __init__(self, task_id: TaskId | None, processor: str, topic: str | None, partition: int | None,
-                 offset: int | None, budget_ms: int) -> None:
-        where = f" on the record at {topic}-{partition} offset {offset}" if topic is not None else ""
-        task = f" of task {task_id}" if task_id is not None else ""
-        super().__init__(
-            f"Processor '{processor}'{task} did not finish{where} within {budget_ms} ms of the driver's "
-            "(virtual) time: it awaits something that never happens (or waits more than a second of "
-            "real time for another thread). The driver's budget per call is "
-            "task.timeout.ms + max.poll.interval.ms.")
-        self.task_id = task_id
-        self.processor = processor
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-
-
-class UnusedTopicsError(TopologyError):
-    """At ``close()`` with ``strict_topics=True``: a source got no input or an output was never read."""
-
-
-# -- unused topics -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class UnusedTopics:
-    """Source topics that got no input and output topics written to but never read."""
-
-    sources_without_input: tuple[str, ...]
-    outputs_never_read: tuple[str, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.sources_without_input or self.outputs_never_read)
-
-    def describe(self) -> str:
-        parts = []
-        if self.sources_without_input:
-            parts.append(f"source topics {list(self.sources_without_input)} got no input "
-                         "(pipe records into them through create_input_topic)")
-        if self.outputs_never_read:
-            parts.append(f"output topics {list(self.outputs_never_read)} were written but never read "
-                         "(read them through create_output_topic)")
-        return "; ".join(parts)
-
-
-# -- the transport the task manager sees ----------------------------------------------------
-class _DriverProducer:
-    """Implements ``engine.transport.base.Producer`` over the driver's logs; acks are immediate."""
-
-    def __init__(self, driver: TopologyTestDriver) -> None:
-        self._driver = driver
-        self._buffer: list[tuple[str, int, bytes | None, bytes | None, int, Headers]] = []
-
-    async def start(self) -> None:
-        return None
-
-    def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-               timestamp_ms: int | None, headers: Headers) -> None:
-        timestamp = timestamp_ms if timestamp_ms is not None else self._driver.wall_clock_ms
-        self._buffer.append((topic, partition, key, value, timestamp, headers))
-
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-    async def send_buffered(self) -> None:
-        buffer, self._buffer = self._buffer, []
-        for topic, partition, key, value, timestamp, headers in buffer:
-            self._driver._log(topic).append(partition, key, value, timestamp, headers)
-
-    async def flush(self) -> None:
-        await self.send_buffered()
-
-    def drop(self) -> None:
-        """A crash: what was not handed over is lost."""
-        self._buffer = []
-
-    async def close(self) -> None:
-        self._buffer = []
-
-
-class _DriverConsumer:
-    """The parts of ``engine.transport.base.Consumer`` a task manager and committer use, plus ``fetch``."""
-
-    def __init__(self, driver: TopologyTestDriver) -> None:
-        self._driver = driver
-        self.positions: dict[TopicPartition, int] = {}
-        self._paused: set[TopicPartition] = set()
-        self._committed: dict[TopicPartition, OffsetAndMetadata] = {}
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.positions)
-
-    def pause(self, *partitions: TopicPartition) -> None:
-        self._paused.update(TopicPartition(*tp) for tp in partitions)
-
-    def resume(self, *partitions: TopicPartition) -> None:
-        self._paused.difference_update(TopicPartition(*tp) for tp in partitions)
-
-    def paused(self) -> set[TopicPartition]:
-        return set(self._paused)
-
-    def seek(self, partition: TopicPartition, offset: int) -> None:
-        self.positions[TopicPartition(*partition)] = offset
-
-    async def position(self, partition: TopicPartition) -> int:
-        return self.positions[TopicPartition(*partition)]
-
-    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
-        return self._committed.get(TopicPartition(*partition))
-
-    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
-        for tp, om in offsets.items():
-            self._committed[TopicPartition(*tp)] = om
-
-    def committed_now(self, partition: TopicPartition) -> OffsetAndMetadata | None:
-        return self._committed.get(partition)
-
-    async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        return {TopicPartition(*tp): len(self._driver._log(tp.topic).partitions[tp.partition]) for tp in partitions}
-
-    def fetched_end(self, partition: TopicPartition) -> int | None:
-        return len(self._driver._log(partition.topic).partitions[partition.partition])
-
-    def fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
-        """Records after each assigned, unpaused position, in partition order."""
-        fetched: dict[TopicPartition, list[FetchedRecord]] = {}
-        left = max_records
-        for tp in sorted(self.positions):
-            if tp in self._paused or left <= 0:
-                continue
-            log_ = self._driver._log(tp.topic).partitions[tp.partition]
-            start = self.positions[tp]
-            records = log_[start:start + left]
-            if records:
-                fetched[tp] = records
-                self.positions[tp] = start + len(records)
-                left -= len(records)
-        return fetched
-
-
-class _DriverReader:
-    """A groupless reader of the driver's logs: what restoring a store from its changelog uses."""
-
-    def __init__(self, driver: TopologyTestDriver) -> None:
-        self._driver = driver
-        self._positions: dict[TopicPartition, int] = {}
-
-    async def start(self) -> None:
-        return None
-
-    def assign(self, partitions: Sequence[TopicPartition]) -> None:
-        self._positions = {TopicPartition(*tp): 0 for tp in partitions}
-
-    def seek(self, partition: TopicPartition, offset: int) -> None:
-        self._positions[TopicPartition(*partition)] = offset
-
-    async def position(self, partition: TopicPartition) -> int:
-        return self._positions[TopicPartition(*partition)]
-
-    async def poll(self, timeout_ms: int, max_records: int | None = None) -> dict[TopicPartition, list[FetchedRecord]]:
-        fetched = {}
-        for tp, start in self._positions.items():
-            records = self._driver._log(tp.topic).partitions[tp.partition][start:]
-            if records:
-                fetched[tp] = records
-                self._positions[tp] = start + len(records)
-        return fetched
-
-    async def close(self, leave_group: bool = True) -> None:
-        self._positions = {}
 
 
 class _TimingOutSource(SourceNode):
@@ -299,15 +116,13 @@ class TopologyTestDriver:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"Topic '{topic}' needs at least 1 partition, got {count!r}")
         self._clock = ManualClock(initial_wall_clock_ms)
-        self._loop = VirtualTimeLoop()
+        self._runner = DriverLoop(self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS])
         self._logs: dict[str, TopicLog] = {}
         self._fed: set[str] = set()
         self._read: set[str] = set()
         self._closed = False
-        self._current: StreamTask | None = None
         self._round_robin = 0
         self._log_context = LogContext(log, f"test-driver [{self.config[cfg.APPLICATION_ID]}] ")
-        self._budget_ms = self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS]
 
         user_sources = [t for t in topology.source_topics if t not in topology.repartition_topics()]
         counts = {t: len(self._log(t).partitions) for t in user_sources}
@@ -320,35 +135,24 @@ class TopologyTestDriver:
             self._log(topic)
         # The driver's stores live in a directory of its own, removed by close().
         self._state_dir = tempfile.mkdtemp(prefix="streamloop-driver-")
-        self._producer = _DriverProducer(self)
-        self._consumer = _DriverConsumer(self)
+        self._producer = DriverProducer(self._log, lambda: self.wall_clock_ms)
+        self._consumer = DriverConsumer(self._log)
         self._collector = RecordCollector(
-            self._producer,  # type: ignore[arg-type]
+            self._producer,
             {t: len(self._log(t).partitions) for t in topology.sink_topics}, self._lookup)
         config_ = self.config
         self._committer = Committer(self._consumer, self._collector,  # type: ignore[arg-type]
                                     config_[cfg.COMMIT_INTERVAL_MS], self._clock.wall_ms, self._log_context)
-        self._errors = ErrorHandling(
-            load_handler(config_, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
-            load_handler(config_, cfg.PROCESSING_EXCEPTION_HANDLER),
-            config_[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
-            self._collector,
-        )
-        self._manager = TaskManager(
-            config_[cfg.APPLICATION_ID], topology, self._consumer,  # type: ignore[arg-type]
-            self._collector, self._committer,
-            lambda _task: None,  # the driver schedules tasks itself; nothing runs on its own
-            self._log_context, self._clock.wall_ms,
-            _serde(config_[cfg.DEFAULT_KEY_SERDE], cfg.DEFAULT_KEY_SERDE),
-            _serde(config_[cfg.DEFAULT_VALUE_SERDE], cfg.DEFAULT_VALUE_SERDE),
-            config_[cfg.BUFFERED_RECORDS_PER_PARTITION],
-            timer_factory=self._timer,
-            monotonic_ms=self._loop.time_ms,
+        # The engine's own wiring of a stream thread's task machinery (engine.tasks.wiring).
+        self._errors = wiring.error_handling(config_, self._collector)
+        self._manager = wiring.task_manager(
+            config_, topology, self._consumer, self._collector, self._committer,  # type: ignore[arg-type]
+            spawn=lambda _task: None,  # the driver schedules tasks itself; nothing runs on its own
+            logger=self._log_context, clock_ms=self._clock.wall_ms, monotonic_ms=self._runner.loop.time_ms,
             errors=self._errors,
-            threads_per_task=1,
-            state=StateSettings(self._state_dir, config_[cfg.DEFAULT_DSL_STORE] == "rocksDB",
-                                ThreadCache(config_[cfg.CACHE_MAX_BYTES_BUFFERING]),
-                                lambda: _DriverReader(self)),  # type: ignore[arg-type,return-value]
+            state=wiring.state_settings(config_, self._state_dir, ThreadCache(config_[cfg.CACHE_MAX_BYTES_BUFFERING]),
+                                        lambda: DriverReader(self._log)),
+            one_record_at_a_time=True,
         )
         self._all_partitions = [TopicPartition(t, p) for t in topology.source_topics
                                 for p in range(len(self._log(t).partitions))]
@@ -406,7 +210,7 @@ class TopologyTestDriver:
         elif not 0 <= partition < count:
             raise ValueError(f"Topic '{topic}' has partitions 0..{count - 1}, not {partition}")
         log_.append(partition, key, value, self.wall_clock_ms if timestamp is None else timestamp, headers)
-        self._run(self._pump())
+        self._runner.run(self._pump())
 
     def unused_topics(self) -> UnusedTopics:
         """Sources that got no input, and outputs written but not read through ``create_output_topic``."""
@@ -428,7 +232,7 @@ class TopologyTestDriver:
         if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
             raise ValueError(f"The wall clock moves forward by whole milliseconds, got {ms!r}")
         self._clock.advance(ms)
-        self._run(self._punctuate_wall_clock())
+        self._runner.run(self._punctuate_wall_clock())
 
     # -- tasks ------------------------------------------------------------------------------
     @property
@@ -445,7 +249,7 @@ class TopologyTestDriver:
         self._check_open()
         if isinstance(task_id, str):
             task_id = TaskId.parse(task_id)
-        return self._run(self._resume(task_id, skip))
+        return self._runner.run(self._resume(task_id, skip))
 
     def committed(self, topic: str, partition: int = 0) -> int | None:
         """The committed offset of a source partition (the next record to read after a restart)."""
@@ -491,13 +295,13 @@ class TopologyTestDriver:
         """Every task dies without a commit; output not yet handed over is lost; tasks restart from
         the last commit, so records after it are processed again (at-least-once)."""
         self._check_open()
-        self._run(self._crash())
+        self._runner.run(self._crash())
 
     def rebalance(self, task_id: TaskId | str) -> None:
         """``task_id`` is revoked (finished, committed, closed) and assigned again with new processors."""
         self._check_open()
         task = self._task(task_id)
-        self._run(self._reassign(sorted(task.partitions)))
+        self._runner.run(self._reassign(sorted(task.partitions)))
 
     def play(self, steps: Iterable[Step], input_serdes: Mapping[str, tuple[Serde, Serde]] | None = None) -> None:
         """Play a scenario (``engine.testing.strategies``): input records and faults, in order.
@@ -535,12 +339,12 @@ class TopologyTestDriver:
         """Finish, commit and close every task; report unused topics (see ``strict_topics``)."""
         if self._closed:
             return
-        self._refuse_running_loop()
+        self._runner.refuse_running_loop()
         try:
-            self._run(self._close_all(clean=True))
+            self._runner.run(self._close_all(clean=True))
         finally:
             self._closed = True
-            self._loop.close()
+            self._runner.close()
             shutil.rmtree(self._state_dir, ignore_errors=True)
         unused = self.unused_topics()
         if unused:
@@ -568,13 +372,8 @@ class TopologyTestDriver:
 
     def _serde(self, value: Serde | type | None, default_key: str) -> Serde:
         if value is None:
-            return _serde(self.config[default_key], default_key)
+            return wiring.default_serde(self.config, default_key)
         return as_serde(value, "serde")
-
-    def _timer(self, task_id: TaskId, logger: LogContext) -> TaskTimer:
-        config = self.config
-        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
-                         config[cfg.RETRY_BACKOFF_MAX_MS], self._loop.time_ms, logger)
 
     def _task(self, task_id: TaskId | str) -> StreamTask:
         if isinstance(task_id, str):
@@ -588,7 +387,7 @@ class TopologyTestDriver:
         """Every call checks first, so a refused call has changed nothing."""
         if self._closed:
             raise IllegalStateError("The TopologyTestDriver is closed")
-        self._refuse_running_loop()
+        self._runner.refuse_running_loop()
 
     def _assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Seek to the committed offsets (or auto.offset.reset) and create the tasks."""
@@ -609,75 +408,32 @@ class TopologyTestDriver:
                     node.blocking = False
                     node.is_async = False
 
-    @staticmethod
-    def _refuse_running_loop() -> None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        raise IllegalStateError(
-            "TopologyTestDriver calls run the driver's own event loop and cannot be made from a "
-            "coroutine on a running loop; call them from a plain test function, or from a worker "
-            "thread (await anyio.to_thread.run_sync(driver.pipe_input, ...))")
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            self._refuse_running_loop()
-        except IllegalStateError:
-            coro.close()
-            raise
-        return self._loop.run_until_complete(self._bounded(coro))
-
-    async def _bounded(self, work: Awaitable[T]) -> T:
-        budget_s = self._budget_ms / 1000.0
-        scope = asyncio.timeout(budget_s)
-        self._loop.deadline = self._loop.time() + budget_s
-        try:
-            async with scope:
-                return await work
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            raise self._stuck() from None
-        finally:
-            self._current = None
-            self._loop.deadline = None
-
-    def _stuck(self) -> DriverTimeoutError:
-        task = self._current
-        if task is None:
-            return DriverTimeoutError(None, "<unknown>", None, None, None, self._budget_ms)
-        ctx = task.context
-        node = ctx.forwarder.node
-        return DriverTimeoutError(task.id, node.name if node is not None else "<unknown>", ctx.topic,
-                                  ctx.partition, ctx.offset, self._budget_ms)
-
     async def _pump(self) -> None:
         """Fetch and process until no task has anything left, committing after each round."""
         while True:
             for _id, task in sorted(self._manager.tasks.items()):
                 if task.state.state is TaskState.CREATED:
                     # A new task restores its stores first, with or without records to process.
-                    self._current = task
+                    self._runner.current = task
                     await task.process_buffered()
             fetched = self._consumer.fetch(self.config[cfg.MAX_POLL_RECORDS])
             if fetched:
-                self._manager.add_records(fetched)  # type: ignore[arg-type]
+                self._manager.add_records(fetched)
             busy = [t for _id, t in sorted(self._manager.tasks.items()) if t.buffered() and not t.is_paused]
             if not fetched and not busy:
                 return
             for task in busy:
-                self._current = task
+                self._runner.current = task
                 await task.process_buffered()
-            self._current = None
+            self._runner.current = None
             await self._manager.maybe_commit()
 
     async def _punctuate_wall_clock(self) -> None:
         for _id, task in sorted(self._manager.tasks.items()):
             if not task.is_paused:
-                self._current = task
+                self._runner.current = task
                 await task.maybe_punctuate_wall_clock()
-        self._current = None
+        self._runner.current = None
         await self._collector.send_buffered()
         await self._pump()
         await self._manager.maybe_commit()
@@ -709,6 +465,3 @@ class TopologyTestDriver:
         self._assign(partitions)
         await self._pump()
 
-
-def _serde(value: object, key: str) -> Serde:
-    return BytesSerde() if value is None else as_serde(value, key)

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.ids import TaskId
 from engine.records import Headers
-from engine.tasks.task_id import TaskId
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from engine.tasks.task_id import TaskId
+from engine.ids import TaskId
 from engine.testing.scenario import BadRecord, Crash, Fault, Input, ProcessorTimeout, Rebalance, Step, by_key, inputs
 
 __all__ = ["by_key", "faults", "headers", "inputs", "partitioned", "records", "scenarios", "task_ids"]

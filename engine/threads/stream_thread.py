@@ -37,6 +37,7 @@ from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.config import StreamsConfig, load_handler
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
+from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext, thread_log
 from engine.metrics import SensorSettings, ThreadSensors
@@ -47,10 +48,9 @@ from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.state.task_state import StateSettings
 from engine.tasks.assignor import AssignorError, StreamsAssignor
+from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
-from engine.tasks.task_id import TaskId
-from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.timeouts import StartupDeadline, TaskTimer
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology

@@ -22,9 +22,9 @@ from engine.processors.builtin import (
     PeekNode,
     SelectKeyNode,
 )
+from engine.processors.nodes import Node, Partitioner
 from engine.serdes import Serde, as_serde
 from engine.state.stores import Materialized, StoreBuilder
-from engine.topology.nodes import Node, Partitioner
 from engine.topology.tables import (
     KGroupedStream,
     KTable,
@@ -45,6 +45,17 @@ class StreamsBuilder:
         name = given if given is not None else f"{prefix}-{self._index:010d}"
         self._index += 1
         return name
+
+    # The table side of the DSL (engine.topology.tables) makes streams through these two, so
+    # that it needs no import of this module (which imports it).
+    def _stream_at(self, node: str, key_changed: bool = False, key_serde: Serde | None = None,
+                   value_serde: Serde | None = None, key_kind: str | None = None) -> KStream:
+        """A stream of the records that leave ``node``."""
+        return KStream(self, node, key_changed, key_serde, value_serde, key_kind=key_kind)
+
+    def _add_pass_through(self, node: str, parent: str) -> None:
+        """A node that forwards what ``parent`` forwards, unchanged."""
+        self._topology.add_node(node, _pass_through(node), parent)
 
     def stream(
         self,

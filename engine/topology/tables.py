@@ -149,12 +149,10 @@ class KTable:
 
     def to_stream(self, *, name: str | None = None) -> KStream:
         """The table's updates as a stream (coalesced per key while the record cache holds them)."""
-        from engine.topology.builder import KStream, _pass_through
-
         node = self._builder._name(name, "KTABLE-TOSTREAM")
-        self._builder._topology.add_node(node, _pass_through(node), self._node)
-        return KStream(self._builder, node, key_serde=self._key_serde, value_serde=self._value_serde,
-                       key_kind=self._key_kind)
+        self._builder._add_pass_through(node, self._node)
+        return self._builder._stream_at(node, key_serde=self._key_serde, value_serde=self._value_serde,
+                                        key_kind=self._key_kind)
 
 
 def table_source(builder: StreamsBuilder, source: str, materialized: Materialized | str | None,
@@ -173,8 +171,6 @@ def table_source(builder: StreamsBuilder, source: str, materialized: Materialize
 
 def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any], Any], left: bool,
                       name: str | None) -> KStream:
-    from engine.topology.builder import KStream
-
     _sync(joiner, "join()")
     if not isinstance(table, KTable):
         raise TopologyError(f"join() needs a KTable, got {table!r}")
@@ -188,7 +184,7 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
     store = table.queryable_store_name
     builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left), stream._node,
                                     stores=[store])
-    return KStream(builder, node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
+    return builder._stream_at(node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
 
 
 def store_name_from(materialized: Materialized | str | None) -> str | None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import MissingSerdeError, TopologyError
 from engine.processors.api import ProcessorSupplier
 from engine.processors.context import NodeContext, TaskContext
+from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
-from engine.topology.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector

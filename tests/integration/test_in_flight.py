@@ -15,7 +15,7 @@ from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams
-from engine.tasks.in_flight import decode_completed
+from engine.completed_offsets import decode_completed
 from tests.support.cluster import Cluster, committed_offset, committed_position
 
 pytestmark = pytest.mark.asyncio

@@ -16,9 +16,9 @@ from aiokafka.partitioner import murmur2
 
 from engine.collector import RecordCollector
 from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
+from engine.processors.nodes import SinkNode
 from engine.records import Headers, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, StringSerde
-from engine.topology.nodes import SinkNode
 
 STR, INT, JSON, BYTES = StringSerde(), IntegerSerde(), JsonSerde(), BytesSerde()
 SINK = "KSTREAM-SINK-0000000002"

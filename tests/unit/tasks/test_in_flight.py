@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from engine.config import StreamsConfig
 from engine.errors import ConfigError
-from engine.tasks.in_flight import METADATA_MAX_BYTES, decode_completed, encode_completed
+from engine.completed_offsets import METADATA_MAX_BYTES, decode_completed, encode_completed
 
 BASE = {"application.id": "a", "bootstrap.servers": "memory://"}
 

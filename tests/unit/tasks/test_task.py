@@ -23,13 +23,13 @@ from engine.lifecycle import IllegalTransitionError
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor, ProcessorContext, PunctuationType
 from engine.processors.context import TaskContext
+from engine.processors.nodes import SinkNode
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
-from engine.topology.nodes import SinkNode
 from engine.topology.topology import Topology
 from engine.transport.base import OffsetAndMetadata
 

@@ -9,10 +9,10 @@ import pytest
 
 from engine.errors import TopologyError
 from engine.processors.api import BaseProcessor
+from engine.processors.nodes import Node
 from engine.records import Record
 from engine.serdes import StringSerde
 from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.nodes import Node
 from engine.topology.topology import Topology, check_copartitioning
 
 

@@ -13,14 +13,19 @@ from __future__ import annotations
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.processors.api import Processor
 from engine.records import Record
 from engine.serdes import Serde
 
-if TYPE_CHECKING:
-    from engine.collector import RecordCollector
+
+class Collector(Protocol):
+    """What a sink hands its records to (``engine.collector.RecordCollector``, or a task's
+    wrapper of it). A protocol, so that the collector, which reads a sink's serdes, and the
+    sink need not import each other."""
+
+    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None: ...
 
 Partitioner = Callable[[str, Any, Any, int], "int | None"]
 
@@ -28,7 +33,7 @@ Partitioner = Callable[[str, Any, Any, int], "int | None"]
 class Node:
     """A vertex of the graph; ``process`` returns None or an awaitable to finish later."""
 
-    __slots__ = ("name", "children", "forwarder")
+    __slots__ = ("children", "forwarder", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -53,7 +58,7 @@ class Forwarder:
     names the node that ran last, for error reports.
     """
 
-    __slots__ = ("pending", "node")
+    __slots__ = ("node", "pending")
 
     def __init__(self) -> None:
         self.pending: deque[Any] = deque()
@@ -135,7 +140,7 @@ def _close_all(queue: deque[Any]) -> None:
 
 
 class SourceNode(Node):
-    __slots__ = ("topics", "key_serde", "value_serde")
+    __slots__ = ("key_serde", "topics", "value_serde")
 
     def __init__(self, name: str, topics: Sequence[str], key_serde: Serde, value_serde: Serde) -> None:
         super().__init__(name)
@@ -177,7 +182,7 @@ class SinkNode(Node):
     so that a serialization error can say how to fix it.
     """
 
-    __slots__ = ("topic", "key_serde", "value_serde", "partitioner", "collector", "origins", "serde_call")
+    __slots__ = ("collector", "key_serde", "origins", "partitioner", "serde_call", "topic", "value_serde")
 
     def __init__(
         self,
@@ -192,7 +197,7 @@ class SinkNode(Node):
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.partitioner = partitioner
-        self.collector: RecordCollector | None = None
+        self.collector: Collector | None = None
         self.origins = ("sink", "sink")
         self.serde_call: str | None = "add_sink()"
 

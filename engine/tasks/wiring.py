@@ -1,0 +1,105 @@
+"""The task machinery of a stream thread, built from the config: the ``TaskManager`` and
+what it is given (error handling, task timers, default serdes, state settings).
+
+Two callers build it: the stream thread over Kafka clients, and the test driver (a stream
+thread without its poll loop) over its in-memory topic logs. They build it here, in one
+place, so that what the driver tests is what a client runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine import config as cfg
+from engine.config import StreamsConfig, load_handler
+from engine.serdes import BytesSerde, Serde, as_serde
+from engine.state.task_state import StateSettings
+
+from .error_handling import ErrorHandling
+from .manager import TaskManager
+from .timeouts import TaskTimer
+
+if TYPE_CHECKING:
+    from engine.collector import RecordCollector
+    from engine.commit import Committer
+    from engine.ids import TaskId
+    from engine.logcontext import LogContext
+    from engine.spark.session import SparkSessions
+    from engine.state.cache import ThreadCache
+    from engine.state.restore import StateRestoreListener
+    from engine.topology.topology import Topology
+    from engine.transport.base import Consumer
+
+    from .manager import ExactlyOnce
+    from .task import StreamTask
+
+
+def default_serde(config: StreamsConfig, key: str) -> Serde:
+    """``default.key.serde`` or ``default.value.serde``: bytes when not set."""
+    value = config[key]
+    return BytesSerde() if value is None else as_serde(value, key)
+
+
+def error_handling(config: StreamsConfig, collector: RecordCollector) -> ErrorHandling:
+    """The configured deserialization and processing exception handlers, and the dead-letter topic."""
+    return ErrorHandling(
+        load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
+        load_handler(config, cfg.PROCESSING_EXCEPTION_HANDLER),
+        config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
+        collector,
+    )
+
+
+def task_timers(config: StreamsConfig, monotonic_ms: Callable[[], int]) -> Callable[[TaskId, LogContext], TaskTimer]:
+    """Makes each task's ``task.timeout.ms`` timer, with the configured back-off, on ``monotonic_ms``."""
+
+    def timer(task_id: TaskId, logger: LogContext) -> TaskTimer:
+        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                         config[cfg.RETRY_BACKOFF_MAX_MS], monotonic_ms, logger)
+
+    return timer
+
+
+def state_settings(config: StreamsConfig, state_dir: str, cache: ThreadCache, reader_factory: Callable[[], Any],
+                   restore_listener: StateRestoreListener | None = None) -> StateSettings:
+    """Where the tasks' stores live and how they restore (``reader_factory``: a groupless reader)."""
+    return StateSettings(state_dir, config[cfg.DEFAULT_DSL_STORE] == "rocksDB", cache, reader_factory,
+                         restore_listener)
+
+
+def task_manager(
+    config: StreamsConfig,
+    topology: Topology,
+    consumer: Consumer,
+    collector: RecordCollector,
+    committer: Committer,
+    *,
+    spawn: Callable[[StreamTask], None],
+    logger: LogContext,
+    clock_ms: Callable[[], int],
+    monotonic_ms: Callable[[], int],
+    errors: ErrorHandling,
+    state: StateSettings,
+    one_record_at_a_time: bool = False,
+    on_tasks_changed: Callable[[], None] = lambda: None,
+    spark: SparkSessions | None = None,
+    exactly_once: ExactlyOnce | None = None,
+) -> TaskManager:
+    """The thread's ``TaskManager``. ``one_record_at_a_time`` (the test driver): no records in
+    flight, whatever ``num.threads.per.task`` and ``processing.ordering`` say."""
+    return TaskManager(
+        config[cfg.APPLICATION_ID], topology, consumer, collector, committer, spawn, logger, clock_ms,
+        default_serde(config, cfg.DEFAULT_KEY_SERDE), default_serde(config, cfg.DEFAULT_VALUE_SERDE),
+        config[cfg.BUFFERED_RECORDS_PER_PARTITION],
+        timer_factory=task_timers(config, monotonic_ms),
+        monotonic_ms=monotonic_ms,
+        errors=errors,
+        on_tasks_changed=on_tasks_changed,
+        threads_per_task=1 if one_record_at_a_time else config[cfg.NUM_THREADS_PER_TASK],
+        ordering="partition" if one_record_at_a_time else config[cfg.PROCESSING_ORDERING],
+        state=state,
+        config=None if one_record_at_a_time else config,
+        spark=spark,
+        exactly_once=exactly_once,
+    )

@@ -1,0 +1,76 @@
+"""How the test driver runs a call: to completion, on its own virtual-time loop, within a budget.
+
+Each driver call runs a coroutine on the driver's ``VirtualTimeLoop``, so a back-off or a
+``task.timeout.ms`` deadline takes no real time. A call that does not finish within
+``task.timeout.ms + max.poll.interval.ms`` of that time fails with ``DriverTimeoutError``,
+naming the task (and its processor and record) that was running when time ran out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from engine.errors import IllegalStateError
+from engine.testing.driver_errors import DriverTimeoutError
+from engine.testing.virtual_time import VirtualTimeLoop
+
+if TYPE_CHECKING:
+    from engine.tasks.task import StreamTask
+
+T = TypeVar("T")
+
+
+class DriverLoop:
+    def __init__(self, budget_ms: int) -> None:
+        self.loop = VirtualTimeLoop()
+        self.budget_ms = budget_ms
+        # The task the driver is running now: the one to name if the call never finishes.
+        self.current: StreamTask | None = None
+
+    @staticmethod
+    def refuse_running_loop() -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        raise IllegalStateError(
+            "TopologyTestDriver calls run the driver's own event loop and cannot be made from a "
+            "coroutine on a running loop; call them from a plain test function, or from a worker "
+            "thread (await anyio.to_thread.run_sync(driver.pipe_input, ...))")
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self.refuse_running_loop()
+        except IllegalStateError:
+            coro.close()
+            raise
+        return self.loop.run_until_complete(self._bounded(coro))
+
+    def close(self) -> None:
+        self.loop.close()
+
+    async def _bounded(self, work: Awaitable[T]) -> T:
+        budget_s = self.budget_ms / 1000.0
+        scope = asyncio.timeout(budget_s)
+        self.loop.deadline = self.loop.time() + budget_s
+        try:
+            async with scope:
+                return await work
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise self._stuck() from None
+        finally:
+            self.current = None
+            self.loop.deadline = None
+
+    def _stuck(self) -> DriverTimeoutError:
+        task = self.current
+        if task is None:
+            return DriverTimeoutError(None, "<unknown>", None, None, None, self.budget_ms)
+        ctx = task.context
+        node = ctx.forwarder.node
+        return DriverTimeoutError(task.id, node.name if node is not None else "<unknown>", ctx.topic,
+                                  ctx.partition, ctx.offset, self.budget_ms)
