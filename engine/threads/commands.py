@@ -67,7 +67,7 @@ class CommandChannel:
         async def run() -> None:
             try:
                 future.set_result(await fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            except BaseException as exc:  # handed to the waiter
                 future.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise  # cancellation (the loop is stopping) goes on up

@@ -271,7 +271,7 @@ class ThreadLoop:
                         committed = await consumer.committed(tp)
                         if committed is not None:
                             task.group_committed[tp] = committed.offset
-        except Exception as exc:  # noqa: BLE001 - a metric must never fail the thread
+        except Exception as exc:  # a metric must never fail the thread
             self._log.debug("Could not read end offsets for the lag metric: %r", exc)
             return
         self._thread.view.log_ends = ends
@@ -304,7 +304,7 @@ class ThreadLoop:
                 await old.close()
             if scope.cancelled_caught:
                 self._log.warning("Closing the failed producer did not finish within request.timeout.ms")
-        except Exception:  # noqa: BLE001 - the old producer failed already; its close may too
+        except Exception:  # the old producer failed already; its close may too
             self._log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
 
     def _spawn(self, group: anyio.abc.TaskGroup, task: StreamTask) -> None:
@@ -337,7 +337,7 @@ class ThreadLoop:
                and clock.monotonic_ms() < deadline):
             try:
                 await consumer.poll(100, 1)
-            except Exception as exc:  # noqa: BLE001 - the request is best effort on a dying thread
+            except Exception as exc:  # the request is best effort on a dying thread
                 self._log.warning("Could not carry the shutdown request: %r", exc)
                 return
 
@@ -349,7 +349,7 @@ class ThreadLoop:
         if manager is not None:
             try:
                 await manager.shutdown(clean=clean, timeout=timeout)
-            except Exception:  # noqa: BLE001 - closing must go on
+            except Exception:  # closing must go on
                 self._log.exception("Failed to close the tasks cleanly")
         self._thread.view.clear_tasks()
         interrupted: BaseException | None = None
@@ -361,9 +361,9 @@ class ThreadLoop:
                     await consumer.close(leave_group=self._thread.leave_group)
                 else:
                     await client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self._log.exception("Failed to close %s", type(client).__name__)
-            except BaseException as exc:  # noqa: BLE001 - close the other clients first, then re-raise
+            except BaseException as exc:  # close the other clients first, then re-raise
                 # aiokafka's consumer stop can end in a CancelledError of its own tasks after an outage.
                 self._log.warning("Closing %s was interrupted: %r", type(client).__name__, exc)
                 interrupted = interrupted or exc

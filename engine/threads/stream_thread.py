@@ -9,6 +9,7 @@ about it (metadata, counters, lags) is ``engine.threads.view.ThreadView``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -124,10 +125,9 @@ class StreamThread:
         # The state is the request: the loop stops once it sees PENDING_SHUTDOWN (a thread removed
         # by the client is there already). The wake only cuts a poll in progress short.
         self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
-        try:
+        # Rejected when not looping yet, or already past the loop: it sees the state.
+        with contextlib.suppress(CommandRejected):
             self.commands.submit(self._loop.wake)
-        except CommandRejected:
-            pass  # not looping yet, or already past the loop: it sees the state
 
     def request_application_shutdown(self) -> None:
         """Carry a SHUTDOWN_APPLICATION request to the group leader (KIP-671).
@@ -136,10 +136,8 @@ class StreamThread:
         leader see it and answer every member of every instance with the error.
         """
         self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
-        try:
+        with contextlib.suppress(CommandRejected):  # not running yet: its first join carries the flag
             self.commands.submit(self._loop.rejoin)
-        except CommandRejected:
-            pass  # its first join carries the flag
 
     def can_carry_shutdown_request(self) -> bool:
         """Whether this (failing) thread's consumer is in the group and its loop still runs."""
@@ -151,10 +149,8 @@ class StreamThread:
 
     def rejoin(self) -> None:
         """Make this thread rejoin its group soon (from any thread; never waits)."""
-        try:
+        with contextlib.suppress(CommandRejected):  # not polling yet (it joins anyway) or stopped
             self.commands.submit(self._loop.rejoin)
-        except CommandRejected:
-            pass  # not polling yet (it joins anyway) or stopped
 
     def resume_task(self, task_id: TaskId, skip: bool) -> bool:
         """Resume a PAUSED task of this thread (loop-safe). From this thread's own loop the
@@ -223,7 +219,7 @@ class StreamThread:
     def _main(self) -> None:
         try:
             anyio.run(self._run, backend="asyncio")
-        except BaseException as exc:  # noqa: BLE001 - every death is reported to the client
+        except BaseException as exc:  # every death is reported to the client
             if self.error is None:
                 self.error = exc  # the loop itself broke (``_run`` unwraps what the body raised)
         if self.error is not None and not self._failure_reported:
@@ -252,5 +248,5 @@ class StreamThread:
         self.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
         try:
             self._on_failure(self, error)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             self.log.exception("The failure handler raised")
