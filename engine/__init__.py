@@ -1,4 +1,4 @@
-"""streamloop: Kafka Streams semantics for Python, on asyncio.
+"""streamloop: Kafka Streams semantics for Python, on anyio (its asyncio backend).
 
 The public API, re-exported by name.
 """
@@ -21,10 +21,10 @@ from engine.errors import (
     ProcessingError,
     ProduceError,
     SerializationError,
+    StartupTimeoutError,
     StateDirectoryError,
     StateStoreError,
     StreamsError,
-    StartupTimeoutError,
     StreamsTimeoutError,
     TaskError,
     TopologyError,
@@ -33,8 +33,8 @@ from engine.errors import (
 )
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
-from engine.tasks.task_id import TaskId
 from engine.state import Materialized, Stores, TimeWindows, Windowed
+from engine.tasks.task_id import TaskId
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
@@ -52,10 +52,10 @@ __all__ = [
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
-    "KafkaStreams",
     "KGroupedStream",
     "KStream",
     "KTable",
+    "KafkaStreams",
     "Materialized",
     "Metric",
     "MissingExtraError",
@@ -69,17 +69,17 @@ __all__ = [
     "PunctuationType",
     "Record",
     "SerializationError",
+    "StartupTimeoutError",
     "StateDirectoryError",
     "StateStoreError",
     "Stores",
+    "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",
     "StreamsError",
-    "StartupTimeoutError",
     "StreamsTimeoutError",
-    "StreamThreadState",
-    "TaskError",
     "TaskDetails",
+    "TaskError",
     "TaskId",
     "TaskMetadata",
     "TaskRunState",

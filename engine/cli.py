@@ -105,8 +105,7 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
                 from engine.console.monitor import open_monitor
 
                 # Before start(): a console that cannot listen stops the run before it joins the group.
-                # aiomonitor needs the asyncio loop object itself, not an anyio token.
-                console = open_monitor(streams, asyncio.get_running_loop())
+                console = open_monitor(streams, asyncio.get_running_loop())  # aiomonitor needs the loop object
             await streams.start_async()
             log.info("Started %s (%s)", target, streams.client_id)
             async with anyio.create_task_group() as group:
