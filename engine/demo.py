@@ -56,17 +56,21 @@ DEMO_SPARK = {
 }
 
 
-def start_spark() -> Any:
+def start_spark() -> tuple[Any, bool]:
     """The demo's SparkSession, started before the client (which then uses it) so the progress
-    below is not held up by Spark's start-up."""
+    below is not held up by Spark's start-up; and whether the demo started it (a session already
+    running in the process is only borrowed: its owner stops it)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    # pyspark's one record of the process's running context (no public accessor across threads).
+    borrowed = SparkContext._active_spark_context is not None
     builder = SparkSession.builder.appName("streamloop-demo")
     for key, value in DEMO_SPARK.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    return session
+    return session, not borrowed
 
 
 def totals_per_customer(orders: Any) -> Any:
@@ -134,16 +138,16 @@ async def main_async(count: int, rate: int, threads: int, with_spark: bool = Fal
     build_topology(builder, with_spark)
     topology = builder.build()
     print(topology.describe())
-    session = None
+    session, owned = None, False
     if with_spark:
         print("Starting Spark on local[*] (a few seconds)...")
         started_spark = time.monotonic()
-        session = await anyio.to_thread.run_sync(start_spark)
+        session, owned = await anyio.to_thread.run_sync(start_spark)
         print(f"Spark is up after {time.monotonic() - started_spark:.1f} s\n")
     try:
         return await run_pipeline(bootstrap, topology, count, rate, threads, with_spark)
     finally:
-        if session is not None:
+        if owned and session is not None:
             await anyio.to_thread.run_sync(session.stop)
 
 
