@@ -1,3 +1,5 @@
+# click and aiomonitor ship no type hints: their command decorators are untyped.
+# mypy: disallow-untyped-decorators=False
 """The aiomonitor console of a running client: aiomonitor's commands plus ours.
 
 ``streamloop run --monitor`` opens it on ``monitor.host:monitor.port`` (telnet,
