@@ -1,4 +1,4 @@
-"""streamloop: Kafka Streams semantics for Python, on asyncio.
+"""streamloop: Kafka Streams semantics for Python, on anyio (its asyncio backend).
 
 The public API, re-exported by name.
 """
@@ -52,10 +52,10 @@ __all__ = [
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
-    "KafkaStreams",
     "KGroupedStream",
     "KStream",
     "KTable",
+    "KafkaStreams",
     "Materialized",
     "Metric",
     "MissingExtraError",
@@ -69,17 +69,17 @@ __all__ = [
     "PunctuationType",
     "Record",
     "SerializationError",
+    "StartupTimeoutError",
     "StateDirectoryError",
     "StateStoreError",
     "Stores",
+    "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",
     "StreamsError",
-    "StartupTimeoutError",
     "StreamsTimeoutError",
-    "StreamThreadState",
-    "TaskError",
     "TaskDetails",
+    "TaskError",
     "TaskId",
     "TaskMetadata",
     "TaskRunState",

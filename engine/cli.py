@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
@@ -75,8 +75,8 @@ def run(target: str, close_timeout: float, monitor: bool = False, progress_inter
     streams = load_app(target)
     if monitor:
         # Fail before starting anything when the extra is missing.
-        from engine.console.monitor import open_monitor  # noqa: F401
-    return asyncio.run(_supervise(streams, target, close_timeout, monitor, progress_interval))
+        importlib.import_module("engine.console.monitor")
+    return anyio.run(_supervise, streams, target, close_timeout, monitor, progress_interval, backend="asyncio")
 
 
 async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool,
@@ -86,39 +86,39 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     It waits on the client's state itself rather than through ``set_state_listener``: that is the
     user's one listener (Kafka Streams has one), and the application may have set it already.
     """
-    loop = asyncio.get_running_loop()
     stop = anyio.Event()
 
-    def on_signal(signum: signal.Signals) -> None:
-        log.info("Received %s: closing", signum.name)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+    async def until_signalled(signals: AsyncIterator[signal.Signals]) -> None:
+        async for signum in signals:
+            log.info("Received %s: closing", signum.name)
+            stop.set()
 
     async def until_stopped_by_itself() -> None:
         await streams.wait_for_state_async(ClientState.ERROR, ClientState.NOT_RUNNING, ClientState.PENDING_ERROR)
         stop.set()
 
     console = None
-    try:
-        if monitor:
-            from engine.console.monitor import open_monitor
+    # Watched from before start(): a signal while starting is queued and closes the client once started.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        try:
+            if monitor:
+                from engine.console.monitor import open_monitor
 
-            # Before start(): a console that cannot listen stops the run before it joins the group.
-            console = open_monitor(streams, loop)
-        await streams.start_async()
-        log.info("Started %s (%s)", target, streams.client_id)
-        async with anyio.create_task_group() as group:
-            group.start_soon(until_stopped_by_itself)
-            if progress_interval is not None:
-                group.start_soon(print_progress, streams, sys.stdout, progress_interval)
-            await stop.wait()
-            group.cancel_scope.cancel()
-    finally:
-        if console is not None:
-            console.close()
-        await streams.close_async(timeout=close_timeout)
+                # Before start(): a console that cannot listen stops the run before it joins the group.
+                console = open_monitor(streams, asyncio.get_running_loop())  # aiomonitor needs the loop object
+            await streams.start_async()
+            log.info("Started %s (%s)", target, streams.client_id)
+            async with anyio.create_task_group() as group:
+                group.start_soon(until_signalled, signals)
+                group.start_soon(until_stopped_by_itself)
+                if progress_interval is not None:
+                    group.start_soon(print_progress, streams, sys.stdout, progress_interval)
+                await stop.wait()
+                group.cancel_scope.cancel()
+        finally:
+            if console is not None:
+                console.close()
+            await streams.close_async(timeout=close_timeout)
     final = streams.state
     log.info("Stopped in state %s", final.name)
     return 1 if final is ClientState.ERROR else 0

@@ -1,38 +1,24 @@
-"""``KafkaStreams``: the client. It owns the stream threads and the client state.
+"""``KafkaStreams``: the client, the one object a user holds. Read a record's way from here.
 
-Client states, as in Kafka Streams::
+This module is the facade: configuration checks, start (topics, state directory,
+the optional Prometheus endpoint), close, pause/resume, interactive queries and
+inspection. The client's state machine is ``engine.client_states``; its stream
+threads (add, remove, replace, the uncaught-exception handler) are
+``engine.threads.client_threads.ClientThreads``, the next stage; its metrics are
+gathered by ``engine.client_metrics``.
 
-            +--------------+
-    +<----- | CREATED      |
-    |       +------+-------+
-    |              v
-    |       +--------------+ <-----+
-    +<----- | REBALANCING  |       |
-    |       +------+-------+ ------+
-    |              v ^
-    |       +--------------+
-    +<----- | RUNNING      | ---> PENDING_ERROR ---> ERROR
-    |       +--------------+
-    v
-    PENDING_SHUTDOWN ---> NOT_RUNNING
-
-Every call into a stream thread goes through the thread's command channel or a
-thread-safe flag, never by touching its loop; every call works from a user's
-thread, from a service's event loop (the ``*_async`` forms), and from inside a
-stream thread (a processor or a handler) without deadlock.
+Every call works from a user's thread, from a service's event loop (the
+``*_async`` forms, which never block the loop), and from inside a stream thread
+(a processor or a handler) without deadlock.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import Enum
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +27,8 @@ import anyio.to_thread
 from anyio.from_thread import start_blocking_portal
 
 from engine import config as cfg
+from engine.client_metrics import Metric, client_metrics
+from engine.client_states import CLIENT_TRANSITIONS, ClientState
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import StreamsConfig, load_handler
 from engine.errors import (
@@ -49,7 +37,6 @@ from engine.errors import (
     InvalidStateStoreError,
     MissingSinkTopicError,
     MissingSourceTopicError,
-    StreamsTimeoutError,
 )
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
@@ -62,15 +49,9 @@ from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
-from engine.threads.registry import ThreadRegistry
-from engine.threads.stream_thread import (
-    StreamThread,
-    StreamThreadState,
-    TaskDetails,
-    TaskMetadata,
-    ThreadMetadata,
-)
-from engine.threads.supervisor import ReplacementBackoff, Supervisor
+from engine.threads.client_threads import ClientThreads
+from engine.threads.states import StreamThreadState
+from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
 from engine.topology.topology import Topology
 from engine.transport import open_transport
 from handlers.responses import StreamThreadExceptionResponse
@@ -78,54 +59,9 @@ from handlers.responses import StreamThreadExceptionResponse
 if TYPE_CHECKING:
     from engine.prometheus import PrometheusExporter
 
-
-def _on_running_loop() -> bool:
-    """Whether the caller runs on an event loop (a coroutine's or a plain processor's code)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-class ClientState(Enum):
-    CREATED = "CREATED"
-    REBALANCING = "REBALANCING"
-    RUNNING = "RUNNING"
-    PENDING_SHUTDOWN = "PENDING_SHUTDOWN"
-    NOT_RUNNING = "NOT_RUNNING"
-    PENDING_ERROR = "PENDING_ERROR"
-    ERROR = "ERROR"
-
-    def is_running_or_rebalancing(self) -> bool:
-        return self in (ClientState.RUNNING, ClientState.REBALANCING)
-
-
-_C = ClientState
-CLIENT_TRANSITIONS: dict[ClientState, frozenset[ClientState]] = {
-    _C.CREATED: frozenset({_C.REBALANCING, _C.PENDING_SHUTDOWN}),
-    _C.REBALANCING: frozenset({_C.RUNNING, _C.PENDING_SHUTDOWN, _C.PENDING_ERROR}),
-    _C.RUNNING: frozenset({_C.REBALANCING, _C.PENDING_SHUTDOWN, _C.PENDING_ERROR}),
-    _C.PENDING_SHUTDOWN: frozenset({_C.NOT_RUNNING}),
-    _C.NOT_RUNNING: frozenset(),
-    _C.PENDING_ERROR: frozenset({_C.ERROR}),
-    _C.ERROR: frozenset(),
-}
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric in Kafka's shape."""
-
-    group: str
-    name: str
-    tags: Mapping[str, str]
-    value: float
-
+__all__ = ["CLIENT_TRANSITIONS", "ClientState", "KafkaStreams", "Metric", "StateListener"]
 
 StateListener = Callable[[ClientState, ClientState], None]
-
-_BACKOFF_CAP_S = 30.0
 
 
 class KafkaStreams:
@@ -151,7 +87,6 @@ class KafkaStreams:
             if topology.store_builder(name).is_persistent(default_persistent):
                 require_rocksdict(name)  # now, not at the first task's start on a stream thread
         self.topology = topology
-        self._restore_listener: StateRestoreListener | None = None
         self._cleaner: StateDirCleaner | None = None
         self._state_lock: StateDirectoryLock | None = None
         self._clock = clock
@@ -163,19 +98,12 @@ class KafkaStreams:
         self._spark = SparkSessions(self.config, self.config[cfg.APPLICATION_ID])
         self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
                                    CLIENT_TRANSITIONS, self.log)
-        self._threads = ThreadRegistry()
+        self._threads = ClientThreads(
+            config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
+            transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,
+            close_to_error=self._close_to_error)
         self._user_listener: StateListener | None = None
-        self._closing = threading.Event()
         self._shutdown_thread: threading.Thread | None = None
-        self._supervisor = Supervisor(
-            handler=None,
-            replace=self._replace_thread,
-            shutdown_thread=self._on_thread_shut_down_by_handler,
-            shutdown_client=self._close_to_error,
-            shutdown_application=self._request_application_shutdown,
-            closing=self._closing,
-            backoff=ReplacementBackoff(self.config.seconds(cfg.RETRY_BACKOFF_MS) or 0.1, _BACKOFF_CAP_S),
-        )
         self._state.add_listener(self._notify_user)
         self._state.add_listener(self._stop_cleaner_when_done)
         self.prometheus: PrometheusExporter | None = None
@@ -195,14 +123,14 @@ class KafkaStreams:
         if listener is not None:
             try:
                 listener(new, old)
-            except Exception:  # noqa: BLE001 - a user listener must not break a transition
+            except Exception:  # a user listener must not break a transition
                 self.log.exception("The state listener raised")
 
     def wait_for_state(self, *states: ClientState, timeout: float | None = None) -> bool:
         """Block until the client is in one of ``states``; False when ``timeout`` passes first."""
         return self._state.wait_for(states, timeout)
 
-    async def wait_for_state_async(self, *states: ClientState, timeout: float | None = None) -> bool:
+    async def wait_for_state_async(self, *states: ClientState, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - mirrors the blocking form
         return await self._state.wait_for_async(states, timeout)
 
     def set_global_state_restore_listener(self, listener: StateRestoreListener | None) -> None:
@@ -210,7 +138,7 @@ class KafkaStreams:
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(
                 f"The restore listener can only be set in state CREATED, not {self.state.name}")
-        self._restore_listener = listener
+        self._threads.restore_listener = listener
 
     # -- interactive queries -------------------------------------------------------------
     def store(self, name: str) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
@@ -232,7 +160,7 @@ class KafkaStreams:
 
     @property
     def _app_state_dir(self) -> str:
-        return os.path.join(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
+        return os.path.join(str(self.config[cfg.STATE_DIR]), str(self.config[cfg.APPLICATION_ID]))
 
     def _owned_task_dirs(self) -> set[str] | None:
         threads = [t for t in self._threads.snapshot() if t.is_alive]
@@ -257,7 +185,7 @@ class KafkaStreams:
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(
                 f"The uncaught exception handler can only be set in state CREATED, not {self.state.name}")
-        self._supervisor.handler = handler
+        self._threads.supervisor.handler = handler
 
     # -- start ---------------------------------------------------------------------
     def start(self) -> None:
@@ -282,22 +210,14 @@ class KafkaStreams:
                 self._state_lock.release()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
-        # Create every thread before starting any, so the client cannot look RUNNING with only the first.
-        threads = [self._create_thread() for _ in range(self.config[cfg.NUM_STREAM_THREADS])]
-        with self._state.lock:
-            if self.state is not ClientState.REBALANCING:
-                # Closed meanwhile (a state listener or another thread called close()).
-                for thread in threads:
-                    self._threads.remove(thread)
-                return
-            for thread in threads:
-                thread.start()
+        if not self._threads.start_all(self.config[cfg.NUM_STREAM_THREADS]):
+            return
         if self.topology.store_names:
             self._cleaner = StateDirCleaner(self._app_state_dir, self.config[cfg.STATE_CLEANUP_DELAY_MS],
                                             self._owned_task_dirs)
             self._cleaner.start(f"{self.client_id}-CleanupThread")
-        self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-        self._maybe_set_running()
+        self._threads.resize_caches()
+        self._threads.maybe_set_running()
 
     def _start_prometheus(self) -> None:
         port = self.config[cfg.METRICS_PROMETHEUS_PORT]
@@ -352,59 +272,13 @@ class KafkaStreams:
         if missing:
             raise MissingSinkTopicError(missing)
 
-    def _create_thread(self, at_runtime: bool = False) -> StreamThread:
-        with self._threads.lock:
-            thread = StreamThread(
-                index=self._threads.next_index(),
-                client_id=self.client_id,
-                process_id=self.process_id,
-                config=self.config,
-                topology=self.topology,
-                transport=self._transport,
-                cache_size=0,
-                on_state_change=self._on_thread_state,
-                on_failure=self._on_thread_failure,
-                on_shutdown_requested=lambda _thread: self._close_to_error(),
-                clock=self._clock,
-                restore_listener=self._restore_listener,
-                spark=self._spark,
-                on_first_join=self._rejoin_others if at_runtime else None,
-            )
-            self._threads.add(thread)
-        return thread
-
     # -- threads at runtime (KIP-663) -------------------------------------------------
     def add_stream_thread(self) -> str | None:
         """Start one more stream thread and return its name.
 
         Threads can only be added in RUNNING or REBALANCING; returns None otherwise.
         """
-        with self._threads.lock:
-            if not self.state.is_running_or_rebalancing():
-                self.log.warning("Cannot add a stream thread in state %s", self.state.name)
-                return None
-            thread = self._create_thread(at_runtime=True)
-            share = self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-            self.log.info("Adding %s; %d live threads, cache size per thread %d",
-                          thread.name, len(self._threads.alive()), share)
-        with self._state.lock:
-            # close() changes the state under this lock before it lists the threads
-            # to shut down, so a thread started here is always on that list.
-            if self.state.is_running_or_rebalancing():
-                thread.start()
-                return thread.name
-        # The client stopped meanwhile: take the thread back out.
-        self._threads.remove(thread)
-        self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-        return None
-
-    def _rejoin_others(self, joining: StreamThread) -> None:
-        """A thread added at runtime is about to join: the others rejoin now, so the rebalance
-        that gives it tasks completes at once instead of at their next heartbeat
-        (``heartbeat.interval.ms``, when the coordinator tells them)."""
-        for thread in self._threads.alive():
-            if thread is not joining and thread.state.state is not StreamThreadState.CREATED:
-                thread.rejoin()
+        return self._threads.add()
 
     async def add_stream_thread_async(self) -> str | None:
         return await anyio.to_thread.run_sync(self.add_stream_thread)
@@ -422,132 +296,17 @@ class KafkaStreams:
         ``timeout`` seconds: the call never waits longer, whatever the thread is doing
         (a long record, a loop blocked on the client); the thread goes on shutting down.
         """
-        if not self.state.is_running_or_rebalancing():
-            self.log.warning("Cannot remove a stream thread in state %s", self.state.name)
-            return None
-        started = time.monotonic()
-        current = self._threads.current()
-        # The choice is the victim's own state machine: moving it to PENDING_SHUTDOWN claims it,
-        # so two removals never pick the same thread, and no registry lock is held while the
-        # victim's loop is reached (that loop may be waiting for the registry itself).
-        started_threads = [t for t in self._threads.alive() if t.state.state is not StreamThreadState.CREATED]
-        candidates = [t for t in started_threads if t is not current] + [t for t in started_threads if t is current]
-        victim = next((t for t in candidates if t.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)),
-                      None)
-        if victim is None:
-            return None
-        victim.shutdown(leave_group=True)  # never waits for the victim's loop
-        self.log.info("Removing %s; cache size per thread %d", victim.name,
-                      self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING]))
-        if victim is current:
-            return victim.name  # waiting for ourselves would deadlock
-        if current is not None and _on_running_loop():
-            # Waiting would block this stream thread's loop, and the victim may only be
-            # able to leave once this thread has rejoined a rebalance in progress (its
-            # consumer's close waits for its JoinGroup): it would hang until this thread
-            # is evicted from the group.
-            return victim.name
-        remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        if not victim.join(remaining):
-            raise StreamsTimeoutError(
-                f"Thread {victim.name} was asked to shut down and is still shutting down after {timeout} s "
-                "(it finishes its current records, commits and leaves the group in the background; its "
-                "cache share already went to the other threads, and its index is free once it is DEAD)")
-        self._threads.remove(victim)
-        return victim.name
+        return self._threads.remove(timeout)
 
-    async def remove_stream_thread_async(self, timeout: float | None = None) -> str | None:
+    async def remove_stream_thread_async(self, timeout: float | None = None) -> str | None:  # noqa: ASYNC109 - mirrors the blocking form
         return await anyio.to_thread.run_sync(self.remove_stream_thread, timeout)
-
-    # -- thread callbacks (run on stream threads) ---------------------------------------
-    def _on_thread_state(self, thread: StreamThread, old: StreamThreadState, new: StreamThreadState) -> None:
-        if new in (StreamThreadState.PARTITIONS_REVOKED, StreamThreadState.PARTITIONS_ASSIGNED):
-            if self.state is ClientState.RUNNING:
-                self._state.maybe_transition_to(ClientState.REBALANCING)
-        elif new in (StreamThreadState.RUNNING, StreamThreadState.DEAD, StreamThreadState.PENDING_SHUTDOWN):
-            if new is StreamThreadState.DEAD:
-                self._threads.remove(thread)
-            elif new is StreamThreadState.PENDING_SHUTDOWN and not self._closing.is_set():
-                # A thread on its way out (removed, or failed whatever the handler answers)
-                # gives its cache share to the alive ones: they always split the total.
-                self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-            self._maybe_set_running()
-
-    def _maybe_set_running(self) -> None:
-        """RUNNING once every thread runs or is dead (a thread shutting down is fine if another runs)."""
-        with self._state.lock:
-            if self.state is not ClientState.REBALANCING:
-                return
-            states = [t.state.state for t in self._threads.snapshot()]
-            running = StreamThreadState.RUNNING
-            some_running = running in states
-            for state in states:
-                if state is StreamThreadState.DEAD or state is running:
-                    continue
-                if state is StreamThreadState.PENDING_SHUTDOWN and some_running:
-                    continue
-                if state is StreamThreadState.PENDING_SHUTDOWN and not any(
-                        s.is_alive() for s in states):
-                    continue
-                return
-            self._state.transition_to(ClientState.RUNNING)
-
-    def _on_thread_failure(self, thread: StreamThread, exc: BaseException) -> None:
-        with self._threads.lock:
-            self._threads.failed_threads += 1
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._closing.is_set():
-            return
-        self._supervisor.on_failure(thread, exc)
-
-    def _replace_thread(self, failed: StreamThread) -> str | None:
-        return self.add_stream_thread()
-
-    def _on_thread_shut_down_by_handler(self, thread: StreamThread) -> None:
-        if not any(t.is_alive for t in self._threads.snapshot() if t is not thread):
-            self.log.error("All stream threads have died. The instance will be in error state")
-            self._close_to_error()
-
-    def _request_application_shutdown(self, thread: StreamThread) -> None:
-        """Ask every instance to shut down through the group protocol (the assignor's error code).
-
-        Someone has to rejoin to carry the request: with no other live thread, add one.
-        """
-        carriers = [t for t in self._threads.alive() if t is not thread]
-        if not carriers and thread.can_carry_shutdown_request():
-            # The failing thread is still a member: it rejoins with the request itself before it
-            # leaves, so no rebalance can hand its task to another instance in between.
-            thread.carry_shutdown_request_on_exit()
-            return
-        if not carriers:
-            # As add_stream_thread, but flagged before it starts: a first join without the
-            # request could win an ordinary assignment, the failed task included.
-            with self._threads.lock:
-                carrier = self._create_thread() if self.state.is_running_or_rebalancing() else None
-                if carrier is not None:
-                    carrier.request_application_shutdown()
-                    self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-                    self.log.info("Adding %s to carry the application shutdown request", carrier.name)
-            if carrier is not None and self.state.is_running_or_rebalancing():
-                carrier.start()
-                return
-            if carrier is not None:
-                self._threads.remove(carrier)
-                self._threads.resize_caches(self.config[cfg.CACHE_MAX_BYTES_BUFFERING])
-        if not carriers:
-            self.log.error("No stream thread can carry the application shutdown request; shutting down this client")
-            self._close_to_error()
-            return
-        for carrier in carriers:
-            carrier.request_application_shutdown()
 
     # -- close -----------------------------------------------------------------------
     def _begin_shutdown(self, target: ClientState) -> bool:
         """Start shutting every thread down on a helper thread; False if already closing."""
         pending = ClientState.PENDING_ERROR if target is ClientState.ERROR else ClientState.PENDING_SHUTDOWN
-        with self._state.lock:
-            if not self._state.maybe_transition_to(pending):
-                return False
-            self._closing.set()
+        if not self._state.maybe_transition_to(pending):
+            return False
 
         # A handler-caused shutdown is bounded by error.shutdown.timeout.ms.
         limit = self.config.seconds(cfg.ERROR_SHUTDOWN_TIMEOUT_MS) if target is ClientState.ERROR else None
@@ -558,15 +317,7 @@ class KafkaStreams:
         leave_group = not self.config[cfg.GROUP_INSTANCE_ID]
 
         def shut_down() -> None:
-            deadline = None if limit is None else time.monotonic() + limit
-            threads = self._threads.snapshot()
-            for thread in threads:
-                thread.shutdown(leave_group=leave_group)
-            for thread in threads:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not thread.join(remaining) and not thread.is_current:
-                    self.log.warning("%s did not stop within error.shutdown.timeout.ms", thread.name)
-            self._threads.trim_dead()
+            self._threads.shut_down_all(leave_group, limit)
             self._stop_prometheus()
             # After the threads: a batch still running on a thread that did not stop in time
             # is cut off here, and its records were not committed.
@@ -581,7 +332,7 @@ class KafkaStreams:
     def _stop_spark(self) -> None:
         try:
             self._spark.stop()
-        except Exception:  # noqa: BLE001 - closing goes on
+        except Exception:  # closing goes on
             self.log.exception("Failed to stop the SparkSession")
 
     def _close_to_error(self) -> None:
@@ -606,7 +357,7 @@ class KafkaStreams:
             self.log.warning("Streams did not shut down within %s s", timeout)
         return done
 
-    async def close_async(self, timeout: float | None = None) -> bool:
+    async def close_async(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - mirrors the blocking form
         return await anyio.to_thread.run_sync(self.close, timeout)
 
     async def __aenter__(self) -> KafkaStreams:
@@ -637,10 +388,7 @@ class KafkaStreams:
         """
         if isinstance(task_id, str):
             task_id = TaskId.parse(task_id)
-        for thread in self._threads.snapshot():
-            if thread.is_alive and thread.resume_task(task_id, skip):
-                return True
-        return False
+        return any(thread.is_alive and thread.resume_task(task_id, skip) for thread in self._threads.snapshot())
 
     async def resume_async(self, task_id: TaskId | str, skip: bool = False) -> bool:
         return await anyio.to_thread.run_sync(self.resume, task_id, skip)
@@ -663,37 +411,7 @@ class KafkaStreams:
         ``poll-rate``, ``commit-rate`` and the cache share. ``stream-task-metrics``: records
         processed and dropped, ``records-lag``, ``paused``, timeout retries.
         """
-        tags = {"client-id": self.client_id}
-        threads = self._threads.snapshot()
-        result = [
-            Metric("stream-metrics", "alive-stream-threads", tags, float(sum(t.is_alive for t in threads))),
-            Metric("stream-metrics", "failed-stream-threads", tags, float(self._threads.failed_threads)),
-            Metric("stream-metrics", "client-state", {**tags, "state": self.state.name}, 1.0),
-        ]
-        for thread in threads:
-            if thread.state.state is StreamThreadState.DEAD:
-                continue
-            thread_tags = {"thread-id": thread.name}
-            for name, value in thread.counters().items():
-                result.append(Metric("stream-thread-metrics", name, thread_tags, value))
-            for name, value in thread.sensors.values().items():
-                result.append(Metric("stream-thread-metrics", name, thread_tags, value))
-            for task_id, values in thread.task_counters():
-                task_tags = {**thread_tags, "task-id": str(task_id)}
-                for name, value in values.items():
-                    result.append(Metric("stream-task-metrics", name, task_tags, value))
-            result.append(Metric("stream-thread-metrics", "cache-size-bytes", thread_tags,
-                                 float(thread.cache_size)))
-            for task_id, lag in thread.task_lags().items():
-                result.append(Metric("stream-task-metrics", "records-lag", {**thread_tags, "task-id": str(task_id)},
-                                     float(lag)))
-            if thread.errors is not None:
-                result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags,
-                                     float(thread.errors.dropped)))
-                # Pauses so far; how many tasks are paused now is paused-tasks-total (the thread's counters).
-                result.append(Metric("stream-thread-metrics", "pause-total", thread_tags,
-                                     float(thread.errors.paused)))
-        return result
+        return client_metrics(self.client_id, self.state, self._threads.snapshot(), self._threads.failed_threads)
 
     def local_task_details(self) -> list[TaskDetails]:
         """Every active task of this client's threads: state (running/paused/retrying), committed

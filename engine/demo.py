@@ -11,7 +11,6 @@ went in and came out.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import logging
 import random
@@ -19,6 +18,11 @@ import sys
 import time
 from collections import Counter
 from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
 from engine.records import TopicPartition
@@ -52,17 +56,21 @@ DEMO_SPARK = {
 }
 
 
-def start_spark() -> Any:
+def start_spark() -> tuple[Any, bool]:
     """The demo's SparkSession, started before the client (which then uses it) so the progress
-    below is not held up by Spark's start-up."""
+    below is not held up by Spark's start-up; and whether the demo started it (a session already
+    running in the process is only borrowed: its owner stops it)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    # pyspark's one record of the process's running context (no public accessor across threads).
+    borrowed = SparkContext._active_spark_context is not None
     builder = SparkSession.builder.appName("streamloop-demo")
     for key, value in DEMO_SPARK.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    return session
+    return session, not borrowed
 
 
 def totals_per_customer(orders: Any) -> Any:
@@ -72,7 +80,7 @@ def totals_per_customer(orders: Any) -> Any:
     return orders.groupBy("key").agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("total"))
 
 
-async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> list[dict]:
+async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> list[dict[str, Any]]:
     transport = open_transport({"bootstrap.servers": bootstrap})
     admin = transport.admin("demo-admin")
     await admin.start()
@@ -95,13 +103,13 @@ async def produce_orders(bootstrap: str, count: int, rate: int, seed: int) -> li
             # Pace the input so the progress is visible.
             ahead = (i + 1) / rate - (time.monotonic() - started)
             if ahead > 0:
-                await asyncio.sleep(ahead)
+                await anyio.sleep(ahead)
     await producer.flush()
     await producer.close()
     return orders
 
 
-async def read_output(bootstrap: str, topic: str = BIG_ORDERS, partitions: int = 4) -> list:
+async def read_output(bootstrap: str, topic: str = BIG_ORDERS, partitions: int = 4) -> list[Any]:
     transport = open_transport({"bootstrap.servers": bootstrap})
     reader = transport.reader("demo-reader")
     await reader.start()
@@ -110,7 +118,7 @@ async def read_output(bootstrap: str, topic: str = BIG_ORDERS, partitions: int =
     for tp in tps:
         reader.seek(tp, 0)
     ends = await reader.end_offsets(tps)
-    out: list = []
+    out: list[Any] = []
     seen = dict.fromkeys(tps, 0)
     while any(seen[tp] < ends[tp] for tp in tps):
         for tp, records in (await reader.poll(100, 10_000)).items():
@@ -130,24 +138,40 @@ async def main_async(count: int, rate: int, threads: int, with_spark: bool = Fal
     build_topology(builder, with_spark)
     topology = builder.build()
     print(topology.describe())
-    session = None
+    session, owned = None, False
     if with_spark:
         print("Starting Spark on local[*] (a few seconds)...")
         started_spark = time.monotonic()
-        session = await asyncio.to_thread(start_spark)
+        session, owned = await anyio.to_thread.run_sync(start_spark)
         print(f"Spark is up after {time.monotonic() - started_spark:.1f} s\n")
     try:
         return await run_pipeline(bootstrap, topology, count, rate, threads, with_spark)
     finally:
-        if session is not None:
-            await asyncio.to_thread(session.stop)
+        if owned and session is not None:
+            await anyio.to_thread.run_sync(session.stop)
 
 
 async def run_pipeline(bootstrap: str, topology: Any, count: int, rate: int, threads: int, with_spark: bool) -> int:
-    producing = asyncio.create_task(produce_orders(bootstrap, count, rate, seed=42))
-    await asyncio.sleep(0)
-    while not producing.done() and "orders" not in await _topics(bootstrap):
-        await asyncio.sleep(0.01)
+    async with anyio.create_task_group() as group:
+        result = await _run_pipeline(group, bootstrap, topology, count, rate, threads, with_spark)
+        group.cancel_scope.cancel()  # the producer, should the client have failed before the input was in
+    return result
+
+
+async def _run_pipeline(group: anyio.abc.TaskGroup, bootstrap: str, topology: Any, count: int, rate: int,
+                        threads: int, with_spark: bool) -> int:
+    """The orders are produced in ``group`` while the client runs; returns once all are out."""
+    orders: list[dict[str, Any]] = []
+    produced = anyio.Event()
+
+    async def produce() -> None:
+        orders.extend(await produce_orders(bootstrap, count, rate, seed=42))
+        produced.set()
+
+    group.start_soon(produce)
+    await anyio.lowlevel.checkpoint()  # let the producer create the topics first
+    while not produced.is_set() and "orders" not in await _topics(bootstrap):  # noqa: ASYNC110 - polls the broker
+        await anyio.sleep(0.01)
     streams = KafkaStreams(topology, {
         "application.id": "orders-app",
         "bootstrap.servers": bootstrap,
@@ -166,16 +190,15 @@ async def run_pipeline(bootstrap: str, topology: Any, count: int, rate: int, thr
                       f"records in={polled:>7}  out={written:>7}")
                 last = (polled, written)
             # Done once every kept order is out (the expected count is known once input is complete).
-            kept = sum(1 for o in producing.result() if o["amount"] >= 10) if producing.done() else None
+            kept = sum(1 for o in orders if o["amount"] >= 10) if produced.is_set() else None
             if kept is not None and written >= kept and (not with_spark or await _counted(bootstrap) >= kept):
                 break
             if streams.state is ClientState.ERROR:
                 print("The client went to ERROR; see the log above", file=sys.stderr)
                 return 1
-            await asyncio.sleep(0.25)
+            await anyio.sleep(0.25)
         threads_meta = streams.metadata_for_local_threads()
     elapsed = time.monotonic() - started
-    orders = producing.result()
     output = await read_output(bootstrap)
     expected = [o for o in orders if o["amount"] >= 10]
     vip = sum(1 for r in output if JsonSerde().deserialize(r.value)["vip"])
@@ -243,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo with the options of ``add_arguments``."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     with_spark = spark_installed() if args.spark is None else args.spark
-    return asyncio.run(main_async(args.orders, args.rate, args.threads, with_spark))
+    return anyio.run(main_async, args.orders, args.rate, args.threads, with_spark, backend="asyncio")
 
 
 if __name__ == "__main__":

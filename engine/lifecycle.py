@@ -8,13 +8,17 @@ works from any thread (``wait_for``) and from any event loop (``wait_for_async``
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from enum import Enum
 from typing import Generic, TypeVar
+
+import anyio
+
+from engine.loop_signal import LoopSignal
 
 S = TypeVar("S", bound=Enum)
 
@@ -102,23 +106,24 @@ class StateMachine(Generic[S]):
                 self._cond.wait(remaining)
             return True
 
-    async def wait_for_async(self, states: Collection[S], timeout: float | None) -> bool:
+    async def wait_for_async(self, states: Collection[S], timeout: float | None) -> bool:  # noqa: ASYNC109 - as wait_for
         """Wait on the calling event loop (never blocking it) until the state is in ``states``."""
-        loop = asyncio.get_running_loop()
-        reached = asyncio.Event()
+        reached = LoopSignal(f"{self._owner} waiting for a state")
+        reached.bind()
 
         def on_change(_old: S, new: S) -> None:
             if new in states:
-                loop.call_soon_threadsafe(reached.set)
+                # Under this machine's lock: only enqueues the wake-up, never waits for the loop.
+                reached.set()
 
         with self._cond:
             if self._state in states:
                 return True
             self._listeners.append(on_change)
         try:
-            await asyncio.wait_for(reached.wait(), timeout)
-            return True
-        except TimeoutError:
+            with anyio.move_on_after(math.inf if timeout is None else timeout):
+                await reached.wait()
+                return True
             return self._state in states
         finally:
             self.remove_listener(on_change)

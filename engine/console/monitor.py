@@ -1,3 +1,5 @@
+# click and aiomonitor ship no type hints: their command decorators are untyped.
+# mypy: disallow-untyped-decorators=False
 """The aiomonitor console of a running client: aiomonitor's commands plus ours.
 
 ``streamloop run --monitor`` opens it on ``monitor.host:monitor.port`` (telnet,
@@ -17,13 +19,17 @@ of its own. Our commands run there too:
     console                    the Python REPL (replaces aiomonitor's: no TCP port, see repl.py)
 
 Reading commands only take snapshots. Changing commands call the client's own
-loop-safe methods on a worker thread (``asyncio.to_thread``), bounded by
+loop-safe methods on a worker thread (``anyio.to_thread.run_sync``), bounded by
 ``_COMMAND_TIMEOUT_S``, so neither the console nor any stream thread waits on the other.
 
 The console runs arbitrary code, so it is guarded (``engine.console.access``): loopback
 unless ``monitor.host`` says otherwise and ``monitor.token`` is set, the token asked for
 before the first command and required by the web UI, and the Python REPL on a private
 Unix socket, whatever ``monitor.host``.
+
+aiomonitor is built on asyncio's own objects (the loop it watches, its task sets, its
+futures), so the code that stands in for aiomonitor's UI thread uses them too; our own
+waits (command timeouts, the log-in prompt, worker threads) are anyio's.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import anyio
+import anyio.to_thread
 
 from engine import config as cfg
 from engine.client import KafkaStreams
@@ -78,6 +87,7 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
     aiomonitor's own host stays loopback in case any of its code still opens one.
     """
 
+    # aiomonitor's Monitor watches an asyncio loop object.
     def __init__(self, streams: KafkaStreams, loop: asyncio.AbstractEventLoop, *, host: str = LOOPBACK,
                  token: str | None = None, **kwargs: Any) -> None:
         super().__init__(loop, host=LOOPBACK, **kwargs)
@@ -91,9 +101,9 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
 
     def _ui_main(self) -> None:
         try:
-            with asyncio.Runner(loop_factory=_ConsoleLoop) as runner:
+            with asyncio.Runner(loop_factory=_ConsoleLoop) as runner:  # aiomonitor's UI thread needs this loop class
                 runner.run(self._ui_main_async())
-        except BaseException as exc:  # noqa: BLE001 - handed to open_monitor
+        except BaseException as exc:  # handed to open_monitor
             # aiomonitor's start() waits for its UI thread to say it started; a UI that fails
             # to start (a port in use) would leave it waiting forever.
             self.ui_error = exc
@@ -107,7 +117,7 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
         token prompt (``_interact``) and the web guard. The web UI's socket is not shared
         (no ``reuse_port``, which would let another process of this user bind the same port).
         """
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # aiomonitor keeps the UI loop and creates tasks on it
         self._ui_loop = loop
         self._ui_forever_future = loop.create_future()
         self._termination_info_queue: janus.Queue[Any] = janus.Queue()
@@ -123,21 +133,22 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
             await web.TCPSite(runner, self.bind_host, self._webui_port).start()
             self.webui_address = tuple(runner.addresses[0][:2])
             telnet = TelnetServer(host=self.bind_host, port=self._termui_port, interact=self._interact)
-            listening = asyncio.Event()
+            listening = asyncio.Event()  # set by prompt_toolkit's ready_cb, raced with the server's task below
             background.append(loop.create_task(telnet.run(ready_cb=listening.set)))
             ready = loop.create_task(listening.wait())
+            # aiomonitor's tasks are asyncio tasks (its bookkeeping cancels them), so they are raced as such.
             await asyncio.wait([background[-1], ready], return_when=asyncio.FIRST_COMPLETED)
             ready.cancel()
             if background[-1].done():
                 background[-1].result()  # the telnet server could not listen: raise why
             self._ui_started.set()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError):  # aiomonitor cancels its forever-future to stop
                 await self._ui_forever_future
         finally:
             sessions = list(self._termui_tasks)
             for task in sessions + background:
                 task.cancel()
-            await asyncio.gather(*sessions, *background, return_exceptions=True)
+            await asyncio.gather(*sessions, *background, return_exceptions=True)  # aiomonitor's asyncio tasks
             await runner.cleanup()
 
     async def _interact(self, connection: TelnetConnection) -> None:
@@ -150,11 +161,8 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
         """Ask for the token (not echoed); False, after saying so, for anything else or none in time."""
         session: PromptSession[str] = PromptSession()
         typed: str | None = None
-        try:
-            async with asyncio.timeout(_LOG_IN_TIMEOUT_S):
-                typed = await session.prompt_async("token: ", is_password=True)
-        except (EOFError, KeyboardInterrupt, TimeoutError):
-            pass
+        with anyio.move_on_after(_LOG_IN_TIMEOUT_S), contextlib.suppress(EOFError, KeyboardInterrupt):
+            typed = await session.prompt_async("token: ", is_password=True)
         if token_matches(None if typed is None else typed.strip(), token):
             return True
         log.warning("Refused a console session from %s: wrong or no monitor.token", connection.addr[0])
@@ -162,7 +170,7 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]
         return False
 
 
-class _ConsoleLoop(asyncio.SelectorEventLoop):
+class _ConsoleLoop(asyncio.SelectorEventLoop):  # a loop class: what prompt_toolkit's handler swap needs fixing on
     """The console's event loop, which keeps asyncio's own exception handler (it logs).
 
     prompt_toolkit swaps in a handler that prints the error into the telnet session and
@@ -176,7 +184,7 @@ class _ConsoleLoop(asyncio.SelectorEventLoop):
             super().set_exception_handler(None)
 
 
-def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> StreamsMonitor:
+def open_monitor(streams: KafkaStreams, loop: asyncio.AbstractEventLoop) -> StreamsMonitor:  # aiomonitor's loop
     """Start the console for ``streams``, watching ``loop``; ports, host and token from the client's config.
 
     Close it with ``close()``. The Python REPL (aiomonitor's ``console``) sees ``streams`` and
@@ -237,10 +245,12 @@ def _in_background(ctx: click.Context, action: Callable[[], Awaitable[str]]) -> 
     @auto_async_command_done
     async def run(_ctx: click.Context) -> None:
         try:
-            _echo(await asyncio.wait_for(action(), _COMMAND_TIMEOUT_S))
+            with anyio.fail_after(_COMMAND_TIMEOUT_S):
+                answer = await action()
+            _echo(answer)
         except TimeoutError:
             _echo(f"no answer within {_COMMAND_TIMEOUT_S:.0f} s")
-        except Exception as exc:  # noqa: BLE001 - a failed command is shown, the console goes on
+        except Exception as exc:  # a failed command is shown, the console goes on
             _echo(f"failed: {exc!r}")
 
     task = monitor._ui_loop.create_task(run(ctx))
@@ -295,7 +305,7 @@ def do_resume(ctx: click.Context, task: str, skip: bool) -> None:
     streams = _streams(ctx)
 
     async def resume() -> str:
-        if await asyncio.to_thread(streams.resume, task, skip):
+        if await anyio.to_thread.run_sync(streams.resume, task, skip):
             return f"resumed {task}" + (" after the failed record" if skip else " from the failed record")
         return f"task {task} is not paused here"
 
@@ -309,7 +319,7 @@ def do_add_thread(ctx: click.Context) -> None:
     streams = _streams(ctx)
 
     async def add() -> str:
-        name = await asyncio.to_thread(streams.add_stream_thread)
+        name = await anyio.to_thread.run_sync(streams.add_stream_thread)
         return f"added {name}" if name else f"no thread added: the client is {streams.state.name}"
 
     _in_background(ctx, add)
@@ -322,7 +332,7 @@ def do_remove_thread(ctx: click.Context) -> None:
     streams = _streams(ctx)
 
     async def remove() -> str:
-        name = await asyncio.to_thread(streams.remove_stream_thread, _COMMAND_TIMEOUT_S)
+        name = await anyio.to_thread.run_sync(streams.remove_stream_thread, _COMMAND_TIMEOUT_S)
         return f"removed {name}" if name else "no stream thread to remove"
 
     _in_background(ctx, remove)
@@ -357,7 +367,7 @@ def do_console(ctx: click.Context) -> None:
     async def run(_ctx: click.Context) -> None:
         try:
             await run_repl(session.input, session.output, monitor.console_locals, monitor._monitored_loop)
-        except Exception as exc:  # noqa: BLE001 - a failed REPL is shown, the console goes on
+        except Exception as exc:  # a failed REPL is shown, the console goes on
             _echo(f"the REPL failed: {exc!r}")
         else:
             _echo("The Python REPL is closed.")

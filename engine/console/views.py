@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 from engine.client import KafkaStreams
 from engine.config import shown
-from engine.threads.stream_thread import TaskDetails, TaskRunState
+from engine.threads.view import TaskDetails, TaskRunState
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell, two spaces apart."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)).rstrip()
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=False)).rstrip()
              for line in (headers, *rows)]
     return "\n".join(lines)
 

@@ -47,7 +47,7 @@ class StateDirCleaner:
         while not self._stop.wait(self._interval_s):
             try:
                 self.clean_once()
-            except Exception:  # noqa: BLE001 - a failed sweep is retried at the next tick
+            except Exception:  # a failed sweep is retried at the next tick
                 log.exception("Cleaning %s failed", self.directory)
 
     def clean_once(self) -> list[str]:

@@ -15,6 +15,7 @@ releases if the process dies.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -37,10 +38,8 @@ def make_private_dirs(path: str) -> None:
     parent = os.path.dirname(path)
     if parent and parent != path:
         make_private_dirs(parent)
-    try:
+    with contextlib.suppress(FileExistsError):  # made meanwhile by another process or thread
         os.mkdir(path, DIRECTORY_MODE)
-    except FileExistsError:
-        pass
 
 
 def check_private_dir(path: str) -> None:

@@ -1,7 +1,7 @@
 """An asyncio event loop whose clock jumps to the next timer instead of waiting for it.
 
 The ``TopologyTestDriver`` runs tasks on one of these, so a back-off of
-``retry.backoff.ms``, a ``task.timeout.ms`` deadline or an ``asyncio.sleep`` in an
+``retry.backoff.ms``, a ``task.timeout.ms`` deadline or a sleep (``anyio.sleep``) in an
 ``async def`` processor takes no real time, and the same inputs always give the same
 timings. When nothing is ready to run, the loop looks for I/O without waiting and, if
 there is none, moves its clock to the next timer. While a socket is registered (a
@@ -60,7 +60,7 @@ class _JumpingSelector(selectors.BaseSelector):
         deadline = loop.deadline
         if deadline is not None and loop.time() + timeout >= deadline - 1e-6:
             # Only the caller's deadline is left: nothing on this loop can move on by itself, but
-            # work on another thread (an executor, asyncio.to_thread) may still wake it up.
+            # work on another thread (an executor, anyio.to_thread) may still wake it up.
             started = time.monotonic()
             events = self._inner.select(min(timeout, loop.real_grace_s))
             if events:
@@ -74,7 +74,7 @@ class _JumpingSelector(selectors.BaseSelector):
         return events
 
 
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
+class VirtualTimeLoop(asyncio.SelectorEventLoop):  # a loop whose clock jumps is a loop class: no anyio API
     """``time()`` is virtual: it starts at 0 and moves only when the loop would otherwise sleep."""
 
     def __init__(self, real_grace_s: float = 1.0) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+import anyio
 
 T = TypeVar("T")
 
@@ -23,16 +25,16 @@ def eventually(condition: Callable[[], T], timeout: float = 10.0, what: str = "c
         time.sleep(interval)
 
 
-async def eventually_async(condition: Callable[[], T | Awaitable[T]], timeout: float = 10.0,
+async def eventually_async(condition: Callable[[], T | Awaitable[T]], timeout: float = 10.0,  # noqa: ASYNC109 - as eventually
                            what: str = "condition", interval: float = 0.01) -> T:
     """``eventually`` for an event loop: the condition may be a coroutine function."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
-        if asyncio.iscoroutine(result):
+        if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         if time.monotonic() >= deadline:
             raise TimeoutError(f"Timed out after {timeout} s waiting for: {what}")
-        await asyncio.sleep(interval)
+        await anyio.sleep(interval)

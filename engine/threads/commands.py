@@ -32,7 +32,7 @@ class CommandChannel:
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # for call_soon_threadsafe (module docstring)
         self._task_group: TaskGroup | None = None
         self._loop_thread: int | None = None
         self._lock = threading.Lock()
@@ -42,7 +42,7 @@ class CommandChannel:
     def open(self, task_group: TaskGroup) -> None:
         """Caller: the stream thread, on its loop, inside ``task_group``."""
         with self._lock:
-            self._loop = asyncio.get_running_loop()
+            self._loop = asyncio.get_running_loop()  # the loop object: its non-blocking call_soon_threadsafe
             self._task_group = task_group
             self._loop_thread = threading.get_ident()
 
@@ -67,7 +67,7 @@ class CommandChannel:
         async def run() -> None:
             try:
                 future.set_result(await fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            except BaseException as exc:  # handed to the waiter
                 future.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise  # cancellation (the loop is stopping) goes on up

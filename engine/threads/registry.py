@@ -8,6 +8,7 @@ dying thread's handler gets another one.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 
@@ -48,10 +49,8 @@ class ThreadRegistry:
         """Lock-free on purpose: a dying thread calls it while it holds its own state lock, and a
         caller holding this registry's lock may be waiting for that state lock (shutting it down).
         ``list.remove`` is atomic; ``trim_dead`` drops the thread too should it miss the list."""
-        try:
+        with contextlib.suppress(ValueError):
             self._threads.remove(thread)
-        except ValueError:
-            pass
 
     def alive(self) -> list[StreamThread]:
         return [t for t in self.snapshot() if t.is_alive]

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from handlers.responses import StreamThreadExceptionResponse
 
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Response = StreamThreadExceptionResponse
+
+
+class ClosingSignal(Protocol):
+    """The client's closing, as the supervisor waits for it (a ``threading.Event`` fits)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` s; True once the client is closing."""
+        ...
 
 
 class ReplacementBackoff:
@@ -59,7 +67,7 @@ class Supervisor:
         shutdown_thread: Callable[[StreamThread], None],
         shutdown_client: Callable[[], None],
         shutdown_application: Callable[[StreamThread], None],
-        closing: threading.Event,
+        closing: ClosingSignal,
         backoff: ReplacementBackoff,
     ) -> None:
         self.handler = handler
@@ -75,7 +83,7 @@ class Supervisor:
             return Response.SHUTDOWN_CLIENT
         try:
             response = self.handler(exc)
-        except Exception as handler_exc:  # noqa: BLE001 - a broken handler means shut the client
+        except Exception as handler_exc:  # a broken handler means shut the client
             log.error("stream-thread [%s] The uncaught exception handler raised %r while handling %r; "
                       "shutting down the client", thread.name, handler_exc, exc, exc_info=handler_exc)
             return Response.SHUTDOWN_CLIENT

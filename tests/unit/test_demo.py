@@ -41,3 +41,12 @@ def test_demo_with_pyspark_adds_a_spark_stage_that_counts_every_kept_order(
     assert "spark_batch(totals per customer)" in out
     assert "Spark: " in out and "per-batch customer totals on 'customer-totals'" in out
     assert "Check: every kept order is in the output" in out
+
+
+@pytest.mark.usefixtures("fresh_demo_broker")
+def test_the_demo_leaves_a_spark_session_it_did_not_start_running(spark: Any) -> None:
+    # The demo's getOrCreate() returns a session already running in the process (here the test
+    # session's): stopping it at the end would break its owner (it broke every later Spark test).
+    assert demo.main(["--orders", "50", "--rate", "100000", "--spark"]) == 0
+
+    assert spark.range(3).count() == 3  # type: ignore[attr-defined]

@@ -36,7 +36,8 @@ PACKAGES = ("engine", "handlers")
 # The modules everything else is built on: they import only each other, so none of the
 # machinery (threads, tasks, client, topology, transport, ...) nor the handlers.
 FOUNDATION = ("engine.config", "engine.errors", "engine.records", "engine.serdes", "engine.clock",
-              "engine.lifecycle", "engine.logcontext", "engine.ids", "engine.completed_offsets")
+              "engine.lifecycle", "engine.logcontext", "engine.ids", "engine.completed_offsets",
+              "engine.loop_signal")
 
 # Runtime edges of a cycle that a split under way elsewhere removes; kept out of the cycle
 # checks until then. ``test_every_pending_edge_is_still_there`` fails once one is gone, so that

@@ -9,9 +9,10 @@ reader (``MemoryTransport.reader``) has no group: ``assign``, ``seek``, ``poll``
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping, Sequence
+
+import anyio
 
 from engine.errors import IllegalStateError, TransportError
 from engine.records import FetchedRecord, TopicPartition
@@ -105,8 +106,7 @@ class MemoryConsumer:
         if self._membership is not None and not self._membership.subscribed:
             raise IllegalStateError(f"{self._name} is not subscribed to any topic; call subscribe() first.")
         self._wakeup.bind()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
+        deadline = anyio.current_time() + timeout_ms / 1000
         self._polling = True
         try:
             while True:
@@ -122,10 +122,11 @@ class MemoryConsumer:
                     records = self._fetch(max_records)
                     if records:
                         return records
-                remaining = deadline - loop.time()
+                remaining = deadline - anyio.current_time()
                 if remaining <= 0:
                     return {}
-                await self._wakeup.wait(min(remaining, wait_limit))
+                with anyio.move_on_after(min(remaining, wait_limit)):
+                    await self._wakeup.wait()
         finally:
             self._polling = False
             if self._membership is not None:

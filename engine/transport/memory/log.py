@@ -21,7 +21,7 @@ class ProducedRecord(NamedTuple):
 
 
 class PartitionLog:
-    __slots__ = ("partition", "_records")
+    __slots__ = ("_records", "partition")
 
     def __init__(self, partition: TopicPartition) -> None:
         self.partition = partition

@@ -1,0 +1,435 @@
+"""A stream thread's body, on its own event loop: poll, hand records to the tasks, commit.
+
+``ThreadLoop.run`` opens the thread's clients (admin, producer, consumer), wires the
+task manager, then loops: poll, add the records to their tasks, commit on the
+interval, revive a failed producer, refresh the lag metric. Each task runs as its
+own coroutine in the thread's task group, so an async processor waiting on I/O in
+one task does not hold up the others. The consumer calls the rebalance listener
+(``on_partitions_revoked`` / ``on_partitions_assigned``, on this loop) to revoke and
+create tasks. Next stage: ``engine.tasks.manager.TaskManager``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+from anyio import CancelScope, create_task_group
+
+from engine import config as cfg
+from engine.collector import RecordCollector
+from engine.commit import Committer
+from engine.config import load_handler
+from engine.errors import MissingSinkTopicError, MissingSourceTopicError
+from engine.logcontext import LogContext
+from engine.records import TopicPartition
+from engine.serdes import BytesSerde, Serde, as_serde
+from engine.state.task_state import StateSettings
+from engine.tasks.assignor import AssignorError
+from engine.tasks.error_handling import ErrorHandling
+from engine.tasks.manager import ExactlyOnce, TaskManager
+from engine.tasks.task import StreamTask
+from engine.ids import TaskId
+from engine.tasks.timeouts import StartupDeadline, TaskTimer
+from engine.threads.states import StreamThreadState
+from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
+from engine.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
+
+if TYPE_CHECKING:
+    from engine.threads.stream_thread import StreamThread
+
+# How often a thread reads its partitions' log end for the records-lag metric.
+LAG_REFRESH_MS = 1_000
+
+
+class ThreadLoop:
+    """Caller: ``StreamThread`` runs ``run`` on its OS thread and sends commands (``wake``,
+    ``rejoin``, ``resume``) through its command channel; all of it runs on this loop."""
+
+    def __init__(self, thread: StreamThread) -> None:
+        self._thread = thread
+        self._config = thread.config
+        self._log = thread.log
+        self.consumer: Consumer | None = None
+        """Set once subscribed: the thread is a group member from then on."""
+        self.errors: ErrorHandling | None = None
+        self._poll_scope: CancelScope | None = None
+        self._task_failure: BaseException | None = None
+        self._failed_member = False
+        self._next_lag_ms = 0
+        config = self._config
+        self._producer_settings = ProducerSettings(
+            client_id=thread.producer_client_id,
+            acks=config[cfg.ACKS],
+            linger_ms=config[cfg.LINGER_MS],
+            batch_size=config[cfg.BATCH_SIZE],
+            request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
+            retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
+            extra=config.with_prefix("producer."),
+        )
+
+    @property
+    def _asked_to_stop(self) -> bool:
+        return not self._thread.state.state.is_alive()
+
+    # -- commands (run on this loop) ---------------------------------------------------
+    async def wake(self) -> None:
+        """Cut a poll short: the loop then sees the thread's PENDING_SHUTDOWN."""
+        if self._poll_scope is not None:
+            self._poll_scope.cancel()
+
+    async def rejoin(self) -> None:
+        if self.consumer is not None:
+            self.consumer.request_rejoin()
+
+    async def resume(self, task_id: TaskId, skip: bool) -> bool:
+        manager = self._thread.view.manager
+        return manager is not None and await manager.resume(task_id, skip)
+
+    # -- the run ---------------------------------------------------------------------
+    async def run(self) -> None:
+        thread = self._thread
+        config = self._config
+        exactly_once = config[cfg.PROCESSING_GUARANTEE] == cfg.EXACTLY_ONCE_V2
+        transport = thread.transport
+        consumer = transport.consumer(ConsumerSettings(
+            group_id=config[cfg.APPLICATION_ID],
+            client_id=thread.consumer_client_id,
+            assignor=thread.assignor,
+            group_instance_id=(f"{config[cfg.GROUP_INSTANCE_ID]}-{thread.index}"
+                               if config[cfg.GROUP_INSTANCE_ID] else None),
+            auto_offset_reset=config[cfg.AUTO_OFFSET_RESET],
+            max_poll_interval_ms=config[cfg.MAX_POLL_INTERVAL_MS],
+            session_timeout_ms=config[cfg.SESSION_TIMEOUT_MS],
+            heartbeat_interval_ms=config[cfg.HEARTBEAT_INTERVAL_MS],
+            request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
+            retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
+            isolation_level="read_committed" if exactly_once else "read_uncommitted",
+            extra=config.with_prefix("consumer."),
+        ))
+        producer = self._producer = transport.producer(self._producer_settings)
+        admin = transport.admin(f"{thread.name}-admin")
+        started: list[Consumer | Producer | Admin] = []
+        clean = False
+        body_error: BaseException | None = None
+        async with create_task_group() as group:
+            thread.commands.open(group)
+            try:
+                # Start-up rides out an unreachable broker too, under one task.timeout.ms deadline.
+                startup = StartupDeadline(thread.name, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                                          config[cfg.RETRY_BACKOFF_MAX_MS], self._log)
+                await startup.run(admin.start, "Starting the admin client")
+                started.append(admin)
+                sink_partitions = await self._check_topics(admin, startup)
+                await startup.run(producer.start, "Starting the producer")
+                started.append(producer)
+                manager = self._task_manager(consumer, producer, admin, sink_partitions, group, exactly_once)
+                consumer.subscribe(thread.topology.source_topics, self)
+                self.consumer = consumer
+                await startup.run(consumer.start, "Starting the consumer")
+                started.append(consumer)
+                await self._poll_loop(consumer, manager)
+                clean = True
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                with CancelScope(shield=True):
+                    failure = self._task_failure or real_error(body_error)
+                    if failure is not None:
+                        # As in Kafka Streams the handler runs on the failing thread before the
+                        # shutdown completes: this member still owns its tasks, so no one else
+                        # takes the failed record over meanwhile. It blocks this loop, which only
+                        # has a dying thread's clean-up left to do.
+                        thread.report_failure(failure)
+                        if thread.carries_shutdown_request and consumer in started:
+                            await self._carry_shutdown_request(consumer)
+                    if producer in started and self._producer is not producer:
+                        started[started.index(producer)] = self._producer
+                        producer = self._producer
+                    await self._close(consumer, producer, admin, started, clean)
+                    thread.commands.close()
+                group.cancel_scope.cancel()
+
+    def _task_manager(self, consumer: Consumer, producer: Producer, admin: Admin, sink_partitions: dict[str, int],
+                      group: anyio.abc.TaskGroup, exactly_once: bool) -> TaskManager:
+        thread = self._thread
+        config = self._config
+        clock = thread.clock
+        collector = self._collector = RecordCollector(producer, sink_partitions, lambda t: self._lookup(admin, t))
+        committer_type = TransactionalCommitter if exactly_once else Committer
+        committer = committer_type(consumer, collector, config[cfg.COMMIT_INTERVAL_MS], clock.monotonic_ms, self._log)
+        if isinstance(committer, TransactionalCommitter):
+            committer.group_id = config[cfg.APPLICATION_ID]
+        errors = self.errors if self.errors is not None else self._error_handling(collector)
+        manager = TaskManager(
+            config[cfg.APPLICATION_ID], thread.topology, consumer, collector, committer,
+            lambda task: self._spawn(group, task),
+            self._log, clock.wall_ms,
+            _serde(config[cfg.DEFAULT_KEY_SERDE], "default.key.serde"),
+            _serde(config[cfg.DEFAULT_VALUE_SERDE], "default.value.serde"),
+            config[cfg.BUFFERED_RECORDS_PER_PARTITION],
+            timer_factory=self._timer,
+            monotonic_ms=clock.monotonic_ms,
+            errors=errors,
+            on_tasks_changed=self._publish_tasks,
+            threads_per_task=config[cfg.NUM_THREADS_PER_TASK],
+            ordering=config[cfg.PROCESSING_ORDERING],
+            state=StateSettings(
+                config[cfg.STATE_DIR], config[cfg.DEFAULT_DSL_STORE] == "rocksDB", thread.cache,
+                lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
+                thread.restore_listener),
+            config=config,
+            spark=thread.spark,
+            exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,
+        )
+        thread.view.manager = manager
+        if exactly_once:
+            errors.collector_of = manager.collector_of
+        return manager
+
+    def _error_handling(self, collector: RecordCollector) -> ErrorHandling:
+        config = self._config
+        self.errors = ErrorHandling(
+            load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
+            load_handler(config, cfg.PROCESSING_EXCEPTION_HANDLER),
+            config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
+            collector,
+        )
+        return self.errors
+
+    def _timer(self, task_id: TaskId, log: LogContext) -> TaskTimer:
+        config = self._config
+        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
+                         config[cfg.RETRY_BACKOFF_MAX_MS], self._thread.clock.monotonic_ms, log)
+
+    async def _check_topics(self, admin: Admin, startup: StartupDeadline) -> dict[str, int]:
+        topology = self._thread.topology
+        counts = await startup.run(
+            lambda: admin.partition_counts(topology.source_topics + topology.sink_topics),
+            "Fetching topic metadata")
+        missing = [t for t in topology.source_topics if t not in counts]
+        if missing:
+            raise MissingSourceTopicError(missing)
+        missing = [t for t in topology.sink_topics if t not in counts]
+        if missing:
+            raise MissingSinkTopicError(missing)
+        return {t: counts[t] for t in topology.sink_topics}
+
+    @staticmethod
+    async def _lookup(admin: Admin, topic: str) -> int | None:
+        counts = await admin.partition_counts([topic])
+        return counts.get(topic)
+
+    async def _poll_loop(self, consumer: Consumer, manager: TaskManager) -> None:
+        poll_ms = self._config[cfg.POLL_MS]
+        max_records = self._config[cfg.MAX_POLL_RECORDS]
+        view = self._thread.view
+        sensors = self._thread.sensors
+        assignor = self._thread.assignor
+        while not self._asked_to_stop:
+            with CancelScope() as scope:
+                self._poll_scope = scope
+                # Checked again inside the scope: a shutdown between the two checks cancels it (wake).
+                if self._asked_to_stop:
+                    break
+                records = await consumer.poll(poll_ms, max_records)
+                if records:
+                    view.records_polled += manager.add_records(records)
+                view.polls += 1
+            self._poll_scope = None
+            await manager.maybe_commit()
+            sensors.sample(manager.meter, view.polls, manager.commits)
+            if manager.failed_transactions:
+                await manager.handle_failed_transactions(self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            if manager.producer_failed is not None:
+                await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            if assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+                break
+            await self._maybe_measure_lag(consumer, manager)
+
+    async def _maybe_measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
+        """Read the log end of the tasks' partitions, at most once a second.
+
+        The lag itself is computed when read (``ThreadView.task_lags``) from these ends and the
+        tasks' live positions, so it follows processing at once and does not wait for a commit
+        interval. A paused task's lag keeps growing, which is how operators see it.
+        """
+        now = self._thread.clock.monotonic_ms()
+        if now < self._next_lag_ms or not manager.tasks:
+            return
+        self._next_lag_ms = now + LAG_REFRESH_MS
+        tasks = list(manager.tasks.values())
+        partitions = [tp for task in tasks for tp in task.partitions]
+        try:
+            ends = await consumer.end_offsets(partitions)
+            for task in tasks:
+                for tp in task.partitions:
+                    if task.position(tp) is None and tp not in task.group_committed:
+                        committed = await consumer.committed(tp)
+                        if committed is not None:
+                            task.group_committed[tp] = committed.offset
+        except Exception as exc:  # a metric must never fail the thread
+            self._log.debug("Could not read end offsets for the lag metric: %r", exc)
+            return
+        self._thread.view.log_ends = ends
+
+    def _task_producer(self, task_id: TaskId) -> Producer:
+        """Exactly-once: a task's own transactional producer (not started)."""
+        return self._thread.transport.producer(dataclasses.replace(
+            self._producer_settings,
+            client_id=f"{self._thread.name}-{task_id}-producer",
+            transactional_id=transactional_id(self._config[cfg.APPLICATION_ID], task_id),
+            transaction_timeout_ms=EOS_TRANSACTION_TIMEOUT_MS,
+        ))
+
+    async def _replace_producer(self) -> None:
+        """Swap in a fresh producer; the failed one's unsent records are given up (they are re-made)."""
+        collector = self._collector
+        old = collector.producer
+        new = self._thread.transport.producer(self._producer_settings)
+        try:
+            await new.start()
+        except BaseException:
+            await new.close()
+            raise
+        collector.producer = new
+        self._producer = new
+        # Shielded: from here on only this call knows the old producer, so a cancellation (the
+        # thread failing meanwhile) must not skip its close and leave its connections open.
+        try:
+            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), shield=True) as scope:
+                await old.close()
+            if scope.cancelled_caught:
+                self._log.warning("Closing the failed producer did not finish within request.timeout.ms")
+        except Exception:  # the old producer failed already; its close may too
+            self._log.warning("Closing the failed producer did not finish cleanly", exc_info=True)
+
+    def _spawn(self, group: anyio.abc.TaskGroup, task: StreamTask) -> None:
+        group.start_soon(self._run_task, task, name=f"{self._thread.name} task {task.id}")
+
+    async def _run_task(self, task: StreamTask) -> None:
+        with CancelScope() as scope:
+            task.cancel_scope = scope
+            try:
+                await task.run()
+            except Exception as exc:
+                if self._task_failure is None:
+                    # Records in flight fail inside the task's task group: the handler gets the
+                    # first real error, not the group (a failed batch fails all of its records).
+                    self._task_failure = unwrap(exc)
+                raise
+
+    # -- the end -----------------------------------------------------------------------
+    async def _carry_shutdown_request(self, consumer: Consumer) -> None:
+        """Rejoin with the SHUTDOWN_APPLICATION request and wait for the leader's answer.
+
+        Caller: this thread's clean-up after a failure. Its tasks are closed dirty if
+        revoked meanwhile; the answer makes every instance shut down.
+        """
+        self._failed_member = True
+        consumer.request_rejoin()
+        clock = self._thread.clock
+        deadline = clock.monotonic_ms() + self._config[cfg.ERROR_SHUTDOWN_TIMEOUT_MS]
+        while (self._thread.assignor.error_code is not AssignorError.SHUTDOWN_REQUESTED
+               and clock.monotonic_ms() < deadline):
+            try:
+                await consumer.poll(100, 1)
+            except Exception as exc:  # the request is best effort on a dying thread
+                self._log.warning("Could not carry the shutdown request: %r", exc)
+                return
+
+    async def _close(self, consumer: Consumer, producer: Producer, admin: Admin,
+                     started: list[Consumer | Producer | Admin], clean: bool) -> None:
+        self._thread.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+        manager = self._thread.view.manager
+        timeout = self._config.seconds(cfg.REQUEST_TIMEOUT_MS)
+        if manager is not None:
+            try:
+                await manager.shutdown(clean=clean, timeout=timeout)
+            except Exception:  # closing must go on
+                self._log.exception("Failed to close the tasks cleanly")
+        self._thread.view.clear_tasks()
+        interrupted: BaseException | None = None
+        for client in (consumer, producer, admin):
+            if client not in started:
+                continue
+            try:
+                if client is consumer:
+                    await consumer.close(leave_group=self._thread.leave_group)
+                else:
+                    await client.close()
+            except Exception:
+                self._log.exception("Failed to close %s", type(client).__name__)
+            except BaseException as exc:  # close the other clients first, then re-raise
+                # aiokafka's consumer stop can end in a CancelledError of its own tasks after an outage.
+                self._log.warning("Closing %s was interrupted: %r", type(client).__name__, exc)
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
+
+    # -- rebalance listener (called by the consumer, on this loop) ------------------------
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        thread = self._thread
+        first_join = thread.state.state is StreamThreadState.STARTING
+        thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
+        if first_join and thread.on_first_join is not None:
+            thread.on_first_join(thread)
+        manager = thread.view.manager
+        if manager is not None and revoked:
+            self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
+            if self._failed_member:
+                # A failed thread still in the group (carrying a shutdown request): no commit.
+                await manager.shutdown(clean=False, timeout=0)
+            else:
+                await manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            self._publish_tasks()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        thread = self._thread
+        thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_ASSIGNED)
+        if thread.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+            self._log.error("The application is shutting down on request of one of its instances")
+            thread.on_shutdown_requested(thread)
+            thread.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
+            return
+        if self._asked_to_stop:
+            # As Kafka Streams: a thread on its way out (its consumer may be closing, which can still
+            # complete a rebalance) creates no tasks; they would restore through a closed consumer.
+            self._log.debug("Skipping task creation: the thread is shutting down")
+            return
+        manager = thread.view.manager
+        if manager is not None:
+            self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
+            manager.handle_assignment(assigned)
+            self._publish_tasks()
+        thread.state.maybe_transition_to(StreamThreadState.RUNNING)
+
+    def _publish_tasks(self) -> None:
+        view = self._thread.view
+        view.publish_tasks()
+        if view.manager is not None:
+            self._thread.assignor.owned_tasks = sorted(view.manager.tasks)
+
+
+def _serde(value: object, key: str) -> Serde:
+    return BytesSerde() if value is None else as_serde(value, key)
+
+
+def real_error(exc: BaseException | None) -> BaseException | None:
+    """The error that ended the loop, unless it was only cancellation (a task's failure or a shutdown)."""
+    if exc is None:
+        return None
+    exc = unwrap(exc)
+    return None if isinstance(exc, anyio.get_cancelled_exc_class()) else exc
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups from the task group."""
+    cancelled = anyio.get_cancelled_exc_class()
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if not isinstance(e, cancelled)]
+        exc = inner[0] if inner else exc.exceptions[0]
+    return exc
