@@ -54,7 +54,7 @@ from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.timeouts import StartupDeadline, TaskTimer
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.topology.topology import Topology
-from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
+from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
 from engine.transport.base import ConsumerSettings, Producer, ProducerSettings, Transport
 
 if TYPE_CHECKING:
