@@ -215,13 +215,14 @@ class ChunkLoop:
         single = task.partition_count == 1
         stream_time_schedules = task.context.stream_time_schedules
         done = 0
-        stop = False
+        # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
+        stop = task.closing
         began = time.perf_counter_ns()
         while queue and done < CHUNK and not stop:
             raw = queue[0]
             outcome = process(raw)
-            if outcome.__class__ is not Outcome:
-                outcome = await outcome  # type: ignore[misc]
+            if not isinstance(outcome, Outcome):
+                outcome = await outcome
                 if outcome is Outcome.ABANDONED:
                     return
                 # Only an await lets the loop's other coroutines run, so only then can a close
