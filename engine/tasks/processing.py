@@ -23,7 +23,7 @@ chunk loop moves past DONE and SKIPPED records; the window releases slots in ord
 from __future__ import annotations
 
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,11 @@ class Outcome(Enum):
     ABANDONED = "abandoned"
 
 
+# Module constants: the hot path compares against them per record, and an Enum's class attribute
+# lookup costs several times a global's.
+_DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
+
+
 class RecordPath:
     """One record of a task from bytes to an ``Outcome``. Caller: ``ChunkLoop``, ``InFlightWindow``.
 
@@ -60,7 +65,7 @@ class RecordPath:
     run one at a time can be journaled: the journal is the task's, not the record's.
     """
 
-    __slots__ = ("_ctx", "_forwarder", "_journal", "_sources", "_task")
+    __slots__ = ("_ctx", "_forwarder", "_journal", "_sources", "_task", "process")
 
     def __init__(self, task: StreamTask, journal: bool) -> None:
         self._task = task
@@ -69,35 +74,48 @@ class RecordPath:
         self._sources = task.graph.sources
         manager = task.state_manager
         self._journal = manager if journal and manager is not None and manager.stores else None
+        self.process = self._bind()
 
-    def process(self, raw: ConsumerRecord) -> Outcome | Coroutine[Any, Any, Outcome]:
-        """The outcome, or a coroutine to await for it when something is async (the graph or an error)."""
-        task = self._task
-        # Only a retry needs to know when its attempt started (the final-attempt rule).
-        started = task.monotonic_ms() if task.timer.deadline_ms is not None else 0
-        source = self._sources[raw.topic]
-        ctx = self._ctx
-        ctx.topic = raw.topic
-        ctx.partition = raw.partition
-        ctx.offset = raw.offset
-        ctx.timestamp = raw.timestamp
-        ctx.headers = raw.headers
-        what = "key"
-        try:
-            key = source.key_serde.deserialize(raw.key)
-            what = "value"
-            value = source.value_serde.deserialize(raw.value)
-        except Exception as exc:  # any serde failure is a deserialization error
-            return self._deserialization_failed(raw, what, exc)
-        record = Record(key, value, raw.timestamp, raw.headers)
-        if self._journal is not None:
-            self._journal.begin_record()
-        try:
-            if self._forwarder.start(source, record):
-                return self._drain(raw, source, record, started)
-        except Exception as exc:  # classified in _failed
-            return self._failed(raw, source, record, exc, started)
-        return self._done()
+    def _bind(self) -> Callable[[ConsumerRecord], Outcome | Coroutine[Any, Any, Outcome]]:
+        """``process``, as a closure: what it reads per record are its own cells, not attributes (the
+        hot path runs it for every record; the slow paths are methods)."""
+        task, ctx, sources, forwarder, journal = self._task, self._ctx, self._sources, self._forwarder, self._journal
+        deserialization_failed, drain, failed = self._deserialization_failed, self._drain, self._failed
+
+        def process(raw: ConsumerRecord) -> Outcome | Coroutine[Any, Any, Outcome]:
+            """The outcome, or a coroutine to await for it when something is async (the graph or an error)."""
+            timer = task.timer  # read per record: a revived task gets its predecessor's timer
+            # Only a retry needs to know when its attempt started (the final-attempt rule).
+            started = task.monotonic_ms() if timer.deadline_ms is not None else 0
+            source = sources[raw.topic]
+            ctx.topic = raw.topic
+            ctx.partition = raw.partition
+            ctx.offset = raw.offset
+            ctx.timestamp = raw.timestamp
+            ctx.headers = raw.headers
+            what = "key"
+            try:
+                key = source.key_serde.deserialize(raw.key)
+                what = "value"
+                value = source.value_serde.deserialize(raw.value)
+            except Exception as exc:  # any serde failure is a deserialization error
+                return deserialization_failed(raw, what, exc)
+            record = Record(key, value, raw.timestamp, raw.headers)
+            if journal is not None:
+                journal.begin_record()
+            try:
+                if forwarder.start(source, record):
+                    return drain(raw, source, record, started)
+            except Exception as exc:  # classified in _failed
+                return failed(raw, source, record, exc, started)
+            # Done: the same steps as _done, inlined.
+            if journal is not None:
+                journal.end_record()
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
+                timer.clear()
+            return _DONE
+
+        return process
 
     def _done(self) -> Outcome:
         if self._journal is not None:
@@ -105,7 +123,7 @@ class RecordPath:
         timer = self._task.timer
         if timer.deadline_ms is not None and timer.cleared_by_processing:
             timer.clear()
-        return Outcome.DONE
+        return _DONE
 
     async def _drain(self, raw: ConsumerRecord, source: SourceNode, record: Record, started: int) -> Outcome:
         try:
@@ -113,7 +131,7 @@ class RecordPath:
         except Exception as exc:  # classified in _failed
             return await self._failed(raw, source, record, exc, started)
         if self._task.closed:
-            return Outcome.ABANDONED  # closed dirty while the record was in flight: nothing more to do
+            return _ABANDONED  # closed dirty while the record was in flight: nothing more to do
         return self._done()
 
     async def _failed(self, raw: ConsumerRecord, source: SourceNode, record: Record, exc: Exception,
@@ -213,6 +231,9 @@ class ChunkLoop:
         process = self._path.process
         queue = task.next_queue()
         single = task.partition_count == 1
+        # Keyed by plain tuples: building a TopicPartition per record would cost more than the rest
+        # of the bookkeeping (equal tuples hash and compare alike).
+        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]
         stream_time_schedules = task.context.stream_time_schedules
         done = 0
         # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
@@ -221,18 +242,20 @@ class ChunkLoop:
         while queue and done < CHUNK and not stop:
             raw = queue[0]
             outcome = process(raw)
-            if not isinstance(outcome, Outcome):
+            if outcome is not _DONE and not isinstance(outcome, Outcome):
                 outcome = await outcome
-                if outcome is Outcome.ABANDONED:
+                if outcome is _ABANDONED:
                     return
                 # Only an await lets the loop's other coroutines run, so only then can a close
                 # have been requested: the check costs the synchronous hot path nothing.
                 stop = task.closing
-            if outcome is not Outcome.DONE and outcome is not Outcome.SKIPPED:
+            if outcome is not _DONE and outcome is not _SKIPPED:
                 break  # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue
-            task.consumed(queue, raw)
+            # Done or dropped by a handler: the position moves past it.
+            queue.popleft()
+            next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
             done += 1
-            if outcome is Outcome.DONE and raw.timestamp > task.stream_time:
+            if outcome is _DONE and raw.timestamp > task.stream_time:
                 task.stream_time = raw.timestamp
                 if stream_time_schedules.next_due() is not None:
                     await task.punctuations.run(stream_time_schedules.due(raw.timestamp), raw.timestamp)

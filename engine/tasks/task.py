@@ -116,7 +116,6 @@ class StreamTask:
         # Set once a close is requested (or the transaction failed): the run loop ends after its record.
         self._stop = anyio.Event()
         self._queues: dict[TopicPartition, deque[ConsumerRecord]] = {tp: deque() for tp in self.partitions}
-        self._buffered = 0
         # Set when there is something to do; a fresh event replaces a set one (anyio's cannot be cleared).
         self._wakeup = anyio.Event()
         self.positions = Positions(self.partitions)
@@ -166,13 +165,14 @@ class StreamTask:
             return 0
         queue = self._queues[partition]
         queue.extend(records)
-        self._buffered += len(records)
         self._wakeup.set()
         return len(queue)
 
     def buffered(self, partition: TopicPartition | None = None) -> int:
         if partition is None:
-            return self._buffered
+            # Counted from the queues, not kept beside them: the chunk loop pops records without
+            # bookkeeping, and a PAUSE or a close empties the queues.
+            return sum(len(queue) for queue in self._queues.values())
         return len(self._queues[partition])
 
     @property
@@ -187,12 +187,6 @@ class StreamTask:
                 best = queue
         return best
 
-    def consumed(self, queue: deque[ConsumerRecord], raw: ConsumerRecord) -> None:
-        """``raw``, the head of ``queue``, is done (or dropped): the position moves past it."""
-        queue.popleft()
-        self._buffered -= 1
-        self.positions.next[TopicPartition(raw.topic, raw.partition)] = raw.offset + 1
-
     def queues(self) -> dict[TopicPartition, deque[ConsumerRecord]]:
         return self._queues
 
@@ -204,14 +198,11 @@ class StreamTask:
         else:
             raw = queue[index]
             del queue[index]
-        self._buffered -= 1
         return raw
 
     def discard_buffered(self, partition: TopicPartition) -> None:
         """Drop the records fetched from ``partition`` (it was seeked to its committed offset)."""
-        queue = self._queues[partition]
-        self._buffered -= len(queue)
-        queue.clear()
+        self._queues[partition].clear()
 
     def first_buffered_offset(self, partition: TopicPartition) -> int | None:
         """The offset of the first fetched record waiting in ``partition``'s queue, if any."""
@@ -394,7 +385,6 @@ class StreamTask:
                 # Nothing processed here yet: the dropped records start where fetching began.
                 next_offsets[other] = queue[0].offset
             queue.clear()
-        self._buffered = 0
         self.timer.clear()  # a paused task keeps no timer
         self.context.commit_requested = True
         self.log.error("Paused at %s offset %d; resume with KafkaStreams.resume(%s)", tp, raw.offset,
@@ -493,7 +483,6 @@ class StreamTask:
         self.context.forwarder.reset()
         for queue in self._queues.values():
             queue.clear()
-        self._buffered = 0
         try:
             self.graph.close()
         except Exception:  # a failing close must not stop the others closing
