@@ -23,6 +23,7 @@ buffer fills, fetching of its partitions (back-pressure).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ from engine.completed_offsets import decode_completed, encode_completed
 from engine.processors.context import CURRENT
 from engine.processors.nodes import Forwarder, Node, SinkNode
 from engine.records import ConsumerRecord, Record, TopicPartition
+
+from .processing import Outcome, RecordPath
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -45,7 +48,7 @@ ORDERINGS = ("partition", "key", "unordered")
 class RecordSlot:
     """One record in flight: its forwarding state and the output it holds back."""
 
-    __slots__ = ("raw", "tp", "pending", "node", "outputs", "done")
+    __slots__ = ("done", "node", "outputs", "pending", "raw", "tp")
 
     def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
         self.raw = raw
@@ -70,7 +73,7 @@ class ContextualForwarder(Forwarder):
         slot = CURRENT.get()
         return self._own if slot is None else slot
 
-    @property  # type: ignore[override]
+    @property
     def pending(self) -> deque[Any]:
         return self._slot().pending
 
@@ -78,7 +81,7 @@ class ContextualForwarder(Forwarder):
     def pending(self, value: deque[Any]) -> None:
         self._slot().pending = value
 
-    @property  # type: ignore[override]
+    @property
     def node(self) -> Node | None:
         return self._slot().node
 
@@ -130,6 +133,7 @@ class InFlightWindow:
         self._busy_keys: set[Any] = set()
         self._completed: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
         self._skip: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
+        self._path: RecordPath | None = None
 
     # -- commit ---------------------------------------------------------------------
     def metadata(self, tp: TopicPartition, watermark: int) -> str:
@@ -147,6 +151,8 @@ class InFlightWindow:
     # -- the loop -------------------------------------------------------------------
     async def run(self) -> None:
         task = self._task
+        # Records run concurrently: the store journal (one per task) cannot follow them.
+        self._path = RecordPath(task, journal=False)
         await self.load_skips()
         async with anyio.create_task_group() as group:
             while not task.closing:
@@ -203,11 +209,29 @@ class InFlightWindow:
         return None
 
     async def _process(self, slot: RecordSlot) -> None:
+        """One record's whole graph on its own coroutine, by the task's one per-record path."""
+        task, path = self._task, self._path
+        assert path is not None
+        began = time.perf_counter_ns()
         token = CURRENT.set(slot)
         try:
-            await self._task.process_in_flight(slot)
+            while True:
+                outcome = path.process(slot.raw)
+                if not isinstance(outcome, Outcome):
+                    outcome = await outcome
+                if outcome is not Outcome.RETRY:
+                    break
+                slot.outputs.clear()  # this attempt's output was never released: no duplicate
+                if task.closing:
+                    return  # never completed: the commit stays below it, the next owner runs it
         finally:
             CURRENT.reset(token)
+        if outcome is Outcome.ABANDONED:
+            return
+        if outcome is Outcome.DONE:
+            task.meter.add(1, time.perf_counter_ns() - began)
+        # SKIPPED and PAUSED complete the slot too: its offset is released in order (above a
+        # pause, its output is dropped and the commit stops at the paused record).
         await self._complete(slot)
 
     async def _complete(self, slot: RecordSlot) -> None:

@@ -9,7 +9,6 @@ closes tasks cleanly (finish the record in flight, flush, commit) or dirtily
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from engine.collector import RecordCollector
-from engine.commit import Committer
+from engine.commit import CommitProtocol
 from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
 from engine.ids import TaskId
 from engine.logcontext import LogContext
@@ -56,7 +55,7 @@ class TaskManager:
         topology: Topology,
         consumer: Consumer,
         collector: RecordCollector,
-        committer: Committer,
+        committer: CommitProtocol,
         spawn: Callable[[StreamTask], None],
         logger: LogContext,
         clock_ms: Callable[[], int],
@@ -147,7 +146,7 @@ class TaskManager:
         own = self._collector
         if self._eos is not None:
             # The task's own transactional producer: its output, changelog writes and offsets
-            # commit together (engine.transactions).
+            # commit together (engine.commit.exactly_once).
             own = self._collector.sibling(self._eos.producer(task_id))
         collector: RecordCollector | HeldCollector = own
         concurrency, ordering = self._topology.concurrency_of(task_id.subtopology, self._config)
@@ -273,22 +272,25 @@ class TaskManager:
         self._on_tasks_changed()
         return True
 
-    async def handle_revocation(self, partitions: Iterable[TopicPartition], timeout: float) -> None:
+    async def handle_revocation(self, partitions: Iterable[TopicPartition], timeout: float) -> None:  # noqa: ASYNC109
         """Close the tasks of revoked partitions cleanly: finish, flush, commit, close."""
         revoked = {self._by_partition[tp] for tp in map(_tp, partitions) if tp in self._by_partition}
         if revoked:
             await self.close_tasks(revoked, clean=True, timeout=timeout)
 
-    async def close_tasks(self, tasks: Iterable[StreamTask], clean: bool, timeout: float) -> None:
+    # The ``timeout`` parameters here (ASYNC109) are one budget spread over several waits (each task's
+    # record, each producer's shielded close), not a single scope a caller could put around the call.
+    async def close_tasks(self, tasks: Iterable[StreamTask], clean: bool, timeout: float) -> None:  # noqa: ASYNC109
         tasks = sorted(tasks, key=lambda t: t.id)
         for task in tasks:
             task.request_close()
         deadline = time.monotonic() + timeout
         for task in tasks:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                await asyncio.wait_for(task.finished.wait(), remaining)
-            except TimeoutError:
+            if task.finished.is_set():
+                continue
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                await task.finished.wait()
+            if not task.finished.is_set():
                 self._log.warning("Task %s did not finish its record within %.1f s; closing it dirty",
                                   task.id, timeout)
                 clean = False
@@ -345,7 +347,7 @@ class TaskManager:
             self._log.debug("Resumed fetching %s, paused for a closed task",
                             sorted(map(str, kept)))
 
-    async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:
+    async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:  # noqa: ASYNC109
         """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
         if task in self.failed_transactions:
             self.failed_transactions.remove(task)
@@ -357,7 +359,7 @@ class TaskManager:
             if producer is not None:
                 try:
                     await producer.abort_transaction()  # type: ignore[attr-defined]
-                except Exception as exc:  # noqa: BLE001 - fenced or unreachable: the next owner aborts it
+                except Exception as exc:  # fenced or unreachable: the next owner aborts it
                     self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
         if producer is not None:
             # Shielded and bounded: a cancellation (the thread failing meanwhile) must not skip the
@@ -367,10 +369,10 @@ class TaskManager:
                     await producer.close()
                 if scope.cancelled_caught:
                     self._log.warning("Closing the producer of task %s did not finish within %.1f s", task.id, timeout)
-            except Exception as exc:  # noqa: BLE001 - closing must go on
+            except Exception as exc:  # closing must go on
                 self._log.warning("Closing the producer of task %s failed: %s", task.id, exc)
 
-    async def handle_failed_transactions(self, timeout: float) -> None:
+    async def handle_failed_transactions(self, timeout: float) -> None:  # noqa: ASYNC109
         """Exactly-once: revive corrupted tasks from their last commit; after a fence, close every task
         dirty and rejoin (Kafka Streams' TaskMigratedException)."""
         failed = [t for t in self.failed_transactions if t.id in self.tasks and self.tasks[t.id] is t]
@@ -392,7 +394,7 @@ class TaskManager:
                           "; ".join(str(t.transaction_error) for t in failed))
         self._on_tasks_changed()
 
-    async def shutdown(self, clean: bool, timeout: float) -> None:
+    async def shutdown(self, clean: bool, timeout: float) -> None:  # noqa: ASYNC109
         self.shut_down = True
         await self.close_tasks(list(self.tasks.values()), clean=clean, timeout=timeout)
 
@@ -400,7 +402,7 @@ class TaskManager:
     def add_records(self, fetched: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> int:
         total = 0
         for tp, records in fetched.items():
-            task = self._by_partition.get(tp)  # type: ignore[call-overload]
+            task = self._by_partition.get(tp)
             if task is None or not records:
                 continue  # fetched just before a revocation; the new owner reads it again
             total += len(records)
@@ -455,7 +457,7 @@ class TaskManager:
     def producer_failed(self) -> BaseException | None:
         return self._committer.producer_failed
 
-    async def revive_all(self, replace_producer: Callable[[], Awaitable[None]], timeout: float) -> None:
+    async def revive_all(self, replace_producer: Callable[[], Awaitable[None]], timeout: float) -> None:  # noqa: ASYNC109
         """After output was lost to a producer timeout: close every task dirty, take a new
         producer, rewind each partition to its last commit and start the tasks again.
 
@@ -482,7 +484,7 @@ class TaskManager:
             # The broker is still out of reach: charge the timers and try again on the next loop.
             backoff = max((t.timer.on_timeout(exc, "Starting a new producer", started, cleared_by_processing=False)
                            for t in tasks if not t.is_paused), default=0.1)
-            await asyncio.sleep(backoff)
+            await anyio.sleep(backoff)
             return
         await self.close_tasks(tasks, clean=False, timeout=timeout)
         self._committer.producer_failed = None
@@ -503,7 +505,8 @@ class TaskManager:
             if task.id in timers:
                 task.timer = timers[task.id]
 
-    async def _committed_of_reopened(self, tp: TopicPartition, timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
+    async def _committed_of_reopened(self, tp: TopicPartition,
+                                     timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
         """The committed offset of a partition being reopened. The broker may still be away (a task
         revived during an outage): retriable errors are retried under the reopened tasks' timers, so
         past task.timeout.ms this ends in ``TaskTimeoutError``, not in the transport's error."""

@@ -34,7 +34,7 @@ from engine.tasks.task import StreamTask
 from engine.ids import TaskId
 from engine.tasks.timeouts import StartupDeadline, TaskTimer
 from engine.threads.states import StreamThreadState
-from engine.transactions import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
+from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
 from engine.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
 
 if TYPE_CHECKING:

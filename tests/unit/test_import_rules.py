@@ -43,9 +43,11 @@ FOUNDATION = ("engine.config", "engine.errors", "engine.records", "engine.serdes
 # checks until then. ``test_every_pending_edge_is_still_there`` fails once one is gone, so that
 # its entry is removed with it.
 PENDING = {
-    ("engine.commit", "engine.tasks.timeouts"):
+    ("engine.commit.at_least_once", "engine.tasks.timeouts"):
         "is_timeout moves to the transport's one mapping of client errors (transport/kafka split); "
         "the commit package then imports it from there",
+    ("engine.commit.exactly_once", "engine.tasks.timeouts"):
+        "as above",
 }
 
 

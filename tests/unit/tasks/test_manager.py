@@ -331,6 +331,24 @@ async def test_a_task_that_does_not_finish_its_record_in_time_is_closed_without_
 
 
 @pytest.mark.asyncio
+async def test_a_task_that_finished_its_record_closes_cleanly_even_when_the_close_budget_is_spent(
+        running: Rig) -> None:
+    # The budget is shared by the tasks of one close: when the earlier ones used it up, a later task
+    # that has already finished is not "stuck" and its close stays clean (committed).
+    manager = running.manager
+    manager.handle_assignment([A0])
+    task = manager.tasks[TaskId(0, 0)]
+    manager.add_records({A0: records(A0, 0, 1)})
+    await processed(task, 1)
+    task.request_close()
+    await asyncio.wait_for(task.finished.wait(), WAIT)
+
+    await manager.close_tasks([task], clean=True, timeout=0)
+
+    assert running.consumer.commits == [{A0: 1}]
+
+
+@pytest.mark.asyncio
 async def test_a_task_closed_dirty_ends_quietly_when_its_record_in_flight_completes() -> None:
     rig = make_rig(gated_c(), run=True)
     try:

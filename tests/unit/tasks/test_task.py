@@ -596,9 +596,9 @@ def test_records_failing_together_pause_the_task_at_the_lowest_one() -> None:
     failed = [FetchedRecord(IN.topic, IN.partition, offset, 0, None, b"{}") for offset in (7, 5, 9)]
 
     for raw in failed[:2]:
-        rig.task._pause(raw)
+        rig.task.pause(raw)
 
     assert rig.task.paused_at == (IN, 5)
     assert rig.task.position(IN) == 5
-    assert rig.task._paused_below(failed[2])  # asked no more: read again on resume
-    assert not rig.task._paused_below(FetchedRecord(IN.topic, IN.partition, 3, 0, None, b"{}"))
+    assert rig.task.paused_below(failed[2])  # asked no more: read again on resume
+    assert not rig.task.paused_below(FetchedRecord(IN.topic, IN.partition, 3, 0, None, b"{}"))

@@ -7,7 +7,7 @@ transaction, committed at every commit interval: they become visible to
 ``read_committed`` readers together or not at all.
 
 Why one producer per task (Kafka Streams' first exactly-once design) and not one
-per thread: aiokafka (0.12–0.14) sends ``TxnOffsetCommit`` v0, which carries no
+per thread: aiokafka (0.12-0.14) sends ``TxnOffsetCommit`` v0, which carries no
 generation and no member id, so the group coordinator cannot refuse the offsets
 of a member that was kicked out of the group (KIP-447's fencing). The only fence
 left is the ``transactional.id``: the new owner of a task initialises the same
@@ -32,15 +32,16 @@ Failures, as in Kafka Streams:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.commit import Committer
+import anyio
+
 from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-from engine.records import TopicPartition
 from engine.tasks.timeouts import is_timeout
-from engine.transport.base import OffsetAndMetadata, TransactionalProducer
+from engine.transport.base import TransactionalProducer
+
+from .protocol import CommitProtocol
 
 if TYPE_CHECKING:
     from engine.ids import TaskId
@@ -57,7 +58,7 @@ def transactional_id(application_id: str, task_id: TaskId) -> str:
     return f"{application_id}-{task_id}"
 
 
-class TransactionalCommitter(Committer):
+class ExactlyOnce(CommitProtocol):
     """Commits each task's transaction with its offsets; a task that cannot commit is marked for revival.
 
     A task's commit runs between two of its records (holding ``task.processing``):
@@ -69,10 +70,22 @@ class TransactionalCommitter(Committer):
     async def commit(self, tasks: Iterable[StreamTask]) -> int:
         tasks = [t for t in tasks if t.transaction_error is None]
         self._last_commit = self._clock_ms()
-        results = await asyncio.gather(*(self._commit_task(t) for t in tasks), return_exceptions=True)
+        results: dict[TaskId, int | Exception] = {}
+
+        async def commit_one(task: StreamTask) -> None:
+            # Every task's outcome is kept (none cancels the others), as each decides its own revival.
+            try:
+                results[task.id] = await self._commit_task(task)
+            except Exception as exc:  # classified below, once every task is done
+                results[task.id] = exc
+
+        async with anyio.create_task_group() as group:
+            for task in tasks:
+                group.start_soon(commit_one, task)
         committed = 0
-        for task, result in zip(tasks, results):
-            if isinstance(result, BaseException):
+        for task in tasks:
+            result = results[task.id]
+            if isinstance(result, Exception):
                 if not isinstance(result, (ProducerFencedError, TransportError)) and not is_timeout(result):
                     raise result  # a processor failing in a cache flush, a TaskTimeoutError: the thread fails
                 self._failed(task, result)
@@ -88,25 +101,23 @@ class TransactionalCommitter(Committer):
             return 0
         producer: TransactionalProducer = collector.producer  # type: ignore[assignment]
         async with task.processing:
-            if task.transaction_error is not None or task.state.state.name == "CLOSED":
+            if task.transaction_error is not None or task.closed:
                 return 0
             if task.state_manager is not None and task.state_manager.caching:
                 await task.flush_state()
-            offsets: dict[TopicPartition, OffsetAndMetadata] = task.committable_offsets()
-            task.context.commit_requested = False
+            offsets = self.safe_offsets(task)
             if not offsets and not producer.in_transaction and not collector.buffered():
                 return 0
             started = self._monotonic_ms()
             try:
+                # Flush, send the offsets and commit: one call, inside the task's transaction.
                 await producer.commit_transaction(offsets, self.group_id)
             except Exception as exc:
                 if is_timeout(exc) and not task.is_paused:
                     # Charged like any timeout; past task.timeout.ms this raises TaskTimeoutError.
                     task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
                 raise
-            task.mark_committed(offsets)
-            if task.timer.running and not task.timer.cleared_by_processing:
-                task.timer.clear()
+            self.finish(task, offsets)
         self._log.debug("Committed the transaction of task %s: %s", task.id,
                         {str(tp): om.offset for tp, om in offsets.items()})
         return len(offsets)
@@ -120,3 +131,7 @@ class TransactionalCommitter(Committer):
         error.__cause__ = exc
         self._log.warning("Task %s could not commit its transaction: %s", task.id, exc)
         task.transaction_failed(error)
+
+
+# The name the stream thread has always used for the exactly-once committer.
+TransactionalCommitter = ExactlyOnce

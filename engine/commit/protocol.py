@@ -1,0 +1,104 @@
+"""The commit protocol: when a stream thread commits, and the steps every commit takes.
+
+A commit, whatever the guarantee:
+
+1. **what is safe to commit**: each task's positions of *finished* records
+   (``StreamTask.offsets_to_commit``), taken between two records, after the task's
+   record caches sent their updates down (no offset is committed without its state
+   updates on the changelog);
+2. **flush**: the output of those records is acknowledged (or, exactly-once, sent
+   into the open transaction);
+3. **send the offsets**: to the group (at-least-once: ``Consumer.commit``), or into
+   the transaction, which then commits (exactly-once: ``commit_transaction``);
+4. **finish**: each task learns what was committed (``mark_committed``) and the
+   KIP-572 timers of commit and produce timeouts stop.
+
+``AtLeastOnce`` (``at_least_once.py``) and ``ExactlyOnce`` (``exactly_once.py``) are
+the two implementations. The protocol reads tasks only through what they expose.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from engine.collector import RecordCollector
+from engine.logcontext import LogContext
+from engine.records import TopicPartition
+from engine.transport.base import Consumer, OffsetAndMetadata
+
+if TYPE_CHECKING:
+    from engine.tasks.task import StreamTask
+
+
+class CommitProtocol(ABC):
+    """Caller: the task manager (at its interval, on a processor's request, when closing tasks)."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        collector: RecordCollector,
+        interval_ms: int,
+        clock_ms: Callable[[], int],
+        logger: LogContext,
+    ) -> None:
+        self._monotonic_ms = clock_ms
+        self._consumer = consumer
+        self._collector = collector
+        self._interval_ms = interval_ms
+        self._clock_ms = clock_ms
+        self._log = logger
+        self._last_commit = clock_ms()
+        self.commits = 0
+        # Set when the last commit timed out (and will be retried): a closing task is then dirty.
+        self.timed_out = False
+        # Set when output was lost to a producer timeout: the thread must revive its tasks.
+        self.producer_failed: BaseException | None = None
+
+    # -- when --------------------------------------------------------------------------
+    def due(self, tasks: Iterable[StreamTask]) -> bool:
+        if self._clock_ms() - self._last_commit >= self._interval_ms:
+            return True
+        return any(t.commit_needed() for t in tasks)
+
+    async def maybe_commit(self, tasks: Iterable[StreamTask]) -> int:
+        """Commit if the interval passed or a processor asked; returns partitions committed."""
+        tasks = list(tasks)
+        if not self.due(tasks):
+            return 0
+        return await self.commit(tasks)
+
+    # -- the commit --------------------------------------------------------------------
+    @abstractmethod
+    async def commit(self, tasks: Iterable[StreamTask]) -> int:
+        """Commit what ``tasks`` finished; returns the number of partitions committed."""
+
+    @staticmethod
+    def safe_offsets(task: StreamTask) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Step 1, once the task's caches are flushed and no record of it is running."""
+        return task.offsets_to_commit()
+
+    @staticmethod
+    def finish(task: StreamTask, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """Step 4: the task's positions are committed; the timeouts of commits and produces are over."""
+        task.mark_committed(offsets)
+        CommitProtocol.clear_commit_timer(task)
+
+    @staticmethod
+    def clear_commit_timer(task: StreamTask) -> None:
+        """Output acknowledged (and offsets committed): a timer started by a commit or a produce stops."""
+        if task.timer.running and not task.timer.cleared_by_processing:
+            task.timer.clear()
+
+    # -- after a clean commit --------------------------------------------------------------
+    async def checkpoint(self, tasks: Iterable[StreamTask]) -> None:
+        """Write the checkpoint files of tasks with persistent stores (after their commit)."""
+        managers = [t.state_manager for t in tasks if t.state_manager is not None and t.state_manager.persistent
+                    and t.state_manager.changelogs]
+        if not managers:
+            return
+        partitions = [tp for m in managers for tp in m.changelogs.values()]
+        ends = await self._consumer.end_offsets(partitions)
+        for manager in managers:
+            await manager.write_checkpoint(ends)

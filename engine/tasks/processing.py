@@ -1,0 +1,268 @@
+"""How a task processes its records: the one per-record path, and the sequential chunk loop.
+
+A record goes one way, whoever runs it::
+
+    deserialize ──> run the graph (``Forwarder.start``; ``drain`` when a processor is async)
+        └──> one ``Outcome``: DONE / SKIPPED (a handler said CONTINUE) / PAUSED (a handler
+             said PAUSE) / RETRY (a timeout: backed off under task.timeout.ms, run it again)
+             / ABANDONED (the task was closed dirty meanwhile)
+
+with the task's store journal begun before the graph and ended (or undone, when the
+record runs again) by the outcome, and the task's KIP-572 timer cleared by a record
+that gets through. ``RecordPath.process`` is that path. Two loops call it:
+
+- ``ChunkLoop`` (here): records one at a time in chunks, the hot path. ``process`` stays
+  synchronous while nothing needs awaiting, so a record costs no task, event or
+  coroutine unless a processor is async or an error is handled.
+- ``InFlightWindow`` (``in_flight.py``): several records concurrently, one slot each.
+
+What an outcome means for the committable position is the loop's to apply: the
+chunk loop moves past DONE and SKIPPED records; the window releases slots in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from engine.records import ConsumerRecord, Record
+from engine.processors.nodes import SourceNode
+
+from handlers.responses import Answer
+from .timeouts import is_timeout
+
+if TYPE_CHECKING:
+    from .task import StreamTask
+
+# Records processed before the task yields to the loop's other coroutines.
+CHUNK = 512
+
+
+class Outcome(Enum):
+    DONE = "done"
+    SKIPPED = "skipped"
+    PAUSED = "paused"
+    RETRY = "retry"
+    ABANDONED = "abandoned"
+
+
+# Module constants: the hot path compares against them per record, and an Enum's class attribute
+# lookup costs several times a global's.
+_DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
+
+
+class RecordPath:
+    """One record of a task from bytes to an ``Outcome``. Caller: ``ChunkLoop``, ``InFlightWindow``.
+
+    ``journal``: whether store updates are journaled per record, so that a record run
+    again (RETRY, or a resume after PAUSE) does not apply them twice. Only records that
+    run one at a time can be journaled: the journal is the task's, not the record's.
+    """
+
+    __slots__ = ("_ctx", "_forwarder", "_journal", "_sources", "_task", "process")
+
+    def __init__(self, task: StreamTask, journal: bool) -> None:
+        self._task = task
+        self._ctx = task.context
+        self._forwarder = task.context.forwarder
+        self._sources = task.graph.sources
+        manager = task.state_manager
+        self._journal = manager if journal and manager is not None and manager.stores else None
+        self.process = self._bind()
+
+    def _bind(self) -> Callable[[ConsumerRecord], Outcome | Coroutine[Any, Any, Outcome]]:
+        """``process``, as a closure: what it reads per record are its own cells, not attributes (the
+        hot path runs it for every record; the slow paths are methods)."""
+        task, ctx, sources, forwarder, journal = self._task, self._ctx, self._sources, self._forwarder, self._journal
+        deserialization_failed, drain, failed = self._deserialization_failed, self._drain, self._failed
+
+        def process(raw: ConsumerRecord) -> Outcome | Coroutine[Any, Any, Outcome]:
+            """The outcome, or a coroutine to await for it when something is async (the graph or an error)."""
+            timer = task.timer  # read per record: a revived task gets its predecessor's timer
+            # Only a retry needs to know when its attempt started (the final-attempt rule).
+            started = task.monotonic_ms() if timer.deadline_ms is not None else 0
+            source = sources[raw.topic]
+            ctx.topic = raw.topic
+            ctx.partition = raw.partition
+            ctx.offset = raw.offset
+            ctx.timestamp = raw.timestamp
+            ctx.headers = raw.headers
+            what = "key"
+            try:
+                key = source.key_serde.deserialize(raw.key)
+                what = "value"
+                value = source.value_serde.deserialize(raw.value)
+            except Exception as exc:  # any serde failure is a deserialization error
+                return deserialization_failed(raw, what, exc)
+            record = Record(key, value, raw.timestamp, raw.headers)
+            if journal is not None:
+                journal.begin_record()
+            try:
+                if forwarder.start(source, record):
+                    return drain(raw, source, record, started)
+            except Exception as exc:  # classified in _failed
+                return failed(raw, source, record, exc, started)
+            # Done: the same steps as _done, inlined.
+            if journal is not None:
+                journal.end_record()
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
+                timer.clear()
+            return _DONE
+
+        return process
+
+    def _done(self) -> Outcome:
+        if self._journal is not None:
+            self._journal.end_record()
+        timer = self._task.timer
+        if timer.deadline_ms is not None and timer.cleared_by_processing:
+            timer.clear()
+        return _DONE
+
+    async def _drain(self, raw: ConsumerRecord, source: SourceNode, record: Record, started: int) -> Outcome:
+        try:
+            await self._forwarder.drain()
+        except Exception as exc:  # classified in _failed
+            return await self._failed(raw, source, record, exc, started)
+        if self._task.closed:
+            return _ABANDONED  # closed dirty while the record was in flight: nothing more to do
+        return self._done()
+
+    async def _failed(self, raw: ConsumerRecord, source: SourceNode, record: Record, exc: Exception,
+                      started: int) -> Outcome:
+        forwarder = self._forwarder
+        node = forwarder.node.name if forwarder.node is not None else source.name
+        forwarder.reset()
+        task = self._task
+        if is_timeout(exc):
+            # Never skipped: the record runs again after the back-off.
+            self._undo()
+            where = f"{raw.topic}-{raw.partition} offset {raw.offset}"
+            what = f"sending for {where}" if isinstance(exc, StreamsError) else f"Processor '{node}' on {where}"
+            await task.back_off(exc, what, started)
+            return Outcome.RETRY
+        if isinstance(exc, StreamsError):
+            raise exc
+        if task.paused_below(raw):
+            # Records that fail together (a Spark batch) ask the handler once: the records above
+            # the pause are read again on resume, and asked about then if they fail again.
+            self._undo()
+            return Outcome.PAUSED
+        error = ProcessingError(task.id, node, raw.topic, raw.partition, raw.offset, exc)
+        error.__cause__ = exc
+        if task.errors is None:
+            raise error from exc
+        action = await task.errors.on_processing_error(task.id, raw, node, record, error)
+        if self._act_on(action, raw, error, exc) is Outcome.PAUSED:
+            self._undo()  # resume() runs the record again
+            return Outcome.PAUSED
+        if self._journal is not None:
+            self._journal.end_record()
+        return Outcome.SKIPPED
+
+    async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
+        task = self._task
+        error = DeserializationError(task.id, raw.topic, raw.partition, raw.offset, what, exc)
+        error.__cause__ = exc
+        if task.errors is None:
+            raise error from exc
+        action = await task.errors.on_deserialization_error(task.id, raw, error)
+        return self._act_on(action, raw, error, exc)
+
+    def _act_on(self, action: Answer, raw: ConsumerRecord, error: TaskError, exc: Exception) -> Outcome:
+        """A handler's answer: FAIL raises, PAUSE pauses the task, CONTINUE drops the record."""
+        if action is Answer.FAIL:
+            raise error from exc
+        if action is Answer.PAUSE:
+            self._task.pause(raw)
+            return Outcome.PAUSED
+        self._task.dropped += 1
+        return Outcome.SKIPPED
+
+    def _undo(self) -> None:
+        if self._journal is not None:
+            self._journal.undo_record()
+
+
+class ChunkLoop:
+    """A task's records one at a time, in chunks of up to ``CHUNK``. Caller: ``StreamTask``."""
+
+    def __init__(self, task: StreamTask) -> None:
+        self._task = task
+        self._path = RecordPath(task, journal=True)
+
+    async def run(self) -> None:
+        """Until the task closes: process what is buffered, or wait for records or a punctuation."""
+        task = self._task
+        caching = task.state_manager is not None and task.state_manager.caching
+        while not task.closing:
+            if task.buffered() == 0:
+                task.clear_wakeup()
+                await task.wait_for_wakeup()
+                if task.context.wall_clock_schedules.next_due() is not None:
+                    async with task.processing:
+                        await task.punctuations.maybe_wall_clock()
+                # Punctuations may have produced output; hand it on now, not at the next chunk.
+                await task.flush_output()
+                continue
+            async with task.processing:
+                await self.process_chunk()
+                if caching and task.flush_requested:
+                    await task.flush_state()
+            # Output of this chunk goes to the network together: one batch per partition.
+            await task.flush_output()
+            await anyio.lowlevel.checkpoint()
+
+    async def process_buffered(self) -> None:
+        """Every buffered record, chunk by chunk, while the task runs. Caller: the test driver."""
+        task = self._task
+        while task.buffered() and task.is_running and not task.closing:
+            await self.process_chunk()
+            await task.flush_output()
+
+    async def process_chunk(self) -> None:
+        task = self._task
+        process = self._path.process
+        queue = task.next_queue()
+        single = task.partition_count == 1
+        # Keyed by plain tuples: building a TopicPartition per record would cost more than the rest
+        # of the bookkeeping (equal tuples hash and compare alike).
+        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]
+        stream_time_schedules = task.context.stream_time_schedules
+        done = 0
+        # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
+        stop = task.closing
+        began = time.perf_counter_ns()
+        while queue and done < CHUNK and not stop:
+            raw = queue[0]
+            outcome = process(raw)
+            if outcome is not _DONE and not isinstance(outcome, Outcome):
+                outcome = await outcome
+                if outcome is _ABANDONED:
+                    return
+                # Only an await lets the loop's other coroutines run, so only then can a close
+                # have been requested: the check costs the synchronous hot path nothing.
+                stop = task.closing
+            if outcome is not _DONE and outcome is not _SKIPPED:
+                break  # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue
+            # Done or dropped by a handler: the position moves past it.
+            queue.popleft()
+            next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
+            done += 1
+            if outcome is _DONE and raw.timestamp > task.stream_time:
+                task.stream_time = raw.timestamp
+                if stream_time_schedules.next_due() is not None:
+                    await task.punctuations.run(stream_time_schedules.due(raw.timestamp), raw.timestamp)
+                    stop = task.closing
+            if not single:
+                queue = task.next_queue()
+        task.processed += done
+        task.meter.add(done, time.perf_counter_ns() - began)
+        if task.context.wall_clock_schedules.next_due() is not None:
+            await task.punctuations.maybe_wall_clock()
