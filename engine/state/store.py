@@ -23,6 +23,9 @@ from engine.state.windows import Windowed
 from engine.serdes import Serde
 
 Source = Callable[[], "tuple[str, int] | None"]
+# Key types whose serialised form cannot change while the object lives (same object, same bytes).
+_IMMUTABLE_KEYS = frozenset({str, bytes, int})
+_NO_KEY = object()
 FlushListener = Callable[[Any, Any, int], None]
 
 
@@ -47,6 +50,9 @@ class StateStore:
         # Set by the task manager while a record runs: the first write of each key records
         # what to put back if the record is retried (see ``Journal``).
         self.journal: Journal | None = None
+        # The last key serialised (see ``_key``); a sentinel no key is identical to at first.
+        self._last_key: Any = _NO_KEY
+        self._last_key_bytes = b""
 
     @property
     def persistent(self) -> bool:
@@ -110,11 +116,15 @@ class StateStore:
                 cache.put(ns, key, cached)
 
     def _key(self, key: Any) -> bytes:
+        if key is self._last_key and key.__class__ in _IMMUTABLE_KEYS:
+            # An aggregation gets and then puts the record's own key object: serialise it once.
+            return self._last_key_bytes
         if key is None:
             raise ValueError(f"State store '{self.name}': keys must not be None")
         data = self.key_serde.serialize(key)
         if data is None:
             raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
+        self._last_key, self._last_key_bytes = key, data
         return data
 
     # -- the read path -------------------------------------------------------------

@@ -238,3 +238,22 @@ def test_a_read_then_written_key_is_read_from_the_store_once_and_its_update_undo
     assert (store.get("a"), store.get("b"), store.get("c"), store.get("x")) == (1, 5 if cached else None, None, 0)
     store.flush_cache()
     assert inner.get(b"a") == LONG.serialize(1) and inner.get(b"c") is None
+
+
+def test_the_records_key_is_serialised_once_for_a_get_and_a_put_and_other_keys_as_usual() -> None:
+    calls: list[Any] = []
+
+    class CountingStr(StringSerde):
+        def serialize(self, value: Any) -> bytes | None:
+            calls.append(value)
+            return super().serialize(value)
+
+    store = KeyValueStore("counts", InMemoryBytesStore("counts"), CountingStr(), LONG, None, None, "0_3/c",
+                          lambda: 42, lambda: ("in", 7))
+    key = "".join(["cust", "omer-1"])  # a key object of its own, as a deserialised record key
+    old = store.get(key)
+    store.put(key, 1 if old is None else old + 1)
+    assert calls == [key]
+    store.put("other", 5)
+    assert store.get("".join(["oth", "er"])) == 5 and store.get(key) == 1
+    assert calls == [key, "other", "other", key]
