@@ -186,7 +186,7 @@ class Journal:
     keep theirs. Caller: the task, around each record; stores call ``remember``.
     """
 
-    __slots__ = ("active", "_before", "_seen", "_source")
+    __slots__ = ("_before", "_seen", "_source", "active")
 
     def __init__(self) -> None:
         self.active = False
