@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import measure  # noqa: E402
 from benchmarks.broker_io import create_topics, produce, warm_up  # noqa: E402
 from benchmarks.peers import PEERS  # noqa: E402
-from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown  # noqa: E402
+from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown, raw_ratios  # noqa: E402
 from benchmarks.workloads import PARTITIONS, WORKLOADS, make_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,15 @@ def machine() -> list[str]:
         pass
     return [f"{platform.system()} {platform.release()} {platform.machine()}", f"{cpu}, {os.cpu_count()} cores",
             f"memory {mem}", f"Python {platform.python_version()}", f"Java: {first_line(['java', '-version'])}",
-            "the broker, the harness and the peer share the machine"]
+            "the broker, the harness and the peer share the machine",
+            "load average (1, 5, 15 min) at the start: " + load()]
+
+
+def load() -> str:
+    try:
+        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def versions(selected: list[str]) -> list[str]:
@@ -184,6 +192,10 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
                 continue
             print(f"  latency {f.name:<22} at {rate}/s: p50 {f.latency.p50_ms:.1f} ms, "
                   f"p99 {f.latency.p99_ms:.1f} ms ({f.latency.records} records)", flush=True)
+    ratios = raw_ratios(WorkloadFigures(name, workload.title, count, list(figures.values())))
+    if ratios:
+        print("  median records/s × raw aiokafka: "
+              + ", ".join(f"{peer} {ratio:.2f}×" for peer, ratio in ratios.items()), flush=True)
     note = "Latency is not measured for this workload (its output is a count, not the stamped record)." \
         if not workload.latency else ""
     return WorkloadFigures(name, workload.title, count, [figures[k] for k in peers], note)
@@ -195,7 +207,7 @@ async def main_async(args: argparse.Namespace, bootstrap: str, command: str) -> 
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     results = [await run_workload(name, args, bootstrap, peers) for name in names if name in WORKLOADS]
     extra = await run_spark_stage(bootstrap, args.records, args.timeout) if "spark" in names else []
-    return Report(command, started, machine(), versions(peers), METHOD, results, extra, args.quick)
+    return Report(command, started, machine(), versions(peers), METHOD, results, extra, args.quick, args.note)
 
 
 def main() -> None:
@@ -216,6 +228,8 @@ def main() -> None:
                         help="comma-separated, of: stateless, count, async-io, spark")
     parser.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.md and benchmarks.png go")
     parser.add_argument("--no-docs", action="store_true", help="print the figures only")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the page's Notes (e.g. the figures of an earlier run); repeatable")
     args = parser.parse_args()
     defaults = (20_000, 2_000, 1, 3.0, 1.0) if args.quick else (100_000, 5_000, 3, 10.0, 3.0)
     args.records = args.records or defaults[0]

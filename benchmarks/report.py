@@ -54,10 +54,19 @@ class Report:
     workloads: list[WorkloadFigures]
     extra: list[str] = field(default_factory=list)
     quick: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 def _ratio(theirs: float | None, ours: float | None) -> str:
     return f"{theirs / ours:.2f}×" if theirs is not None and ours else "–"
+
+
+def raw_ratios(w: WorkloadFigures) -> dict[str, float]:
+    """Each peer's median records/s over the raw aiokafka loop's (the targets of issue #22)."""
+    raw = next((p.median for p in w.peers if p.peer == "aiokafka"), None)
+    if not raw:
+        return {}
+    return {p.name: p.median / raw for p in w.peers if p.median}
 
 
 def _one_line(text: str) -> str:
@@ -74,6 +83,7 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
         "faust-streaming, quixstreams and Apache Kafka Streams (the reference), in one run, on one",
         "broker and on the same input. Ratios are each peer's figure divided by streamloop's:",
         "above 1× a peer has more throughput, more latency or more memory than streamloop.",
+        "Below each table, each peer's median records/s over the bare aiokafka loop's (*× raw*).",
         "",
     ]
     if report.quick:
@@ -111,6 +121,10 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
                 f"| {p.name} | {_one_line(p.setting)} | {tp} | {_ratio(p.median, ours.median if ours else None)} "
                 f"| {p50} | {p99} | {_ratio(lat.p99_ms if lat else None, ours_lat.p99_ms if ours_lat else None)} "
                 "| – | – |")
+        to_raw = raw_ratios(w)
+        if to_raw:
+            lines += ["", "Median records/s × the bare aiokafka loop's (raw): "
+                      + ", ".join(f"{name} **{ratio:.2f}×**" for name, ratio in to_raw.items()) + "."]
         problems = [(p.name, e) for p in w.peers for e in (p.error if p.runs else None, p.latency_error) if e]
         if problems:
             lines += ["", "Errors:", ""] + [f"- {name}: `{_one_line(e)}`" for name, e in problems]
@@ -122,6 +136,8 @@ def markdown(report: Report, chart: str, scripts_page: str) -> str:
                       "measured here, so the latency includes queueing (the rate is near saturation)."]
         lines.append("")
     lines += report.extra
+    if report.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
     lines += ["## How it was measured", ""] + [f"- {m}" for m in report.method] + [""]
     lines += ["## Versions", ""] + [f"- {v}" for v in report.versions] + [""]
     lines += ["## Machine", ""] + [f"- {m}" for m in report.machine] + [""]

@@ -279,7 +279,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(POLL_MS, int, 100, "How long a poll waits for records.", _at_least(0)),
     ConfigKey(MAX_POLL_RECORDS, int, 1000, "Records fetched per poll at most.", _at_least(1)),
     ConfigKey(BUFFERED_RECORDS_PER_PARTITION, int, 1000,
-              "Records buffered per partition before fetching from it pauses (back-pressure).",
+              "Records buffered per partition before fetching from it pauses (back-pressure). What the "
+              "consumer already fetched for the partition when it pauses is buffered too, not fetched "
+              "again, so a buffer may exceed this by at most one fetch (the consumer's `max.partition.fetch.bytes`, 1 MiB).",
               _at_least(1)),
     ConfigKey(MAX_POLL_INTERVAL_MS, int, 300_000,
               "A member that does not poll within this time leaves the group.", _at_least(1)),

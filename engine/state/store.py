@@ -23,6 +23,9 @@ from engine.state.windows import Windowed
 from engine.serdes import Serde
 
 Source = Callable[[], "tuple[str, int] | None"]
+# Key types whose serialised form cannot change while the object lives (same object, same bytes).
+_IMMUTABLE_KEYS = frozenset({str, bytes, int})
+_NO_KEY = object()
 FlushListener = Callable[[Any, Any, int], None]
 
 
@@ -47,6 +50,9 @@ class StateStore:
         # Set by the task manager while a record runs: the first write of each key records
         # what to put back if the record is retried (see ``Journal``).
         self.journal: Journal | None = None
+        # The last key serialised (see ``_key``); a sentinel no key is identical to at first.
+        self._last_key: Any = _NO_KEY
+        self._last_key_bytes = b""
 
     @property
     def persistent(self) -> bool:
@@ -110,11 +116,15 @@ class StateStore:
                 cache.put(ns, key, cached)
 
     def _key(self, key: Any) -> bytes:
+        if key is self._last_key and key.__class__ in _IMMUTABLE_KEYS:
+            # An aggregation gets and then puts the record's own key object: serialise it once.
+            return self._last_key_bytes
         if key is None:
             raise ValueError(f"State store '{self.name}': keys must not be None")
         data = self.key_serde.serialize(key)
         if data is None:
             raise ValueError(f"State store '{self.name}': key {key!r} serializes to None")
+        self._last_key, self._last_key_bytes = key, data
         return data
 
     # -- the read path -------------------------------------------------------------
@@ -124,7 +134,13 @@ class StateStore:
             entry = ThreadCache.peek(ns, key)
             if entry is not None:
                 return entry.value
-        return self.inner.get(key)
+        value = self.inner.get(key)
+        journal = self.journal
+        if journal is not None and journal.active:
+            # Read-modify-write (an aggregation) is the common case: what was just read is what a
+            # write of the key must put back on undo, so the journal need not read it again.
+            journal.seen(self, key, value)
+        return value
 
     def _range(self, low: bytes | None, high: bytes | None) -> list[tuple[bytes, bytes]]:
         """Store entries overlaid with the cache's, in key order (deleted keys left out)."""
@@ -170,11 +186,14 @@ class Journal:
     keep theirs. Caller: the task, around each record; stores call ``remember``.
     """
 
-    __slots__ = ("active", "_before", "_source")
+    __slots__ = ("_before", "_seen", "_source", "active")
 
     def __init__(self) -> None:
         self.active = False
         self._before: dict[tuple[int, bytes], tuple[StateStore, bytes, CacheEntry | None, bytes | None]] = {}
+        # Stored values the record read of keys the cache did not hold: a key's pre-image if it
+        # is written next (nothing else changes a store's key within a record but its writes).
+        self._seen: dict[tuple[int, bytes], bytes | None] = {}
         self._source: Source | None = None
 
     def begin(self, source: Source) -> None:
@@ -182,15 +201,30 @@ class Journal:
         self._source = source
         if self._before:
             self._before = {}
+        if self._seen:
+            self._seen = {}
 
     def end(self) -> None:
         self.active = False
         if self._before:
             self._before = {}
+        if self._seen:
+            self._seen = {}
+
+    def seen(self, store: StateStore, key: bytes, stored: bytes | None) -> None:
+        """``stored`` was read from ``store``'s bytes store for ``key``, which its cache does not hold."""
+        slot = (id(store), key)
+        if slot not in self._before:  # after a write the store holds this record's value, not the old one
+            self._seen[slot] = stored
 
     def remember(self, store: StateStore, key: bytes) -> None:
         slot = (id(store), key)
         if slot not in self._before:
+            seen = self._seen
+            if slot in seen:
+                # Not cached when read, and nothing of this record was written to it since.
+                self._before[slot] = (store, key, None, seen.pop(slot))
+                return
             cached, stored = store._before(key)
             self._before[slot] = (store, key, cached, stored)
 

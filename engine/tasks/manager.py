@@ -407,6 +407,12 @@ class TaskManager:
                 continue  # fetched just before a revocation; the new owner reads it again
             total += len(records)
             if task.add_records(tp, records) >= self._limit and tp not in self._backpressured:
+                # Pausing may discard what the consumer fetched ahead for tp (aiokafka does), and
+                # the broker would send it again while this thread waits: keep it (one fetch more).
+                ahead = self._consumer.take_fetched(tp)
+                if ahead:
+                    total += len(ahead)
+                    task.add_records(tp, ahead)
                 self._backpressured.add(tp)
                 self._consumer.pause(tp)
         return total

@@ -72,6 +72,9 @@ class DriverConsumer:
     def paused(self) -> set[TopicPartition]:
         return set(self._paused)
 
+    def take_fetched(self, partition: TopicPartition) -> Sequence[FetchedRecord]:
+        return []  # the driver hands records to poll one by one: nothing is fetched ahead
+
     def seek(self, partition: TopicPartition, offset: int) -> None:
         self.positions[TopicPartition(*partition)] = offset
 

@@ -146,6 +146,10 @@ class Consumer(Protocol):
 
     def paused(self) -> set[TopicPartition]: ...
 
+    def take_fetched(self, partition: TopicPartition) -> Sequence[ConsumerRecord]:
+        """Records of ``partition`` already fetched but not yet returned by ``poll``, without a
+        request; they count as returned. Called just before ``pause``, which may discard them."""
+
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """The next ``poll`` returns records of ``partition`` from ``offset`` on."""
 

@@ -159,6 +159,7 @@ from engine.transport.base import (
     ProducerSettings,
     RebalanceListener,
 )
+from engine.transport.prefetch import take_prefetched
 from engine.transport.security import CLIENT_KINDS, is_security_key, security_options, unused_security_keys
 
 __all__ = [
@@ -783,6 +784,12 @@ class KafkaConsumer:
             self._require().pause(*(_aio_tp(tp) for tp in partitions))
         except aioerrors.IllegalStateError as exc:
             raise IllegalStateError(str(exc)) from exc
+
+    def take_fetched(self, partition: TopicPartition) -> Sequence[ConsumerRecord]:
+        gate = self._gate
+        if self._consumer is None or (gate is not None and not gate.done()):
+            return []  # a new assignment's records wait for its callback (see ``poll``)
+        return take_prefetched(self._consumer, _aio_tp(partition))
 
     def resume(self, *partitions: TopicPartition) -> None:
         try:

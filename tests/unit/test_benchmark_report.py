@@ -65,3 +65,14 @@ def test_a_latency_near_the_peers_saturation_is_flagged() -> None:
 
     assert "| 400.0 ⚠ | 900.0 |" in page
     assert "⚠ quixstreams: the latency rate is above half of the throughput" in page
+
+
+def test_each_peers_median_over_the_raw_loops_is_given_below_its_table() -> None:
+    raw = PeerFigures("aiokafka", "raw aiokafka", "loop", [ThroughputRun(r, 1.0, None) for r in (1000.0, 2000.0, 900.0)])
+    ours = PeerFigures("streamloop", "streamloop", "1 thread", [ThroughputRun(r, 1.0, None) for r in (800.0, 900.0)])
+    broken = PeerFigures("faust", "faust-streaming", "one agent", error="it crashed")
+
+    page = markdown(_report([ours, raw, broken]), "benchmarks.png", "benchmark-scripts.md")
+
+    assert "Median records/s × the bare aiokafka loop's (raw): streamloop **0.85×**, raw aiokafka **1.00×**." in page
+    assert "× raw" not in markdown(_report([ours]), "benchmarks.png", "benchmark-scripts.md").split("## ")[2]

@@ -145,6 +145,9 @@ class MemoryConsumer:
     def paused(self) -> set[TopicPartition]:
         return self._assignment.paused()
 
+    def take_fetched(self, partition: TopicPartition) -> Sequence[FetchedRecord]:
+        return []  # poll reads the log directly: nothing is fetched ahead of it
+
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """The next ``poll`` returns records of ``partition`` from ``offset`` on.
 

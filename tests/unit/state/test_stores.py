@@ -191,3 +191,69 @@ def test_the_journal_puts_a_records_updates_back_in_store_cache_and_changelog() 
     assert decode_source(log.records[-1][5]) == ("in", 9)
     store.flush_cache()
     assert store.inner.get(b"b") == LONG.serialize(7)  # the earlier dirty entry is still there to go down
+
+
+class CountingReads(InMemoryBytesStore):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reads = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        self.reads += 1
+        return super().get(key)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_read_then_written_key_is_read_from_the_store_once_and_its_update_undone_exactly(cached: bool) -> None:
+    # An aggregation reads each key and writes it back: the journal takes the read value as the
+    # pre-image instead of reading the store again.
+    from engine.state.store import Journal
+
+    log = Log()
+    inner = CountingReads("counts")
+    store = KeyValueStore("counts", inner, STR, LONG, Changelogger("app-counts-changelog", 3, log),
+                          ThreadCache(1 << 20) if cached else None, "0_3/counts", lambda: 42, lambda: ("in", 7))
+    journal = Journal()
+    store.journal = journal
+    store.put("a", 1)
+    store.flush_cache()
+    if cached:
+        inner.put(b"b", LONG.serialize(5))  # down before (a restore), not in the cache
+    store.put("x", 0)
+    store.flush_cache()
+    reads = inner.reads
+
+    journal.begin(lambda: ("in", 9))
+    for key in ("a", "b", "c"):
+        old = store.get(key)
+        store.put(key, 1 if old is None else old + 1)
+    store.put("a", 100)                   # a second write keeps the first pre-image
+    assert store.get("x") == 0            # read, never written: nothing to undo
+    store.flush_cache()                   # the record's updates went down too
+    # Uncached: one read per key, none again for the journal. Cached: "b" and "c" read once; "a"
+    # and "x" come from the cache, and the journal reads what lies under "a"'s entry.
+    assert inner.reads - reads == (3 if cached else 4)
+
+    assert journal.undo() == 3
+    assert (store.get("a"), store.get("b"), store.get("c"), store.get("x")) == (1, 5 if cached else None, None, 0)
+    store.flush_cache()
+    assert inner.get(b"a") == LONG.serialize(1) and inner.get(b"c") is None
+
+
+def test_the_records_key_is_serialised_once_for_a_get_and_a_put_and_other_keys_as_usual() -> None:
+    calls: list[Any] = []
+
+    class CountingStr(StringSerde):
+        def serialize(self, value: Any) -> bytes | None:
+            calls.append(value)
+            return super().serialize(value)
+
+    store = KeyValueStore("counts", InMemoryBytesStore("counts"), CountingStr(), LONG, None, None, "0_3/c",
+                          lambda: 42, lambda: ("in", 7))
+    key = "".join(["cust", "omer-1"])  # a key object of its own, as a deserialised record key
+    old = store.get(key)
+    store.put(key, 1 if old is None else old + 1)
+    assert calls == [key]
+    store.put("other", 5)
+    assert store.get("".join(["oth", "er"])) == 5 and store.get(key) == 1
+    assert calls == [key, "other", "other", key]

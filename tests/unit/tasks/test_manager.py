@@ -50,9 +50,17 @@ class RecordingConsumer:
     fail_commits: bool = False
     assigned: set[TopicPartition] = field(default_factory=set)
     _paused: set[TopicPartition] = field(default_factory=set)
+    # Records fetched ahead of poll per partition (aiokafka's prefetch); taken at most once.
+    ahead: dict[TopicPartition, list[FetchedRecord]] = field(default_factory=dict)
+    taken_before_pause: list[TopicPartition] = field(default_factory=list)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
+
+    def take_fetched(self, partition: TopicPartition) -> list[FetchedRecord]:
+        assert partition not in self._paused, "taken after pause: aiokafka would have dropped them"
+        self.taken_before_pause.append(partition)
+        return self.ahead.pop(partition, [])
 
     def pause(self, *partitions: TopicPartition) -> None:
         self.pauses.extend(partitions)
@@ -419,6 +427,23 @@ async def test_partition_is_paused_once_its_task_holds_the_buffer_limit(parked: 
     parked.manager.add_records({A0: records(A0, 4, 2)})
 
     assert parked.consumer.pauses == [A0]  # once, and only the full partition
+
+
+@pytest.mark.asyncio
+async def test_records_fetched_ahead_are_buffered_before_back_pressure_pauses_their_partition(parked: Rig) -> None:
+    # Pausing makes aiokafka drop a partition's prefetched records; the broker would send them again.
+    parked.manager.handle_assignment([A0, B0])
+    parked.consumer.ahead[A0] = records(A0, 5, 4)
+    parked.consumer.ahead[B0] = records(B0, 1, 2)
+
+    polled = parked.manager.add_records({A0: records(A0, 0, 5), B0: records(B0, 0, 1)})
+
+    task = parked.manager.tasks[TaskId(0, 0)]
+    assert parked.consumer.pauses == [A0]
+    assert parked.consumer.taken_before_pause == [A0]  # only the partition that is paused
+    assert task.buffered(A0) == 9
+    assert polled == 10  # what the thread counts as polled includes them
+    assert parked.consumer.ahead == {B0: records(B0, 1, 2)}  # B0 keeps its prefetch: getmany brings it
 
 
 @pytest.mark.asyncio
