@@ -47,6 +47,7 @@ from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.processors.punctuation import Schedule
 from engine.records import ConsumerRecord, Record, TopicPartition
+from engine.spark.bulk import BatchWindow, bulk_window
 from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
@@ -130,7 +131,7 @@ class StreamTask:
         self.cancel_scope: CancelScope | None = None
         self.errors: ErrorHandling | None = None
         # Set by the manager when num.threads.per.task > 1: records then run concurrently.
-        self.window: InFlightWindow | None = None
+        self.window: InFlightWindow | BatchWindow | None = None
         self._done_high: dict[TopicPartition, int] = {}
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
@@ -239,6 +240,8 @@ class StreamTask:
                 return
         self.state.transition_to(TaskState.RUNNING)
         if self.window is not None:
+            # A Spark stage right after the source takes its records in bulk: one entry per batch.
+            self.window = bulk_window(self) or self.window
             await self.window.run()
             return
         caching = self.state_manager is not None and self.state_manager.caching
