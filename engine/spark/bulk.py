@@ -42,7 +42,7 @@ from engine.topology.nodes import Node, ProcessorNode, SourceNode
 
 from .frames import decode
 from .schema import SchemaMismatch
-from .stage import FetchedResult, SparkBatchStage
+from .stage import FetchedResult, SparkBatchStage, direct_sink
 
 if TYPE_CHECKING:
     from engine.tasks.task import StreamTask
@@ -98,6 +98,7 @@ class BatchWindow:
         self._source = source
         self._node = node
         self._stage = stage
+        self._sink = direct_sink(node)
         self._max_records, self._max_wait_s, self._max_in_flight = stage.batching()
         self._batches: deque[FetchedBatch] = deque()  # taken in, not released yet; offset order
         self._open: FetchedBatch | None = None
@@ -163,7 +164,8 @@ class BatchWindow:
         while True:
             started = task._monotonic_ms() if timer.deadline_ms is not None else 0
             try:
-                batch.result = result = await stage.run_fetched(batch.raws, source.key_serde, source.value_serde)
+                batch.result = result = await stage.run_fetched(batch.raws, source.key_serde, source.value_serde,
+                                                                self._sink)
                 if result[4] is not None:
                     raise result[4]
             except Exception as exc:
@@ -189,7 +191,7 @@ class BatchWindow:
         task, stage, raws = self._task, self._stage, batch.raws
         failures: dict[int, Any] = {}
         if batch.result is not None:
-            decoded, _out, left_out, _carrier, _error = batch.result
+            decoded, _out, left_out, _carrier, _error, _serialized = batch.result
             failures.update(decoded.failed)
             for position, mismatch in left_out.items():
                 failures[decoded.positions[position]] = (decoded.records[position], mismatch)
@@ -245,7 +247,7 @@ class BatchWindow:
         """The batch's output records, downstream of the stage, in the context of the record they
         leave with; a failure downstream is that record's, as on the per-record path."""
         task = self._task
-        _decoded, out, _left_out, carrier, _error = result
+        _decoded, out, _left_out, carrier, _error, serialized = result
         paused = task.paused_at
         if not out or carrier is None:
             return
@@ -254,6 +256,16 @@ class BatchWindow:
         ctx = task.context
         ctx.topic, ctx.partition, ctx.offset = carrier.topic, carrier.partition, carrier.offset
         ctx.timestamp, ctx.headers = carrier.timestamp, carrier.headers
+        sink = self._sink
+        if serialized is not None and sink is not None:
+            # Serialized on the worker: only partitioning and appending are left for this loop.
+            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]
+            assert isinstance(topic, str) and collector is not None
+            for record, (key_bytes, value_bytes) in zip(out, serialized, strict=True):
+                pending = send(topic, record, sink, key_bytes, value_bytes)
+                if pending is not None:
+                    await pending
+            return
         forwarder, node, children = ctx.forwarder, self._node, self._node.children
         for record in out:
             try:

@@ -39,7 +39,8 @@ import anyio.to_thread
 from engine import config as cfg
 from engine.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
 from engine.records import ConsumerRecord, Record
-from engine.serdes import Serde
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
+from engine.topology.nodes import Node, SinkNode
 
 from .frames import Decoded, decode, to_frame, to_records, to_rows
 from .schema import SchemaMismatch, resolve_schema
@@ -90,9 +91,10 @@ BatchJob = Callable[[Any], "list[dict[str, Any]] | None"]
 BatchResult = tuple["list[dict[str, Any]] | None", "dict[int, SchemaMismatch]"]
 # What a batch of fetched records gives back: the records decoded (and those that failed to),
 # the output records (None: the job gave none back, a sink), the decoded records left out,
-# the record the output leaves with (None: no output), and the job's error if it raised.
+# the record the output leaves with (None: no output), the job's error if it raised, and the
+# output's key and value bytes when they were made on the worker (``serialize_for``).
 FetchedResult = tuple[Decoded, "list[Record] | None", "dict[int, SchemaMismatch]", "ConsumerRecord | None",
-                      "Exception | None"]
+                      "Exception | None", "list[tuple[bytes | None, bytes | None]] | None"]
 
 
 class Batch:
@@ -224,16 +226,19 @@ class SparkBatchStage:
         return await self._off_loop(functools.partial(self._on_worker, list(batch.records), tag), tag,
                                     len(batch.records))
 
-    async def run_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde,
-                          value_serde: Serde) -> FetchedResult:
+    async def run_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
+                          sink: SinkNode | None = None) -> FetchedResult:
         """One batch of fetched records, decoded, framed, run and its rows made records, all on a
         worker thread, at most ``max.in.flight`` at once; the bulk path's call
         (``engine.spark.bulk``). Raises like ``_run``: ``SparkBatchTimeoutError`` past
-        ``spark.batch.timeout.ms``, or the job's own error."""
+        ``spark.batch.timeout.ms``, or the job's own error.
+
+        ``sink``: the stage's only child, a sink with built-in serdes; the output is then also
+        serialized on the worker (see ``serialize_for``)."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self._max_in_flight)  # made on this task's loop
         tag = f"{self._tag_prefix}-{next(_tags)}"
-        work = functools.partial(self._on_worker_fetched, raws, key_serde, value_serde, tag)
+        work = functools.partial(self._on_worker_fetched, raws, key_serde, value_serde, tag, sink)
         async with self._limiter:
             started = time.monotonic()
             result = await self._off_loop(work, tag, len(raws))
@@ -272,25 +277,25 @@ class SparkBatchStage:
             context.removeJobTag(tag)
 
     def _on_worker_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
-                           tag: str) -> FetchedResult:
+                           tag: str, sink: SinkNode | None) -> FetchedResult:
         decoded = decode(raws, key_serde, value_serde)
         if not decoded.records:  # every record failed to decode: nothing for Spark to do
-            return decoded, None, {}, None, None
+            return decoded, None, {}, None, None, None
         try:
             rows, left_out = self._on_worker(decoded.records, tag)
         except Exception as exc:
-            return decoded, None, {}, None, exc
+            return decoded, None, {}, None, exc, None
         if rows is None:
-            return decoded, None, left_out, None, None
+            return decoded, None, left_out, None, None, None
         # The rows leave with one record (``Batch.ran``'s rule), records that failed to decode
         # counting as left out, and carry its timestamp.
         left = set(decoded.failed).union(decoded.positions[i] for i in left_out)
         index = carrier_of(len(raws), dict.fromkeys(left))
         if index < 0:
-            return decoded, None, left_out, None, None
+            return decoded, None, left_out, None, None, None
         carrier = raws[index]
-        return decoded, to_records(rows, self._key_column, self._value_columns, carrier.timestamp), left_out, \
-            carrier, None
+        out = to_records(rows, self._key_column, self._value_columns, carrier.timestamp)
+        return decoded, out, left_out, carrier, None, None if sink is None else serialize_for(sink, out)
 
     def _cancel(self, tag: str) -> None:
         if not self._sessions.started:
@@ -299,6 +304,34 @@ class SparkBatchStage:
             self._sessions.get().sparkContext.cancelJobsWithTag(tag)
         except Exception:
             log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+
+
+# Serdes that keep no state and touch no event loop: safe to call on a worker thread.
+BUILTIN_SERDES = (BytesSerde, IntegerSerde, JsonSerde, StringSerde)
+
+
+def direct_sink(node: Node) -> SinkNode | None:
+    """The stage's only child if it is a sink to one topic with built-in serdes and no partitioner
+    (its output can then be serialized on the worker thread), else None."""
+    if len(node.children) != 1:
+        return None
+    sink = node.children[0]
+    if not isinstance(sink, SinkNode) or not isinstance(sink.topic, str) or sink.partitioner is not None:
+        return None
+    if not (isinstance(sink.key_serde, BUILTIN_SERDES) and isinstance(sink.value_serde, BUILTIN_SERDES)):
+        return None
+    return sink
+
+
+def serialize_for(sink: SinkNode, records: Sequence[Record]) -> list[tuple[bytes | None, bytes | None]] | None:
+    """The key and value bytes of ``records`` as ``sink`` writes them (call on a worker thread, so
+    the stream thread only appends them). None when one does not serialize: the batch then goes
+    down the usual way, where that record's failure reaches the processing handler."""
+    key_serde, value_serde = sink.key_serde, sink.value_serde
+    try:
+        return [(key_serde.serialize(r.key), value_serde.serialize(r.value)) for r in records]
+    except Exception:
+        return None
 
 
 def transform_job(fn: Callable[[Any], Any], stage: str) -> BatchJob:
