@@ -94,7 +94,7 @@ def stream_thread_cpu_s() -> float:
         try:
             with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
+        except OSError:  # the thread ended meanwhile
             continue
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
