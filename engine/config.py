@@ -220,6 +220,7 @@ SPARK_BATCH_MAX_RECORDS = "spark.batch.max.records"
 SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
 SPARK_BATCH_MAX_IN_FLIGHT = "spark.batch.max.in.flight"
 SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
+SPARK_BATCH_BULK = "spark.batch.bulk"
 SECURITY_PROTOCOL = "security.protocol"
 SASL_MECHANISM = "sasl.mechanism"
 SASL_JAAS_CONFIG = "sasl.jaas.config"
@@ -379,6 +380,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SPARK_BATCH_TIMEOUT_MS, int, 120_000,
               "A Spark batch running longer is cancelled and retried as a timeout under task.timeout.ms "
               "(0: no limit).", _at_least(0)),
+    ConfigKey(SPARK_BATCH_BULK, bool, True,
+              "A Spark stage right after its source takes fetched records in bulk, one offset range per "
+              "batch, decoded on a worker thread (false: each record in flight on its own, as a stage after "
+              "other processors runs; for comparing the two)."),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "

@@ -11,9 +11,11 @@ is built one Python object at a time inside Spark.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.records import Record
+from engine.records import ConsumerRecord, Record
+from engine.serdes import Serde
 
 from .schema import SchemaMismatch, align
 
@@ -21,6 +23,35 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 VALUE_COLUMN = "value"
+
+
+@dataclass
+class Decoded:
+    """A batch of fetched records decoded: the records that decoded, their indexes in the batch,
+    and the ones that did not (index in the batch -> which part failed, and the serde's error)."""
+
+    records: list[Record] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    failed: dict[int, tuple[str, Exception]] = field(default_factory=dict)
+
+
+def decode(raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde) -> Decoded:
+    """Deserialize a batch of fetched records with the source's serdes (call on a worker thread,
+    so that the stream thread's loop pays nothing per record for it)."""
+    decoded = Decoded()
+    records, positions = decoded.records, decoded.positions
+    for index, raw in enumerate(raws):
+        what = "key"
+        try:
+            key = key_serde.deserialize(raw.key)
+            what = "value"
+            value = value_serde.deserialize(raw.value)
+        except Exception as exc:
+            decoded.failed[index] = (what, exc)
+            continue
+        records.append(Record(key, value, raw.timestamp, raw.headers))
+        positions.append(index)
+    return decoded
 
 
 def to_frame(session: Any, records: Sequence[Record], key_column: str,

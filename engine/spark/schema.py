@@ -40,7 +40,8 @@ class SchemaMismatch(ValueError):
 def resolve_schema(session: Any, schema: Any) -> StructType:
     """``schema=`` (a DDL string such as ``"key long, amount double"``, or a ``StructType``) as a
     ``StructType``. Call on a worker thread: Spark parses a DDL string in the JVM."""
-    return session.createDataFrame([], schema).schema
+    resolved: StructType = session.createDataFrame([], schema).schema
+    return resolved
 
 
 def align(fields: Mapping[str, Any], schema: StructType) -> dict[str, Any]:

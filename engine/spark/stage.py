@@ -13,7 +13,7 @@ What that gives, with no commit logic of its own:
 - At-least-once: every record of a batch stays in flight until the batch's output is
   handed on (or written, for a sink), and commits never pass a record in flight. A
   crash mid-batch re-reads the whole batch.
-- Back-pressure: the sub-topology's window is ``max.records × max.in.flight`` records,
+- Back-pressure: the sub-topology's window is ``max.records x max.in.flight`` records,
   so a slow cluster stops new records, then fetching.
 - Errors: a failing job raises ``SparkBatchError`` for each of its records, which go
   to the processing exception handler one by one. With ``schema=``, a record whose value
@@ -31,16 +31,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from engine import config as cfg
 from engine.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
-from engine.records import Record
+from engine.records import ConsumerRecord, Record
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
+from engine.processors.nodes import Node, SinkNode
 
-from .frames import to_frame, to_records, to_rows
+from .frames import Decoded, decode, to_frame, to_records, to_rows
 from .schema import SchemaMismatch, resolve_schema
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _tags = itertools.count()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,18 @@ class BatchSettings:
 BatchJob = Callable[[Any], "list[dict[str, Any]] | None"]
 # What a batch's run gives back: the job's rows, and the records left out of the frame by index.
 BatchResult = tuple["list[dict[str, Any]] | None", "dict[int, SchemaMismatch]"]
+# What a batch of fetched records gives back: the records decoded (and those that failed to),
+# the output records (None: the job gave none back, a sink), the decoded records left out,
+# the record the output leaves with (None: no output), the job's error if it raised, and the
+# output's key and value bytes when they were made on the worker (``serialize_for``).
+FetchedResult = tuple[Decoded, "list[Record] | None", "dict[int, SchemaMismatch]", "ConsumerRecord | None",
+                      "Exception | None", "list[tuple[bytes | None, bytes | None]] | None"]
 
 
 class Batch:
     """The records of one micro-batch and, once it ran, its rows or its error."""
 
-    __slots__ = ("records", "full", "done", "rows", "left_out", "carrier", "error")
+    __slots__ = ("carrier", "done", "error", "full", "left_out", "records", "rows")
 
     def __init__(self) -> None:
         self.records: list[Record] = []
@@ -112,12 +121,16 @@ class Batch:
         records before it. When the very first record was left out, it is the last that fits.
         """
         self.rows, self.left_out = result
-        if not self.left_out:
-            self.carrier = len(self.records) - 1
-        elif (first := min(self.left_out)) > 0:
-            self.carrier = first - 1
-        else:
-            self.carrier = max((i for i in range(len(self.records)) if i not in self.left_out), default=-1)
+        self.carrier = carrier_of(len(self.records), self.left_out)
+
+
+def carrier_of(size: int, left_out: Mapping[int, Any]) -> int:
+    """The index of the record a batch's rows leave with (see ``Batch.ran``); -1: none fits."""
+    if not left_out:
+        return size - 1
+    if (first := min(left_out)) > 0:
+        return first - 1
+    return max((i for i in range(size) if i not in left_out), default=-1)
 
 
 class SparkBatchStage:
@@ -146,7 +159,12 @@ class SparkBatchStage:
         self._max_records, wait_ms, self._max_in_flight = self._settings.resolve(config)
         self._max_wait_s = wait_ms / 1000.0
         self._timeout_ms: int = config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        self.bulk: bool = config.get(cfg.SPARK_BATCH_BULK, True)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
+
+    def batching(self) -> tuple[int, float, int]:
+        """Records per batch, seconds a batch waits to fill, batches of a task at once."""
+        return self._max_records, self._max_wait_s, self._max_in_flight
 
     def process(self, record: Record) -> Any:
         return self._join(record)
@@ -198,14 +216,38 @@ class SparkBatchStage:
             self.batches += 1
             log.debug("Spark stage '%s' ran a batch of %d records in %.3f s", self.name, len(batch.records),
                       time.monotonic() - started)
-        except Exception as exc:  # noqa: BLE001 - every record of the batch reports it
+        except Exception as exc:
             batch.error = exc
         finally:
             batch.done.set()
 
     async def _run(self, batch: Batch) -> BatchResult:
         tag = f"{self._tag_prefix}-{next(_tags)}"
-        work = functools.partial(self._on_worker, list(batch.records), tag)
+        return await self._off_loop(functools.partial(self._on_worker, list(batch.records), tag), tag,
+                                    len(batch.records))
+
+    async def run_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
+                          sink: SinkNode | None = None) -> FetchedResult:
+        """One batch of fetched records, decoded, framed, run and its rows made records, all on a
+        worker thread, at most ``max.in.flight`` at once; the bulk path's call
+        (``engine.tasks.bulk``). Raises like ``_run``: ``SparkBatchTimeoutError`` past
+        ``spark.batch.timeout.ms``, or the job's own error.
+
+        ``sink``: the stage's only child, a sink with built-in serdes; the output is then also
+        serialized on the worker (see ``serialize_for``)."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self._max_in_flight)  # made on this task's loop
+        tag = f"{self._tag_prefix}-{next(_tags)}"
+        work = functools.partial(self._on_worker_fetched, raws, key_serde, value_serde, tag, sink)
+        async with self._limiter:
+            started = time.monotonic()
+            result = await self._off_loop(work, tag, len(raws))
+        self.batches += 1
+        log.debug("Spark stage '%s' ran a batch of %d records in %.3f s", self.name, len(raws),
+                  time.monotonic() - started)
+        return result
+
+    async def _off_loop(self, work: Callable[[], T], tag: str, size: int) -> T:
         try:
             with anyio.fail_after(self._timeout_ms / 1000.0 if self._timeout_ms else None):
                 # Abandoned on cancel: a task closed dirty must not wait for the cluster.
@@ -213,7 +255,7 @@ class SparkBatchStage:
         except TimeoutError as exc:
             # The worker thread was left behind; cancelling the job lets it end.
             await anyio.to_thread.run_sync(self._cancel, tag)
-            raise SparkBatchTimeoutError(self.name, len(batch.records), self._timeout_ms) from exc
+            raise SparkBatchTimeoutError(self.name, size, self._timeout_ms) from exc
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._cancel, tag)
@@ -234,13 +276,62 @@ class SparkBatchStage:
         finally:
             context.removeJobTag(tag)
 
+    def _on_worker_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
+                           tag: str, sink: SinkNode | None) -> FetchedResult:
+        decoded = decode(raws, key_serde, value_serde)
+        if not decoded.records:  # every record failed to decode: nothing for Spark to do
+            return decoded, None, {}, None, None, None
+        try:
+            rows, left_out = self._on_worker(decoded.records, tag)
+        except Exception as exc:
+            return decoded, None, {}, None, exc, None
+        if rows is None:
+            return decoded, None, left_out, None, None, None
+        # The rows leave with one record (``Batch.ran``'s rule), records that failed to decode
+        # counting as left out, and carry its timestamp.
+        left = set(decoded.failed).union(decoded.positions[i] for i in left_out)
+        index = carrier_of(len(raws), dict.fromkeys(left))
+        if index < 0:
+            return decoded, None, left_out, None, None, None
+        carrier = raws[index]
+        out = to_records(rows, self._key_column, self._value_columns, carrier.timestamp)
+        return decoded, out, left_out, carrier, None, None if sink is None else serialize_for(sink, out)
+
     def _cancel(self, tag: str) -> None:
         if not self._sessions.started:
             return
         try:
             self._sessions.get().sparkContext.cancelJobsWithTag(tag)
-        except Exception:  # noqa: BLE001 - the batch failed already; cancelling is best effort
+        except Exception:
             log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+
+
+# Serdes that keep no state and touch no event loop: safe to call on a worker thread.
+BUILTIN_SERDES = (BytesSerde, IntegerSerde, JsonSerde, StringSerde)
+
+
+def direct_sink(node: Node) -> SinkNode | None:
+    """The stage's only child if it is a sink to one topic with built-in serdes and no partitioner
+    (its output can then be serialized on the worker thread), else None."""
+    if len(node.children) != 1:
+        return None
+    sink = node.children[0]
+    if not isinstance(sink, SinkNode) or not isinstance(sink.topic, str) or sink.partitioner is not None:
+        return None
+    if not (isinstance(sink.key_serde, BUILTIN_SERDES) and isinstance(sink.value_serde, BUILTIN_SERDES)):
+        return None
+    return sink
+
+
+def serialize_for(sink: SinkNode, records: Sequence[Record]) -> list[tuple[bytes | None, bytes | None]] | None:
+    """The key and value bytes of ``records`` as ``sink`` writes them (call on a worker thread, so
+    the stream thread only appends them). None when one does not serialize: the batch then goes
+    down the usual way, where that record's failure reaches the processing handler."""
+    key_serde, value_serde = sink.key_serde, sink.value_serde
+    try:
+        return [(key_serde.serialize(r.key), value_serde.serialize(r.value)) for r in records]
+    except Exception:
+        return None
 
 
 def transform_job(fn: Callable[[Any], Any], stage: str) -> BatchJob:

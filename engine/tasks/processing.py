@@ -154,17 +154,27 @@ class RecordPath:
             # the pause are read again on resume, and asked about then if they fail again.
             self._undo()
             return Outcome.PAUSED
-        error = ProcessingError(task.id, node, raw.topic, raw.partition, raw.offset, exc)
-        error.__cause__ = exc
-        if task.errors is None:
-            raise error from exc
-        action = await task.errors.on_processing_error(task.id, raw, node, record, error)
-        if self._act_on(action, raw, error, exc) is Outcome.PAUSED:
+        if await self.processing_failed(raw, node, record, exc) is Outcome.PAUSED:
             self._undo()  # resume() runs the record again
             return Outcome.PAUSED
         if self._journal is not None:
             self._journal.end_record()
         return Outcome.SKIPPED
+
+    async def processing_failed(self, raw: ConsumerRecord, node: str, record: Record, exc: Exception) -> Outcome:
+        """Ask the processing handler about ``raw``: FAIL raises, PAUSE pauses the task (PAUSED),
+        CONTINUE drops the record (SKIPPED). Also the bulk Spark path's way to ask, record by record."""
+        task = self._task
+        error = ProcessingError(task.id, node, raw.topic, raw.partition, raw.offset, exc)
+        error.__cause__ = exc
+        if task.errors is None:
+            raise error from exc
+        action = await task.errors.on_processing_error(task.id, raw, node, record, error)
+        return self._act_on(action, raw, error, exc)
+
+    async def deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
+        """Ask the deserialization handler about ``raw`` (see ``processing_failed``)."""
+        return await self._deserialization_failed(raw, what, exc)
 
     async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
         task = self._task

@@ -52,6 +52,7 @@ from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
+from .bulk import BatchWindow, bulk_window
 from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
@@ -132,7 +133,7 @@ class StreamTask:
         self.cancel_scope: CancelScope | None = None
         self.errors: ErrorHandling | None = None
         # Set by the manager when num.threads.per.task > 1: records then run concurrently.
-        self.window: InFlightWindow | None = None
+        self.window: InFlightWindow | BatchWindow | None = None
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
         self.punctuations = Punctuations(task_id, context, clock_ms)
@@ -259,6 +260,8 @@ class StreamTask:
         self.state.transition_to(TaskState.RUNNING)
         # The one place that picks how the task's records run (a new kind of run loop goes here).
         if self.window is not None:
+            # A Spark stage right after the source takes its records in bulk: one entry per batch.
+            self.window = bulk_window(self) or self.window
             await self.window.run()
         else:
             await ChunkLoop(self).run()

@@ -1,0 +1,289 @@
+"""The bulk path of a Spark stage: a task whose source feeds a Spark stage directly runs this
+loop instead of one coroutine per record in flight (``engine.tasks.in_flight``).
+
+The loop takes fetched records off the task's queue in whole runs, into the task's open batch.
+A batch is an offset range of the task's partition and one coroutine (``_drive``): it waits until
+the batch holds ``max.records`` or ``max.wait.ms`` passed since its first record, then hands the
+raw records to a worker thread, where they are decoded, framed through Arrow, run through the
+user's function and made output records (``SparkBatchStage.run_fetched``). Nothing on the stream
+thread's loop is done per input record but taking it off the queue; per output record, only
+forwarding it downstream.
+
+Bookkeeping is one entry per batch (``_batches``, in offset order), which gives:
+
+- **Exact commits**: batches are released in offset order (``_release``): a batch's output is
+  forwarded, then the committable position moves past its last offset, never past the first
+  record of a batch that has not finished. A crash re-reads only the unreleased ranges.
+- **Ordering**: output leaves in input offset order, a batch's rows after those of the batch
+  before, with the timestamp of the record they leave with (``Batch.ran``'s rule).
+- **Back-pressure**: at most ``max.in.flight`` batches of a task (the open one included) exist;
+  then records stay in the task's buffer and fetching pauses once it fills.
+- **Errors**: records that fail to decode, records that do not fit the stage's schema and, for a
+  batch whose job raised, every record of the batch, are handed to the exception handlers one by
+  one in offset order as soon as their batch finished (a PAUSE lands while earlier batches still
+  run, at the lowest such record). A timeout (``spark.batch.timeout.ms``) retries the batch under
+  ``task.timeout.ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from engine.errors import SparkBatchError, SparkSchemaError, StreamsError
+from engine.records import ConsumerRecord, TopicPartition
+
+from engine.processors.nodes import Node, ProcessorNode, SourceNode
+
+from engine.spark.frames import decode
+from engine.spark.schema import SchemaMismatch
+from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink
+
+from .processing import RecordPath
+from .timeouts import is_timeout
+
+if TYPE_CHECKING:
+    from engine.tasks.task import StreamTask
+
+log = logging.getLogger(__name__)
+
+
+def bulk_window(task: StreamTask) -> BatchWindow | None:
+    """The bulk loop for ``task`` if it can take one: one input partition, no state stores, its
+    source's only child a Spark stage (a processor in between runs per record: the usual path),
+    and ``spark.batch.bulk`` on."""
+    if len(task.partitions) != 1 or task.state_manager is not None:
+        return None
+    sources = {id(node): node for node in task.graph.sources.values()}
+    if len(sources) != 1:
+        return None
+    source = next(iter(sources.values()))
+    if len(source.children) != 1:
+        return None
+    node = source.children[0]
+    if not isinstance(node, ProcessorNode) or not isinstance(node.processor, SparkBatchStage):
+        return None
+    if not node.processor.bulk:
+        return None
+    (tp,) = task.partitions
+    return BatchWindow(task, TopicPartition(*tp), source, node, node.processor)
+
+
+class FetchedBatch:
+    """One batch: its records (one offset range), and once run, what came back or the error."""
+
+    __slots__ = ("done", "error", "full", "raws", "result")
+
+    def __init__(self) -> None:
+        self.raws: list[ConsumerRecord] = []
+        self.full = anyio.Event()
+        self.done = False
+        self.result: FetchedResult | None = None
+        self.error: Exception | None = None
+
+    @property
+    def first(self) -> int:
+        return self.raws[0].offset
+
+
+class BatchWindow:
+    """The run loop of a task whose source feeds a Spark stage. Caller: ``StreamTask.run``."""
+
+    def __init__(self, task: StreamTask, tp: TopicPartition, source: SourceNode, node: Node,
+                 stage: SparkBatchStage) -> None:
+        self._task = task
+        self._tp = tp
+        self._source = source
+        self._node = node
+        self._stage = stage
+        self._sink = direct_sink(node)
+        self._max_records, self._max_wait_s, self._max_in_flight = stage.batching()
+        self._batches: deque[FetchedBatch] = deque()  # taken in, not released yet; offset order
+        self._open: FetchedBatch | None = None
+        self._releasing: anyio.Lock | None = None
+        # Failed records go to the handlers through the task's one per-record path.
+        self._path = RecordPath(task, journal=False)
+
+    # -- what StreamTask asks of its window -------------------------------------------
+    def metadata(self, tp: TopicPartition, watermark: int) -> str:
+        return ""  # batches are released in order: nothing is ever done above the watermark
+
+    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        # The minimum, not the head: after a resume a re-read batch may sit behind a stale one.
+        return min((batch.first for batch in self._batches), default=None)
+
+    # -- the loop -----------------------------------------------------------------
+    async def run(self) -> None:
+        task = self._task
+        self._releasing = anyio.Lock()
+        async with anyio.create_task_group() as group:
+            while not task.closing:
+                # Cleared before looking, so a wake-up that comes meanwhile is never lost.
+                task.clear_wakeup()
+                self._admit(group)
+                await task.flush_output()
+                await task.wait_for_wakeup()
+                await task.maybe_punctuate_wall_clock()
+            if self._open is not None:
+                self._open.full.set()  # closing: what was taken in runs now, not after max.wait.ms
+        await task.flush_output()
+
+    def _admit(self, group: anyio.abc.TaskGroup) -> None:
+        """Move buffered records into the open batch, opening batches while fewer than
+        ``max.in.flight`` exist."""
+        task, tp = self._task, self._tp
+        while task.buffered() and not task.closing and task.paused_at is None:
+            batch = self._open
+            if batch is None:
+                if len(self._batches) >= self._max_in_flight:
+                    return
+                batch = self._open = FetchedBatch()
+                self._batches.append(batch)
+                group.start_soon(self._drive, batch)
+            raws = batch.raws
+            for _ in range(min(self._max_records - len(raws), task.buffered())):
+                raws.append(task.take(tp, 0))
+            if len(raws) >= self._max_records:
+                self._open = None
+                batch.full.set()
+
+    async def _drive(self, batch: FetchedBatch) -> None:
+        with anyio.move_on_after(self._max_wait_s):
+            await batch.full.wait()
+        if self._open is batch:
+            self._open = None
+            self._task.wake()  # the next batch may open now
+        await self._run(batch)
+        await self._report_failures(batch)
+        batch.done = True
+        await self._release()
+
+    async def _run(self, batch: FetchedBatch) -> None:
+        task, stage, source = self._task, self._stage, self._source
+        timer = task.timer
+        while True:
+            started = task.monotonic_ms() if timer.deadline_ms is not None else 0
+            try:
+                batch.result = result = await stage.run_fetched(batch.raws, source.key_serde, source.value_serde,
+                                                                self._sink)
+                if result[4] is not None:
+                    raise result[4]
+            except Exception as exc:
+                if not is_timeout(exc):
+                    batch.error = exc
+                    return
+                # Past spark.batch.timeout.ms (or a timeout Spark raised): the batch is run again
+                # after the back-off, until task.timeout.ms has passed (then TaskTimeoutError).
+                task.timeouts += 1
+                backoff = timer.on_timeout(exc, f"Spark stage '{stage.name}' on {self._tp.topic}-"
+                                                f"{self._tp.partition} offsets {batch.first}..{batch.raws[-1].offset}",
+                                           started)
+                await anyio.sleep(backoff)
+                continue
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
+                timer.clear()
+            return
+
+    async def _report_failures(self, batch: FetchedBatch) -> None:
+        """Ask the handlers about the batch's failed records, in offset order: FAIL raises, PAUSE
+        pauses the task at the record (and the records above it are read again on resume, so they
+        are not asked about now), CONTINUE drops the record."""
+        stage, raws = self._stage, batch.raws
+        failures: dict[int, Any] = {}
+        if batch.result is not None:
+            decoded, _out, left_out, _carrier, _error, _serialized = batch.result
+            failures.update(decoded.failed)
+            for position, mismatch in left_out.items():
+                failures[decoded.positions[position]] = (decoded.records[position], mismatch)
+        if batch.error is not None:
+            # Every record of the batch fails with the job's error, but one that did not decode
+            # goes to the deserialization handler as on the per-record path.
+            decoded = batch.result[0] if batch.result is not None else decode(raws, self._source.key_serde,
+                                                                              self._source.value_serde)
+            for position, index in enumerate(decoded.positions):
+                failures[index] = (decoded.records[position], batch.error)
+            failures.update(decoded.failed)
+        if not failures:
+            return
+        for index in sorted(failures):
+            raw = raws[index]
+            if self._paused_at_or_below(raw.offset):
+                return
+            first, second = failures[index]
+            if isinstance(first, str):  # (which part, the serde's error)
+                await self._path.deserialization_failed(raw, first, second)
+                continue
+            error: SparkBatchError
+            if isinstance(second, SchemaMismatch):
+                error = SparkSchemaError(stage.name, second.field, second.expected, second.found, raw.topic,
+                                         raw.partition, raw.offset)
+            else:
+                error = SparkBatchError(stage.name, len(raws), second)
+                error.__cause__ = second
+            await self._path.processing_failed(raw, stage.name, first, error)
+
+    def _paused_at_or_below(self, offset: int) -> bool:
+        paused = self._task.paused_at
+        return paused is not None and paused[0] == self._tp and offset > paused[1]
+
+    async def _release(self) -> None:
+        """Hand on the output of the finished batches at the head, in offset order, and move the
+        committable position past each."""
+        assert self._releasing is not None
+        task, tp, batches = self._task, self._tp, self._batches
+        async with self._releasing:
+            while batches and batches[0].done:
+                batch = batches[0]
+                began = time.perf_counter_ns()
+                if batch.result is not None:
+                    await self._forward(batch.result)
+                batches.popleft()
+                task.advance_past(tp, batch.raws[-1].offset, self.lowest_in_flight(tp))
+                task.processed += len(batch.raws) - 1  # advance_past counted one
+                task.meter.add(len(batch.raws), time.perf_counter_ns() - began)
+            task.wake()
+
+    async def _forward(self, result: FetchedResult) -> None:
+        """The batch's output records, downstream of the stage, in the context of the record they
+        leave with; a failure downstream is that record's, as on the per-record path."""
+        task = self._task
+        _decoded, out, _left_out, carrier, _error, serialized = result
+        paused = task.paused_at
+        if not out or carrier is None:
+            return
+        if paused is not None and paused[0] == self._tp and carrier.offset >= paused[1]:
+            return  # at or past the record that paused the task: read again on resume
+        ctx = task.context
+        ctx.topic, ctx.partition, ctx.offset = carrier.topic, carrier.partition, carrier.offset
+        ctx.timestamp, ctx.headers = carrier.timestamp, carrier.headers
+        sink = self._sink
+        if serialized is not None and sink is not None:
+            # Serialized on the worker: only partitioning and appending are left for this loop.
+            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]
+            assert isinstance(topic, str) and collector is not None
+            for record, (key_bytes, value_bytes) in zip(out, serialized, strict=True):
+                pending = send(topic, record, sink, key_bytes, value_bytes)
+                if pending is not None:
+                    await pending
+            return
+        forwarder, node, children = ctx.forwarder, self._node, self._node.children
+        for record in out:
+            try:
+                forwarder.node = node
+                forwarder.forward(children, record)
+                if forwarder.pending:
+                    await forwarder.drain()
+            except Exception as exc:
+                failed = forwarder.node.name if forwarder.node is not None else node.name
+                forwarder.reset()
+                if isinstance(exc, StreamsError):
+                    raise
+                # The rest of the rows go with the record: CONTINUE drops them, PAUSE re-reads it.
+                await self._path.processing_failed(carrier, failed, record, exc)
+                return
+
