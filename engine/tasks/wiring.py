@@ -22,7 +22,7 @@ from .timeouts import TaskTimer
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
-    from engine.commit import Committer
+    from engine.commit import CommitProtocol
     from engine.ids import TaskId
     from engine.logcontext import LogContext
     from engine.spark.session import SparkSessions
@@ -73,7 +73,7 @@ def task_manager(
     topology: Topology,
     consumer: Consumer,
     collector: RecordCollector,
-    committer: Committer,
+    committer: CommitProtocol,
     *,
     spawn: Callable[[StreamTask], None],
     logger: LogContext,

@@ -21,18 +21,15 @@ from anyio import CancelScope, create_task_group
 from engine import config as cfg
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.config import load_handler
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
-from engine.logcontext import LogContext
 from engine.records import TopicPartition
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.state.task_state import StateSettings
 from engine.tasks.assignor import AssignorError
 from engine.tasks.error_handling import ErrorHandling
+from engine.tasks import wiring
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask
 from engine.ids import TaskId
-from engine.tasks.timeouts import StartupDeadline, TaskTimer
+from engine.tasks.timeouts import StartupDeadline
 from engine.threads.states import StreamThreadState
 from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
 from engine.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
@@ -163,25 +160,19 @@ class ThreadLoop:
         committer = committer_type(consumer, collector, config[cfg.COMMIT_INTERVAL_MS], clock.monotonic_ms, self._log)
         if isinstance(committer, TransactionalCommitter):
             committer.group_id = config[cfg.APPLICATION_ID]
-        errors = self.errors if self.errors is not None else self._error_handling(collector)
-        manager = TaskManager(
-            config[cfg.APPLICATION_ID], thread.topology, consumer, collector, committer,
-            lambda task: self._spawn(group, task),
-            self._log, clock.wall_ms,
-            _serde(config[cfg.DEFAULT_KEY_SERDE], "default.key.serde"),
-            _serde(config[cfg.DEFAULT_VALUE_SERDE], "default.value.serde"),
-            config[cfg.BUFFERED_RECORDS_PER_PARTITION],
-            timer_factory=self._timer,
-            monotonic_ms=clock.monotonic_ms,
+        if self.errors is None:
+            self.errors = wiring.error_handling(config, collector)
+        errors = self.errors
+        manager = wiring.task_manager(
+            config, thread.topology, consumer, collector, committer,
+            spawn=lambda task: self._spawn(group, task),
+            logger=self._log, clock_ms=clock.wall_ms, monotonic_ms=clock.monotonic_ms,
             errors=errors,
-            on_tasks_changed=self._publish_tasks,
-            threads_per_task=config[cfg.NUM_THREADS_PER_TASK],
-            ordering=config[cfg.PROCESSING_ORDERING],
-            state=StateSettings(
-                config[cfg.STATE_DIR], config[cfg.DEFAULT_DSL_STORE] == "rocksDB", thread.cache,
+            state=wiring.state_settings(
+                config, config[cfg.STATE_DIR], thread.cache,
                 lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
                 thread.restore_listener),
-            config=config,
+            on_tasks_changed=self._publish_tasks,
             spark=thread.spark,
             exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,
         )
@@ -189,21 +180,6 @@ class ThreadLoop:
         if exactly_once:
             errors.collector_of = manager.collector_of
         return manager
-
-    def _error_handling(self, collector: RecordCollector) -> ErrorHandling:
-        config = self._config
-        self.errors = ErrorHandling(
-            load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER),
-            load_handler(config, cfg.PROCESSING_EXCEPTION_HANDLER),
-            config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
-            collector,
-        )
-        return self.errors
-
-    def _timer(self, task_id: TaskId, log: LogContext) -> TaskTimer:
-        config = self._config
-        return TaskTimer(task_id, config[cfg.TASK_TIMEOUT_MS], config[cfg.RETRY_BACKOFF_MS],
-                         config[cfg.RETRY_BACKOFF_MAX_MS], self._thread.clock.monotonic_ms, log)
 
     async def _check_topics(self, admin: Admin, startup: StartupDeadline) -> dict[str, int]:
         topology = self._thread.topology
@@ -412,10 +388,6 @@ class ThreadLoop:
         view.publish_tasks()
         if view.manager is not None:
             self._thread.assignor.owned_tasks = sorted(view.manager.tasks)
-
-
-def _serde(value: object, key: str) -> Serde:
-    return BytesSerde() if value is None else as_serde(value, key)
 
 
 def real_error(exc: BaseException | None) -> BaseException | None:
