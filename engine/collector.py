@@ -11,11 +11,10 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from aiokafka.partitioner import murmur2
-
 from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
 from engine.records import Headers, Record
 from engine.transport.base import Producer
+from engine.transport.kafka.partitioner import key_hash
 
 if TYPE_CHECKING:
     from engine.processors.nodes import SinkNode
@@ -86,7 +85,8 @@ class RecordCollector:
         if partitioner is not None:
             partition = partitioner(topic, record.key, record.value, count)
             if partition is not None and not 0 <= partition < count:
-                raise ProduceError(topic, partition, f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
+                raise ProduceError(topic, partition,
+                                   f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
         if partition is None:
             partition = self.default_partition(topic, key_bytes, count)
         self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)
@@ -128,7 +128,7 @@ class RecordCollector:
         if hashed is None:
             if len(self._hash_cache) >= _HASH_CACHE_LIMIT:
                 self._hash_cache.clear()
-            hashed = self._hash_cache[key] = murmur2(key) & 0x7FFFFFFF
+            hashed = self._hash_cache[key] = key_hash(key)
         return hashed % count
 
     def buffered(self) -> int:

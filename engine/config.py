@@ -238,7 +238,7 @@ SECURITY_KEYS = (SECURITY_PROTOCOL, SASL_MECHANISM, SASL_JAAS_CONFIG, SASL_LOGIN
                  SSL_TRUSTSTORE_LOCATION, SSL_TRUSTSTORE_TYPE, SSL_KEYSTORE_LOCATION, SSL_KEYSTORE_TYPE,
                  SSL_KEY_PASSWORD, SSL_ENDPOINT_IDENTIFICATION_ALGORITHM)
 """Kafka's security keys: unprefixed they reach every Kafka client; ``consumer.``, ``producer.``
-or ``admin.`` in front overrides one for that kind of client (see engine.transport.security)."""
+or ``admin.`` in front overrides one for that kind of client (see engine.transport.kafka.security)."""
 # Security settings in other clients' spelling (kafka-python/aiokafka, librdkafka): ignoring one
 # would leave a cluster's TLS or login silently unconfigured, so each is an error naming Kafka's key.
 _FOREIGN_SECURITY_KEYS = {

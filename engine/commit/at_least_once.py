@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import CommitFailedError, ProduceError
 from engine.records import TopicPartition
-from engine.tasks.timeouts import is_timeout
+from engine.transport.kafka.errors import is_retriable as is_timeout
 from engine.transport.base import OffsetAndMetadata
 
 from .protocol import CommitProtocol

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-from engine.tasks.timeouts import is_timeout
+from engine.transport.kafka.errors import is_retriable as is_timeout
 from engine.transport.base import TransactionalProducer
 
 from .protocol import CommitProtocol

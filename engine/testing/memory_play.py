@@ -23,9 +23,6 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from aiokafka.errors import KafkaTimeoutError
-from aiokafka.partitioner import murmur2
-
 from engine import config as cfg
 from engine.client import ClientState, KafkaStreams
 from engine.config import StreamsConfig
@@ -36,6 +33,8 @@ from engine.testing.scenario import BadRecord, Crash, Input, ProcessorTimeout, R
 from engine.testing.topics import TestRecord
 from engine.testing.waiting import eventually_async
 from engine.topology.topology import Topology
+from engine.transport.kafka.errors import request_timeout
+from engine.transport.kafka.partitioner import key_hash
 from engine.transport.memory import MemoryBroker
 from engine.transport.memory.log import ProducedRecord
 from handlers.responses import StreamThreadExceptionResponse
@@ -84,7 +83,7 @@ async def play_on_memory_broker(
                 partition: int | None) -> None:
         count = counts.get(topic) or broker.partition_counts([topic])[topic]
         if partition is None:
-            partition = (next(round_robin) if key is None else murmur2(key) & 0x7FFFFFFF) % count
+            partition = (next(round_robin) if key is None else key_hash(key)) % count
         broker.produce({TopicPartition(topic, partition % count): [ProducedRecord(key, value, timestamp,
                                                                                   tuple(headers))]})
 
@@ -108,7 +107,7 @@ async def play_on_memory_broker(
             elif isinstance(step, Crash) and sink is not None:
                 broker.fail_produce(sink, ScenarioCrash("crash injected by the scenario"), times=1)
             elif isinstance(step, ProcessorTimeout) and sink is not None:
-                broker.fail_produce(sink, KafkaTimeoutError("timeout injected by the scenario"), step.times)
+                broker.fail_produce(sink, request_timeout("timeout injected by the scenario"), step.times)
             elif isinstance(step, Rebalance):
                 other = await started()
                 await other.close_async()

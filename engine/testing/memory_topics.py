@@ -17,12 +17,11 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from engine.errors import TransportError
 from engine.records import Record, TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.testing.topics import TestRecord
+from engine.transport.kafka.partitioner import key_hash
 from engine.transport.memory import MemoryBroker
 from engine.transport.memory.log import ProducedRecord
 
@@ -70,7 +69,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[Any, Any] | Reco
         key_bytes = keys.serialize(key)
         target = partition
         if target is None:
-            target = (next(round_robin) if key_bytes is None else murmur2(key_bytes) & 0x7FFFFFFF) % count
+            target = (next(round_robin) if key_bytes is None else key_hash(key_bytes)) % count
         failed = broker.produce({TopicPartition(topic, target): [
             ProducedRecord(key_bytes, values.serialize(value), timestamp, headers)]})
         if failed:

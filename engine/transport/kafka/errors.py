@@ -1,0 +1,166 @@
+"""The one mapping of the Kafka client's (aiokafka's) errors to the engine's.
+
+Every aiokafka error that leaves the Kafka transport is turned into an engine error here, and
+:func:`is_retriable` is the engine's one classification of what is worth retrying under a
+deadline (``engine.tasks.timeouts.is_timeout`` is this function).
+
+Timeouts and retriable errors
+    aiokafka signals timeouts as ``KafkaTimeoutError`` (batch expiry after
+    ``request_timeout_ms``, ``end_offsets``), ``RequestTimedOutError`` (broker
+    side, retriable), ``NodeNotReadyError``/``KafkaConnectionError`` (retriable)
+    and builtin ``TimeoutError`` (``asyncio`` timeouts). A produce to a topic
+    that does not exist fails after ``request_timeout_ms`` with
+    ``UnknownTopicOrPartitionError`` (metadata never shows the topic). While a
+    broker restarts, a batch whose request timeout passes before the new
+    leader is known fails with ``LeaderNotAvailableError`` or
+    ``NotLeaderForPartitionError`` (retriable: aiokafka retries them itself
+    only until the batch expires). They reach the engine wrapped
+    (``ProduceError``, ``TransportError``) with ``retriable`` set and the
+    aiokafka exception as ``__cause__``; :func:`is_retriable` is the one
+    place that classifies them.
+
+Fencing
+    Another producer that initialised the same ``transactional.id`` (or a transaction that
+    timed out on the broker) shows up as ``ProducerFenced``, ``InvalidProducerEpoch`` or
+    ``TransactionCoordinatorFenced``; a transactional producer reports each as
+    ``ProducerFencedError``.
+"""
+
+from __future__ import annotations
+
+from aiokafka import errors as aioerrors
+
+from engine.errors import (
+    AuthenticationError,
+    CommitFailedError,
+    IllegalStateError,
+    ProduceError,
+    ProducerFencedError,
+    StartupTimeoutError,
+    StreamsTimeoutError,
+    TaskTimeoutError,
+    TransportError,
+)
+
+__all__ = [
+    "commit_failed",
+    "describe",
+    "error_name",
+    "fenced_cause",
+    "illegal_state",
+    "is_retriable",
+    "produce_error",
+    "request_timeout",
+    "transaction_error",
+    "transport_error",
+]
+
+# Another producer initialised our transactional.id (or the transaction timed out on the broker).
+_FENCED_ERRORS: tuple[type[BaseException], ...] = (
+    aioerrors.ProducerFenced,
+    aioerrors.InvalidProducerEpoch,
+    aioerrors.TransactionCoordinatorFenced,
+)
+
+# The errors that end a retry (a deadline ran out, or credentials the broker refused): never
+# retried themselves, even though what they were raised from was (a refused TLS handshake is
+# raised from the connection error it showed up as).
+_FINAL_ERRORS: tuple[type[BaseException], ...] = (StreamsTimeoutError, TaskTimeoutError, StartupTimeoutError,
+                                                   AuthenticationError)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether ``exc``, or the error it was raised from, is worth retrying under a deadline.
+
+    The one classification of client errors in the engine (``engine.tasks.timeouts.is_timeout``
+    is this function). Retriable: an engine ``TransportError`` marked ``retriable``; the builtin
+    ``TimeoutError`` (asyncio timeouts, a slow processor); aiokafka's ``KafkaTimeoutError`` (a batch
+    expired after ``request_timeout_ms``) and every aiokafka error whose ``retriable`` attribute is
+    set, Kafka's ``RetriableException`` family: connection loss (``KafkaConnectionError``,
+    ``NodeNotReadyError``), request timeouts, leader changes (``LeaderNotAvailableError``,
+    ``NotLeaderForPartitionError``), coordinator moves (``NotCoordinatorError``,
+    ``CoordinatorNotAvailableError``, ``CoordinatorLoadInProgressError``), stale metadata and
+    ``UnknownTopicOrPartitionError`` (a topic's metadata not there yet).
+    Not retriable: ``TaskTimeoutError``, ``StartupTimeoutError`` and ``StreamsTimeoutError`` (a
+    deadline ran out), and an error merely *seen while handling* a retriable one (``__context__``
+    is not followed).
+    """
+    current: BaseException | None = exc
+    for _ in range(6):
+        if current is None or isinstance(current, _FINAL_ERRORS):
+            return False
+        if isinstance(current, TransportError) and current.retriable:
+            return True
+        if isinstance(current, (TimeoutError, aioerrors.KafkaTimeoutError)):
+            return True
+        if isinstance(current, aioerrors.KafkaError) and current.retriable:
+            return True
+        current = current.__cause__
+    return False
+
+
+def describe(exc: BaseException) -> str:
+    """``Name: text`` of an error, for messages (just the name when the text says nothing more)."""
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text and text != name else name
+
+
+def error_name(code: int) -> str:
+    """The name of the error a Kafka response's error code stands for."""
+    return str(aioerrors.for_code(code).__name__)
+
+
+def transport_error(exc: BaseException, what: str) -> TransportError:
+    """``what`` failed with the client error ``exc``: retriable when ``exc`` is."""
+    err = TransportError(f"{what} failed: {describe(exc)}")
+    err.retriable = is_retriable(exc)
+    return err
+
+
+def illegal_state(exc: BaseException) -> IllegalStateError:
+    """aiokafka's ``IllegalStateError`` (a partition not assigned, …) as the engine's."""
+    return IllegalStateError(str(exc))
+
+
+def commit_failed(exc: BaseException, partitions: object) -> CommitFailedError:
+    """A commit the group refused: it rebalanced (UnknownMemberId, IllegalGeneration,
+    RebalanceInProgress), or the partitions are no longer (or not yet) this member's."""
+    return CommitFailedError(f"Commit of {partitions} failed: {describe(exc)}")
+
+
+def fenced_cause(exc: BaseException) -> BaseException | None:
+    """The fencing error ``exc`` is, or was raised from; None if it is no fencing."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, _FENCED_ERRORS):
+            return cause
+        cause = cause.__cause__
+    return None
+
+
+def produce_error(topic: str, partition: int, cause: BaseException, transactional_id: str | None) -> TransportError:
+    """A failed delivery to ``topic``-``partition``: ``ProducerFencedError`` for a fenced
+    transactional producer, else ``ProduceError`` (retriable when ``cause`` is)."""
+    if transactional_id is not None and isinstance(cause, _FENCED_ERRORS):
+        return ProducerFencedError(f"Producing to {topic}-{partition} failed: producer "
+                                   f"{transactional_id} was fenced")
+    error = ProduceError(topic, partition, describe(cause))
+    error.retriable = is_retriable(cause)
+    return error
+
+
+def transaction_error(exc: BaseException, what: str, transactional_id: str | None) -> TransportError:
+    """A failed step (``what``) of a transaction: fenced, a delivery that failed, or a client error."""
+    fenced = fenced_cause(exc)
+    if fenced is not None:
+        return ProducerFencedError(f"{what} failed: producer {transactional_id} was fenced: {describe(fenced)}")
+    if isinstance(exc, ProduceError):
+        return exc
+    return transport_error(exc, what)
+
+
+def request_timeout(message: str) -> Exception:
+    """The error the Kafka client raises when a request or a batch times out (to inject one)."""
+    error: Exception = aioerrors.KafkaTimeoutError(message)
+    return error

@@ -1,0 +1,215 @@
+"""The engine's assignor and rebalance listener as aiokafka sees them, and what they tell ``poll``.
+
+Group membership and rebalance callbacks
+    aiokafka runs the group protocol in a background task of the consumer's
+    loop (the *coordination task*), not inside ``getmany``. The rebalance
+    listener is awaited by that task: ``on_partitions_revoked`` (eager, every
+    owned partition, also with an empty set on the first join) before the
+    JoinGroup request, then, after SyncGroup, the assignor's ``on_assignment``
+    and ``on_partitions_assigned``. So the callbacks can run whenever the
+    engine's loop is idle at an ``await`` (during ``poll`` but also during a
+    ``flush`` or ``commit``), never in another thread.
+    aiokafka logs and swallows exceptions raised by the listener. The adapters
+    here record the first exception of the engine's listener or assignor in
+    :class:`RebalanceState`, and the consumer raises it from its next ``poll``.
+    Between the assignor's ``on_assignment`` and the end of the listener's
+    ``on_partitions_assigned`` the state's *gate* is closed: the consumer's ``poll``
+    returns no records of the new assignment before the engine has taken it on.
+
+``request_rejoin()``
+    Uses the coordinator's private ``request_rejoin()`` (aiokafka has no
+    ``enforceRebalance``). A follower that rejoins with an unchanged
+    subscription gets its old assignment back without a group rebalance, so
+    the transport puts a rejoin counter in front of the assignor's user data
+    (stripped again before ``GroupAssignor.assign`` sees it); every
+    ``request_rejoin()`` changes it and so rebalances the whole group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from aiokafka import errors as aioerrors
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from engine.records import TopicPartition
+from engine.transport.base import GroupAssignor, MemberAssignment, MemberSubscription, RebalanceListener
+from engine.transport.kafka.errors import describe
+from engine.transport.kafka.structs import our_tps
+
+__all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState"]
+
+log = logging.getLogger(__name__)
+
+
+class RebalanceState:
+    """One consumer's view of its rebalances: the rejoin count, the first callback error, the gate.
+
+    Written by the adapters (in aiokafka's coordination task) and read by the consumer's ``poll``,
+    all on the consumer's loop.
+    """
+
+    def __init__(self, client_id: str) -> None:
+        self._client_id = client_id
+        self.rejoin_count = 0
+        self._callback_error: BaseException | None = None
+        # An asyncio future, as aiokafka's coordination task resolves it.
+        self._gate: asyncio.Future[None] | None = None
+
+    def callback_failed(self, exc: BaseException, where: str) -> Exception:
+        """Keep the first failure of an engine callback; the error to hand back to aiokafka."""
+        log.error("Rebalance callback %s of consumer %s failed: %r", where, self._client_id, exc)
+        if self._callback_error is None:
+            self._callback_error = exc
+        # aiokafka logs what the assignor raises; the engine hears of it from poll.
+        error: Exception = aioerrors.KafkaError(f"{where} failed: {describe(exc)}")
+        return error
+
+    def raise_callback_error(self) -> None:
+        exc = self._callback_error
+        if exc is not None:
+            self._callback_error = None
+            raise exc
+
+    @property
+    def assigning(self) -> bool:
+        """Whether a new assignment is installed but the engine's ``on_partitions_assigned`` has not ended."""
+        return self._gate is not None and not self._gate.done()
+
+    async def assigned(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the assignment under way has been taken on."""
+        gate = self._gate
+        if gate is not None and not gate.done():
+            await asyncio.wait([gate], timeout=timeout_s)
+
+    def assignment_started(self) -> None:
+        if self._gate is None or self._gate.done():
+            self._gate = asyncio.get_running_loop().create_future()
+
+    def assignment_finished(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None and not gate.done():
+            gate.set_result(None)
+
+
+# The subscription user data on the wire is the engine's bytes behind a short
+# header carrying this member's request_rejoin() count. The broker starts a
+# rebalance when a follower rejoins only if its subscription changed (a leader
+# always triggers one), so request_rejoin() bumps the count to make sure the
+# whole group rebalances, as Kafka Streams does with its "unique field".
+_USER_DATA_MAGIC = b"\xffSL"
+
+
+def _wrap_user_data(rejoin_count: int, user_data: bytes) -> bytes:
+    return _USER_DATA_MAGIC + (rejoin_count & 0xFFFFFFFF).to_bytes(4, "big") + user_data
+
+
+def _unwrap_user_data(wire: bytes | None) -> bytes:
+    data = bytes(wire or b"")
+    if data.startswith(_USER_DATA_MAGIC) and len(data) >= len(_USER_DATA_MAGIC) + 4:
+        return data[len(_USER_DATA_MAGIC) + 4 :]
+    return data  # a member that does not use this transport
+
+
+class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
+    """Adapts the engine's :class:`GroupAssignor` to aiokafka's assignor interface.
+
+    aiokafka calls these through the objects in ``partition_assignment_strategy``
+    (``assignor.name``, ``assignor.metadata(topics)``, ``assignor.assign(cluster,
+    members)`` on the leader, ``assignor.on_assignment(assignment)``), so an
+    instance with instance methods works although the base declares classmethods.
+    """
+
+    def __init__(self, assignor: GroupAssignor, state: RebalanceState) -> None:
+        self._assignor = assignor
+        self._state = state
+
+    @property
+    def name(self) -> str:
+        return self._assignor.name
+
+    def metadata(self, topics: Any) -> Any:
+        ordered = sorted(topics)
+        try:
+            user_data = self._assignor.subscription_user_data(ordered) or b""
+        except Exception as exc:
+            raise self._state.callback_failed(exc, "subscription_user_data") from exc
+        wire = _wrap_user_data(self._state.rejoin_count, bytes(user_data))
+        return ConsumerProtocolMemberMetadata(0, ordered, wire)
+
+    def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
+        subscriptions = {
+            member_id: MemberSubscription(
+                member_id, tuple(meta.subscription), _unwrap_user_data(meta.user_data)
+            )
+            for member_id, meta in members.items()
+        }
+        partitions_per_topic: dict[str, int] = {}
+        for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
+            partitions = cluster.partitions_for_topic(topic)
+            if partitions:
+                partitions_per_topic[topic] = len(partitions)
+        try:
+            result = self._assignor.assign(subscriptions, partitions_per_topic)
+        except Exception as exc:
+            raise self._state.callback_failed(exc, "assign") from exc
+        out: dict[str, Any] = {}
+        for member_id in members:
+            assignment = result.get(member_id) or MemberAssignment(())
+            by_topic: dict[str, list[int]] = defaultdict(list)
+            for tp in assignment.partitions:
+                by_topic[tp[0]].append(tp[1])
+            out[member_id] = ConsumerProtocolMemberAssignment(
+                0,
+                [(topic, sorted(parts)) for topic, parts in sorted(by_topic.items())],
+                bytes(assignment.user_data or b""),
+            )
+        return out
+
+    def on_assignment(self, assignment: Any) -> None:
+        # Called right after aiokafka installed the new assignment and before
+        # the listener's on_partitions_assigned: close the poll gate now.
+        self._state.assignment_started()
+        ours = MemberAssignment(
+            tuple(TopicPartition(topic, p) for topic, parts in assignment.assignment for p in parts),
+            bytes(assignment.user_data or b""),
+        )
+        try:
+            self._assignor.on_assignment(ours)
+        except Exception as exc:
+            self._state.assignment_finished()
+            raise self._state.callback_failed(exc, "on_assignment") from exc
+
+
+class ListenerAdapter(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
+    """Adapts the engine's :class:`RebalanceListener` (engine ``TopicPartition`` sets)."""
+
+    def __init__(self, listener: RebalanceListener | None, state: RebalanceState) -> None:
+        self._listener = listener
+        self._state = state
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        if self._listener is None:
+            return
+        try:
+            await self._listener.on_partitions_revoked(our_tps(revoked))
+        except Exception as exc:
+            self._state.callback_failed(exc, "on_partitions_revoked")
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        try:
+            if self._listener is not None:
+                await self._listener.on_partitions_assigned(our_tps(assigned))
+        except Exception as exc:
+            self._state.callback_failed(exc, "on_partitions_assigned")
+        finally:
+            self._state.assignment_finished()
