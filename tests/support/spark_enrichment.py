@@ -9,9 +9,10 @@ It runs in its own process, because a process has one SparkContext and the test 
 ``local[2]`` one that a client in the test process would reuse:
 
     python -m tests.support.spark_enrichment --bootstrap HOST:PORT --application-id APP \\
-        --source IN --sink OUT [--mode spark|python] [--settings JSON] [--heavy N] [--fail-at ID]
+        --source IN --sink OUT [--mode spark|python] [--settings JSON] [--heavy N] [--fail-at ID] [--slow-ms MS]
 
-It prints one JSON object a line: ``{"event": "state", "state": ...}``, ``{"event": "handler",
+It prints one JSON object a line: ``{"event": "ready", "time": <epoch s>}`` just before the
+client starts (with ``--warm``, once the SparkSession is up), ``{"event": "state", "state": ...}``, ``{"event": "handler",
 "error": ..., "chain": [type names]}`` (the uncaught-exception handler, which answers
 SHUTDOWN_CLIENT) and ``{"event": "final", "state": ...}``; it exits on a terminal state or SIGTERM.
 """
@@ -19,10 +20,12 @@ SHUTDOWN_CLIENT) and ``{"event": "final", "state": ...}``; it exits on a termina
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -93,12 +96,14 @@ def customers_frame(session: Any) -> Any:
     return frame
 
 
-def enrich(orders: Any, heavy: int = 0, fail_at: int | None = None) -> Any:
+def enrich(orders: Any, heavy: int = 0, fail_at: int | None = None, slow_ms: int = 0) -> Any:
     """The Spark side: the broadcast join and the computed column.
 
     ``heavy`` > 0 makes the job Spark-bound (a chain of SHA-512 per row, in the executors, spread
     over at least 4 partitions) without changing its output; ``fail_at`` makes the executors
-    raise on that order id (a job error from inside Spark, not from the driver's Python).
+    raise on that order id (a job error from inside Spark, not from the driver's Python);
+    ``slow_ms`` makes each row take that long in the executors, so a batch lasts long enough
+    for a test to kill a worker while it runs.
     """
     from pyspark.sql import functions as F
 
@@ -109,6 +114,9 @@ def enrich(orders: Any, heavy: int = 0, fail_at: int | None = None) -> Any:
             digest = F.sha2(digest, 512)
         # Kept only as a filter that never drops a row, so the optimizer must compute it.
         orders = orders.where(F.length(digest) == 128)
+    if slow_ms:
+        orders = orders.repartition(2).where(F.expr(
+            f"coalesce(reflect('java.lang.Thread', 'sleep', cast({slow_ms} as bigint)), 'slept') is not null"))
     if fail_at is not None:
         orders = orders.withColumn(
             "id", F.when(F.col("id") == fail_at, F.raise_error(F.lit(f"order {fail_at} is bad")))
@@ -130,8 +138,8 @@ def build(args: argparse.Namespace) -> Any:
     if args.mode == "python":
         stream = stream.map_values(enriched)
     else:
-        heavy, fail_at = args.heavy, args.fail_at
-        stream = stream.spark_batch(lambda frame: enrich(frame, heavy, fail_at), schema=SCHEMA,
+        heavy, fail_at, slow_ms = args.heavy, args.fail_at, args.slow_ms
+        stream = stream.spark_batch(lambda frame: enrich(frame, heavy, fail_at, slow_ms), schema=SCHEMA,
                                     max_records=args.max_records, max_wait_ms=args.max_wait_ms,
                                     value_columns=list(OUTPUT_FIELDS), name="enrich")
     stream.to(args.sink, key_serde=key, value_serde=json_serde)
@@ -149,6 +157,23 @@ def build(args: argparse.Namespace) -> Any:
     streams.set_uncaught_exception_handler(handler)
     streams.set_state_listener(lambda new, _old: emit("state", state=new.name))
     return streams
+
+
+def warm_up(settings: dict[str, Any], mode: str) -> None:
+    """Start the SparkSession the client will reuse, so a benchmark's clock starts with Spark up
+    (as it does for Structured Streaming, whose query starts on a running session)."""
+    if mode != "spark":
+        return
+    from pyspark.sql import SparkSession
+
+    from engine.spark.session import session_settings
+
+    builder = SparkSession.builder.appName("streamloop-enrichment")
+    for key, value in session_settings(settings).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    customers_frame(session).count()
 
 
 _print_lock = threading.Lock()
@@ -174,9 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wait-ms", type=int, default=None)
     parser.add_argument("--heavy", type=int, default=0)
     parser.add_argument("--fail-at", type=int, default=None)
+    parser.add_argument("--slow-ms", type=int, default=0)
+    parser.add_argument("--warm", action="store_true",
+                        help="start the SparkSession (and cache the customer table) before the client")
     args = parser.parse_args(argv)
 
     streams = build(args)
+    if args.warm:
+        warm_up(json.loads(args.settings), args.mode)
+    emit("ready", time=time.time())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     streams.start()
@@ -225,6 +256,10 @@ class EnrichmentProcess:
     def stop(self, timeout: float = 90.0) -> int:
         import subprocess
 
+        if self.events("final"):
+            # The client is closed already; the process is on its way out (its JVM ending).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
