@@ -12,7 +12,7 @@ It runs in its own process, because a process has one SparkContext and the test 
         --source IN --sink OUT [--mode spark|python] [--settings JSON] [--heavy N] [--fail-at ID] [--slow-ms MS]
 
 It prints one JSON object a line: ``{"event": "ready", "time": <epoch s>}`` just before the
-client starts (with ``--warm``, once the SparkSession is up), ``{"event": "state", "state": ...}``, ``{"event": "handler",
+client starts (with ``--warm``, once the SparkSession is up), ``{"event": "state", "state": ...}``, ``{"event": "tasks", "count": N}`` (active tasks, when it changes), ``{"event": "handler",
 "error": ..., "chain": [type names]}`` (the uncaught-exception handler, which answers
 SHUTDOWN_CLIENT) and ``{"event": "final", "state": ...}``; it exits on a terminal state or SIGTERM.
 """
@@ -212,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     streams.start()
     terminal = (ClientState.ERROR, ClientState.NOT_RUNNING)
+    tasks = -1
     while not stop.is_set() and not streams.wait_for_state(*terminal, timeout=0.1):
-        pass
+        count = sum(len(t.active_tasks) for t in streams.metadata_for_local_threads())
+        if count != tasks:
+            tasks = count
+            emit("tasks", count=count)
     streams.close(timeout=60)
     emit("final", state=streams.state.name)
     return 0
