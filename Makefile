@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH  := $(VENV)/.bench-installed
 
-.PHONY: demo test install kafka check docs unit bench bench-quick clean
+.PHONY: demo test test-slow install kafka check docs unit bench bench-quick clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "streamloop needs Python 3.11+, found " + sys.version.split()[0] + " (set PYTHON=python3.11)")'
@@ -42,6 +42,10 @@ docs: $(STAMP)
 # The session fixture starts the Kafka broker (fetched above) and stops it at the end.
 test: kafka check
 	$(BIN)/python -m pytest -q
+
+# The long fault runs (a Spark worker killed mid-job, ...), left out of `make test`.
+test-slow: kafka $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit tests/properties

@@ -42,6 +42,7 @@ from engine.records import ConsumerRecord, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
 from engine.processors.nodes import Node, SinkNode
 
+from .failures import SparkBatchTransientError, is_transient
 from .frames import Decoded, decode, to_frame, to_records, to_rows
 from .schema import SchemaMismatch, resolve_schema
 
@@ -189,6 +190,8 @@ class SparkBatchStage:
         if batch.error is not None:
             if isinstance(batch.error, SparkBatchTimeoutError):
                 raise SparkBatchTimeoutError(self.name, len(batch.records), self._timeout_ms) from batch.error
+            if is_transient(batch.error):  # a lost executor or worker: retried under task.timeout.ms
+                raise SparkBatchTransientError(self.name, len(batch.records), batch.error) from batch.error
             raise SparkBatchError(self.name, len(batch.records), batch.error) from batch.error
         mismatch = batch.left_out.get(index)
         if mismatch is not None:

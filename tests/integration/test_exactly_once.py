@@ -257,7 +257,15 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
         try:
             seen = 0
             assert process.stdout is not None
-            while seen < kill_after:  # the app prints a line per record it processes
+            changelog = [TopicPartition(f"{names.app}-counts-changelog", p) for p in range(2)]
+
+            async def changelog_written() -> bool:
+                return sum((await kafka.end_offsets(changelog)).values()) > 0
+
+            # Killed once past ``kill_after`` records and once the changelog holds some of their
+            # updates (a busy machine may print many records before the first send): the restart
+            # must then restore. The app prints a line per record; reading on keeps it from blocking.
+            while True:
                 line = await asyncio.wait_for(process.stdout.readline(), 90)
                 if not line:
                     stderr.seek(0)
@@ -265,6 +273,8 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
                                 f"{stderr.read().decode(errors='replace')[-3000:]}")
                 if json.loads(line)["event"] == "processed":
                     seen += 1
+                    if seen >= kill_after and seen % 25 == 0 and await changelog_written():
+                        break
             os.kill(process.pid, signal.SIGKILL)
         finally:
             if process.returncode is None:
