@@ -35,14 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fault_kill import run_kills  # noqa: E402
-from benchmarks.thread_scaling import add_remove_latency  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from tests.support import broker_faults  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.thread_races import random_storm, run_storm  # noqa: E402
-from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE  # noqa: E402
-from tests.support.kafka_broker import KafkaBroker  # noqa: E402
+from benchmarks.fault_kill import run_kills
+from benchmarks.thread_scaling import add_remove_latency
+from engine.transport import open_transport
+from tests.support import broker_faults
+from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE
+from tests.support.cluster import Cluster
+from tests.support.kafka_broker import KafkaBroker
+from tests.support.thread_races import random_storm, run_storm
 
 Scenario = Callable[[KafkaBroker], Awaitable[dict[str, Any]]]
 GUARANTEES = {AT_LEAST_ONCE: "alos", EXACTLY_ONCE: "eos"}
@@ -146,7 +146,7 @@ async def run(selected: list[tuple[str, Scenario]], broker: KafkaBroker) -> list
         started = time.monotonic()
         try:
             figures = await scenario(broker)
-        except Exception as exc:  # noqa: BLE001 - a broken scenario is a row, not the end of the table
+        except Exception as exc:  # a broken scenario is a row, not the end of the table
             figures = {"error": f"scenario failed: {type(exc).__name__}: {exc}"}
         rows.append((name, figures, time.monotonic() - started))
     return rows

@@ -45,11 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.records import TopicPartition as EngineTP  # noqa: E402
-from engine.serdes import BytesSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from engine.transport.base import ProducerSettings  # noqa: E402
+from engine import KafkaStreams, StreamsBuilder
+from engine.records import TopicPartition as EngineTP
+from engine.serdes import BytesSerde
+from engine.transport import open_transport
+from engine.transport.base import ProducerSettings
 
 PARTITIONS = 4
 IO_SECONDS = 0.005

@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import IntegerSerde, JsonSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from engine.transport.base import ProducerSettings  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.transport import open_transport
+from engine.transport.base import ProducerSettings
+from tests.support.cluster import Cluster
 
 INT, JSON = IntegerSerde(), JsonSerde()
 IO_WAIT_S = 0.002

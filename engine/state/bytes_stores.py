@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from engine.errors import MissingExtraError, StateStoreError
 from engine.state.directory import make_private_dirs
 
-
 _ABSENT = object()
 
 
@@ -235,7 +234,7 @@ class RocksDBBytesStore:
     def approximate_num_entries(self) -> int:
         try:
             stored = int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
-        except Exception:  # noqa: BLE001 - an estimate is best effort
+        except Exception:  # an estimate is best effort
             stored = 0
         return stored + len(self._pending)
 

@@ -36,10 +36,8 @@ import anyio
 import anyio.abc
 
 from engine.errors import SparkBatchError, SparkSchemaError, StreamsError
-from engine.records import ConsumerRecord, TopicPartition
-
 from engine.processors.nodes import Node, ProcessorNode, SourceNode
-
+from engine.records import ConsumerRecord, TopicPartition
 from engine.spark.frames import decode
 from engine.spark.schema import SchemaMismatch
 from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink

@@ -31,10 +31,10 @@ import anyio
 import anyio.lowlevel
 
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
-from engine.records import ConsumerRecord, Record
 from engine.processors.nodes import SourceNode
-
+from engine.records import ConsumerRecord, Record
 from handlers.responses import Answer
+
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from tests.support.console_client import ConsoleClient
 pytest.importorskip("aiomonitor")
 pytest.importorskip("prometheus_client")
 
-from engine.console.monitor import StreamsMonitor, open_monitor  # noqa: E402
-from engine.prometheus import PrometheusExporter  # noqa: E402
+from engine.console.monitor import StreamsMonitor, open_monitor
+from engine.prometheus import PrometheusExporter
 
 # aiomonitor's web UI keys its app with a string, which aiohttp warns about (an error under our filters).
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")

@@ -689,7 +689,7 @@ async def test_concurrent_adds_and_removes_keep_names_unique_and_close_stops_eve
             try:
                 streams.add_stream_thread()
                 streams.remove_stream_thread(timeout=DEADLINE)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
+            except BaseException as exc:  # reported by the test
                 errors.append(exc)
 
     def add_until_closed() -> None:
@@ -697,7 +697,7 @@ async def test_concurrent_adds_and_removes_keep_names_unique_and_close_stops_eve
             for _ in range(8):
                 if streams.add_stream_thread() is None:
                     break
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             errors.append(exc)
 
     async def watch(done: asyncio.Event) -> None:

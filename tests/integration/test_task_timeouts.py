@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 from collections import Counter
@@ -10,10 +9,10 @@ from collections import Counter
 import pytest
 
 from engine import ClientState, StreamsBuilder
+from engine.console.views import tasks_view
 from engine.errors import TaskTimeoutError
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.tasks.task_id import TaskId
-from engine.console.views import tasks_view
 from engine.testing import eventually_async
 from engine.threads.stream_thread import TaskRunState
 from handlers import StreamThreadExceptionResponse
@@ -32,7 +31,7 @@ def timing_out_topology(source: str, sink: str, times_out) -> StreamsBuilder:
     async def call_service(value: dict) -> dict:
         attempts[value["i"]] += 1
         if times_out(value):
-            raise asyncio.TimeoutError(f"service did not answer for record {value['i']}")
+            raise TimeoutError(f"service did not answer for record {value['i']}")
         return {**value, "attempts": attempts[value["i"]]}
 
     builder = StreamsBuilder()

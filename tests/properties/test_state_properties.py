@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import StreamsBuilder
-from engine.serdes import LongSerde, StringSerde
 from engine.errors import InvalidStateStoreError
+from engine.serdes import LongSerde, StringSerde
 from engine.state import Materialized
 from engine.testing import eventually_async
 from engine.transport import open_transport

@@ -30,7 +30,7 @@ def topology(timeouts_of: dict[int, int]) -> tuple[StreamsBuilder, Counter[int]]
         attempts[value["i"]] += 1
         budget = timeouts_of.get(value["i"], 0)
         if budget < 0 or attempts[value["i"]] <= budget:
-            raise asyncio.TimeoutError()
+            raise TimeoutError()
         return value
 
     builder = StreamsBuilder()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -94,7 +93,7 @@ def test_each_timeout_logs_a_warning_with_what_and_time_left(caplog: pytest.LogC
 
 @pytest.mark.parametrize("exc", [
     TimeoutError(),
-    asyncio.TimeoutError(),
+    TimeoutError(),
     kafka_errors.KafkaTimeoutError(),
     kafka_errors.RequestTimedOutError(),
     kafka_errors.NodeNotReadyError(),

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -54,12 +55,12 @@ def channel(loop_thread: LoopThread) -> Iterator[CommandChannel]:
 
 
 async def double(value: int) -> int:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     return value * 2
 
 
 async def fail(message: str) -> None:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     raise ValueError(message)
 
 

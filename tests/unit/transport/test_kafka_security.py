@@ -21,8 +21,7 @@ from engine.errors import AuthenticationError, ConfigError
 from engine.tasks.timeouts import is_timeout as task_is_timeout
 from engine.transport import open_transport
 from engine.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription, ProducerSettings
-from engine.transport.kafka import KafkaTransport
-from engine.transport.kafka import is_retriable
+from engine.transport.kafka import KafkaTransport, is_retriable
 from tests.support.secure_broker import (
     CLIENT_KEY_PASSWORD,
     SERVER_KEY_PASSWORD,
