@@ -120,21 +120,21 @@ async def run_spark_stage(bootstrap: str, records: int, timeout: float) -> list[
     """(4) streamloop's Spark batch stage against its per-record version, when the script exists."""
     lines = ["## (4) Spark batch stage (streamloop only)", ""]
     if not SPARK_STAGE.is_file():
-        return lines + ["Not run: `benchmarks/spark_stage.py` is not in this tree yet.", ""]
+        return [*lines, "Not run: `benchmarks/spark_stage.py` is not in this tree yet.", ""]
     cmd = [sys.executable, str(SPARK_STAGE), "--bootstrap", bootstrap, "--records", str(records)]
     print(f"\n(4) spark: {' '.join(cmd[1:])}", flush=True)
     try:
         proc = await asyncio.to_thread(subprocess.run, cmd, cwd=ROOT, capture_output=True, text=True,
                                        timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return lines + [f"**Failed**: no result within {timeout:.0f} s.", ""]
+        return [*lines, f"**Failed**: no result within {timeout:.0f} s.", ""]
     output = scrub(proc.stdout.strip())
     print(output, flush=True)
     if proc.returncode != 0:
         tail = scrub("\n".join(proc.stderr.strip().splitlines()[-10:]))
-        return lines + [f"**Failed** (exit {proc.returncode}):", "", "```text", tail or output, "```", ""]
-    return lines + [f"`python benchmarks/spark_stage.py --records {records}` printed:", "",
-                    "```text", output, "```", ""]
+        return [*lines, f"**Failed** (exit {proc.returncode}):", "", "```text", tail or output, "```", ""]
+    return [*lines, f"`python benchmarks/spark_stage.py --records {records}` printed:", "",
+            "```text", output, "```", ""]
 
 
 async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peers: list[str]) -> WorkloadFigures:

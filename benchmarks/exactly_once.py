@@ -90,7 +90,7 @@ async def run_once(bootstrap: str, cluster: Cluster, source: str, records: int, 
                     raise TimeoutError(f"{kind} {guarantee} did not finish within 300 s")
                 await asyncio.sleep(0.02)  # a benchmark polls its own progress; tests never sleep
             if kind == "stateful":
-                while streams.state is not ClientState.RUNNING or sum(
+                while streams.state is not ClientState.RUNNING or sum(  # noqa: ASYNC110 - polls its own progress
                         v for _, v in streams.store("counts").all()) != records:
                     await asyncio.sleep(0.02)
     return records / (progress.last - progress.first)

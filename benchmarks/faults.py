@@ -134,9 +134,9 @@ def print_table(rows: list[tuple[str, dict[str, Any], float]]) -> None:
     error_at = 1 + COLUMNS.index("error")
     for line in cells:
         line[error_at] = line[error_at].split(":", 1)[0]  # the error's type only: the table stays readable
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells)]
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells, strict=True)]
     for line in (header, *cells):
-        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
 
 
 async def run(selected: list[tuple[str, Scenario]], broker: KafkaBroker) -> list[tuple[str, dict[str, Any], float]]:

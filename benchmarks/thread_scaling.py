@@ -159,7 +159,7 @@ async def _add_remove_rounds(streams: KafkaStreams, probe: Probe, partitions: in
             name = await streams.add_stream_thread_async()
             returned.append(time.monotonic() - started)
             assert name is not None
-            await wait_for(lambda: name in probe.first_by_thread, 60, f"{name}'s first record")
+            await wait_for(lambda name=name: name in probe.first_by_thread, 60, f"{name}'s first record")
             first_record.append(probe.first_by_thread[name] - started)
             await wait_for(lambda: settled(streams, base + 1, partitions), 60, f"{base + 1} threads running")
             started = time.monotonic()

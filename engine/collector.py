@@ -86,7 +86,8 @@ class RecordCollector:
         if partitioner is not None:
             partition = partitioner(topic, record.key, record.value, count)
             if partition is not None and not 0 <= partition < count:
-                raise ProduceError(topic, partition, f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
+                raise ProduceError(topic, partition,
+                                   f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
         if partition is None:
             partition = self.default_partition(topic, key_bytes, count)
         self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)

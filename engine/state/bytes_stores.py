@@ -112,7 +112,8 @@ def require_rocksdict(store: str) -> None:
     except ImportError as exc:
         raise MissingExtraError(f"The persistent state store '{store}'", "rocksdb", "rocksdict",
                                 "or keep it in memory: default.dsl.store='in_memory' for the DSL's stores, "
-                                "Materialized(persistent=False) or a Stores.in_memory_* supplier for one store") from exc
+                                "Materialized(persistent=False) or a Stores.in_memory_* supplier for one store"
+                                ) from exc
 
 
 class RocksDBBytesStore:

@@ -162,7 +162,7 @@ class Topology:
                 raise TopologyError(f"State store '{store}' of processor '{processor_name}' is not added "
                                     "to the topology (add_state_store)")
             if store not in spec.stores:
-                spec.stores = spec.stores + (store,)
+                spec.stores = (*spec.stores, store)
         self._subtopologies = None
         return self
 
@@ -411,7 +411,8 @@ class Topology:
                     node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = spec.value_serde or default_value_serde
-                node.origins = (_origin(spec.key_serde, spec.inherited[0]), _origin(spec.value_serde, spec.inherited[1]))
+                node.origins = (_origin(spec.key_serde, spec.inherited[0]),
+                                _origin(spec.value_serde, spec.inherited[1]))
                 node.serde_call = spec.serde_call
                 node.collector = collector
             nodes[name] = node
@@ -437,7 +438,7 @@ class Topology:
         for sub in self.subtopologies:
             size = self._subtree_sizes(sub)
 
-            def order(names: Iterable[str]) -> list[str]:
+            def order(names: Iterable[str], size: dict[str, int] = size) -> list[str]:
                 return sorted(names, key=lambda n: (-size[n], n))
 
             def listed(names: Iterable[str]) -> str:

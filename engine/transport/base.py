@@ -212,7 +212,8 @@ class TransactionalProducer(Producer, Protocol):
     fences any older producer with the same id and aborts its open transaction.
 
     A transaction begins with the first record handed to the network (or with
-    ``commit_transaction``'s offsets). Fencing raises ``ProducerFencedError``; any other failure leaves the transaction to be aborted.
+    ``commit_transaction``'s offsets). Fencing raises ``ProducerFencedError``; any other failure
+    leaves the transaction to be aborted.
     """
 
     @property

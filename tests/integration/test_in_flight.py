@@ -151,7 +151,7 @@ async def test_pause_with_records_in_flight_commits_at_the_failed_record_and_res
         assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 1, 2]
         assert await streams.resume_async("0_0", skip=True)
         out = await cluster.read(sink, 11)
-    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2] + list(range(4, 12))
+    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2, *range(4, 12)]
 
 
 async def test_more_records_than_the_buffer_flow_through_with_records_in_flight(cluster: Cluster, names) -> None:

@@ -51,7 +51,7 @@ async def produce_two_partitions(cluster: Cluster, names, count: int) -> tuple[s
 
 
 async def test_a_timing_out_task_does_not_hold_up_the_others_and_skips_nothing(cluster: Cluster, names) -> None:
-    source, sink, records = await produce_two_partitions(cluster, names, 200)
+    source, sink, _records = await produce_two_partitions(cluster, names, 200)
     release = threading.Event()
     builder = timing_out_topology(source, sink, lambda v: v["p"] == 0 and not release.is_set())
     streams = make_streams(builder.build(), cluster.bootstrap, names.app, task_timeout_ms=120_000,

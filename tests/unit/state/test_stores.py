@@ -61,7 +61,8 @@ class Log:
 
 
 def kv(cache: ThreadCache | None, log: Log, source: tuple[str, int] | None = ("in", 7)) -> KeyValueStore:
-    return KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG, Changelogger("app-counts-changelog", 3, log),
+    return KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG,
+                         Changelogger("app-counts-changelog", 3, log),
                          cache, "0_3/counts", lambda: 42, lambda: source)
 
 

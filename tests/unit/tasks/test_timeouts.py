@@ -70,7 +70,7 @@ def test_task_timeout_error_is_not_itself_a_timeout() -> None:
 
 def test_zero_task_timeout_means_no_retry() -> None:
     t = timer(ManualClock(), timeout_ms=0)
-    with pytest.raises(TaskTimeoutError, match="task.timeout.ms is 0"):
+    with pytest.raises(TaskTimeoutError, match=r"task.timeout.ms is 0"):
         t.on_timeout(TimeoutError(), "Processor 'x'", 0)
 
 
