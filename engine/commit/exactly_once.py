@@ -99,7 +99,7 @@ class ExactlyOnce(CommitProtocol):
         collector = task.collector
         if collector is None:
             return 0
-        producer: TransactionalProducer = collector.producer  # type: ignore[assignment]
+        producer: TransactionalProducer = collector.producer  # type: ignore[assignment]  # an exactly-once task has one
         async with task.processing:
             if task.transaction_error is not None or task.closed:
                 return 0

@@ -173,7 +173,7 @@ class RocksDBBytesStore:
         pending = self._pending.get(key, _ABSENT)
         if pending is not _ABSENT:
             return pending  # type: ignore[return-value]  # bytes, or None for a delete
-        return self._db.get(key)  # type: ignore[no-any-return]
+        return self._db.get(key)  # type: ignore[no-any-return]  # rocksdict returns Any; we store bytes
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self._pending[key] = value

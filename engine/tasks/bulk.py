@@ -262,7 +262,7 @@ class BatchWindow:
         sink = self._sink
         if serialized is not None and sink is not None:
             # Serialized on the worker: only partitioning and appending are left for this loop.
-            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]
+            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]  # set when the task is built; a RecordCollector
             assert isinstance(topic, str) and collector is not None
             for record, (key_bytes, value_bytes) in zip(out, serialized, strict=True):
                 pending = send(topic, record, sink, key_bytes, value_bytes)

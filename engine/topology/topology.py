@@ -108,8 +108,8 @@ class Topology:
         self,
         name: str,
         topics: Sequence[str] | str,
-        key_serde: Serde | None = None,
-        value_serde: Serde | None = None,
+        key_serde: Serde | type | None = None,
+        value_serde: Serde | type | None = None,
         internal: bool = False,
     ) -> Topology:
         topics = (topics,) if isinstance(topics, str) else tuple(topics)
@@ -349,10 +349,10 @@ class Topology:
                 raise TopologyError(f"Nodes {names} are not connected to any source")
             topics = tuple(t for n in sources for t in self._specs[n].topics)
             sinks = tuple(
-                self._specs[n].sink_topic for n in names
-                if self._specs[n].kind is NodeKind.SINK and isinstance(self._specs[n].sink_topic, str)
+                topic for n in names if self._specs[n].kind is NodeKind.SINK
+                for topic in (self._specs[n].sink_topic,) if isinstance(topic, str)
             )
-            result.append(SubTopology(len(result), tuple(names), topics, sinks))  # type: ignore[arg-type]
+            result.append(SubTopology(len(result), tuple(names), topics, sinks))
         return result
 
     @property
