@@ -35,11 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import measure  # noqa: E402
-from benchmarks.broker_io import create_topics, produce, warm_up  # noqa: E402
-from benchmarks.peers import PEERS  # noqa: E402
-from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown, raw_ratios  # noqa: E402
-from benchmarks.workloads import PARTITIONS, WORKLOADS, make_inputs  # noqa: E402
+from benchmarks import measure
+from benchmarks.broker_io import create_topics, produce, warm_up
+from benchmarks.peers import PEERS
+from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown, raw_ratios
+from benchmarks.workloads import PARTITIONS, WORKLOADS, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARK_STAGE = ROOT / "benchmarks" / "spark_stage.py"
@@ -120,21 +120,21 @@ async def run_spark_stage(bootstrap: str, records: int, timeout: float) -> list[
     """(4) streamloop's Spark batch stage against its per-record version, when the script exists."""
     lines = ["## (4) Spark batch stage (streamloop only)", ""]
     if not SPARK_STAGE.is_file():
-        return lines + ["Not run: `benchmarks/spark_stage.py` is not in this tree yet.", ""]
+        return [*lines, "Not run: `benchmarks/spark_stage.py` is not in this tree yet.", ""]
     cmd = [sys.executable, str(SPARK_STAGE), "--bootstrap", bootstrap, "--records", str(records)]
     print(f"\n(4) spark: {' '.join(cmd[1:])}", flush=True)
     try:
         proc = await asyncio.to_thread(subprocess.run, cmd, cwd=ROOT, capture_output=True, text=True,
                                        timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return lines + [f"**Failed**: no result within {timeout:.0f} s.", ""]
+        return [*lines, f"**Failed**: no result within {timeout:.0f} s.", ""]
     output = scrub(proc.stdout.strip())
     print(output, flush=True)
     if proc.returncode != 0:
         tail = scrub("\n".join(proc.stderr.strip().splitlines()[-10:]))
-        return lines + [f"**Failed** (exit {proc.returncode}):", "", "```text", tail or output, "```", ""]
-    return lines + [f"`python benchmarks/spark_stage.py --records {records}` printed:", "",
-                    "```text", output, "```", ""]
+        return [*lines, f"**Failed** (exit {proc.returncode}):", "", "```text", tail or output, "```", ""]
+    return [*lines, f"`python benchmarks/spark_stage.py --records {records}` printed:", "",
+            "```text", output, "```", ""]
 
 
 async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peers: list[str]) -> WorkloadFigures:
@@ -204,7 +204,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
 async def main_async(args: argparse.Namespace, bootstrap: str, command: str) -> Report:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     results = [await run_workload(name, args, bootstrap, peers) for name in names if name in WORKLOADS]
     extra = await run_spark_stage(bootstrap, args.records, args.timeout) if "spark" in names else []
     return Report(command, started, machine(), versions(peers), METHOD, results, extra, args.quick, args.note)

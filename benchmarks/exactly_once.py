@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde  # noqa: E402
-from engine.state import Materialized  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from engine.transport.base import ProducerSettings  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from engine.state import Materialized
+from engine.transport import open_transport
+from engine.transport.base import ProducerSettings
+from tests.support.cluster import Cluster
 
 PARTITIONS = 4
 STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
@@ -90,7 +90,7 @@ async def run_once(bootstrap: str, cluster: Cluster, source: str, records: int, 
                     raise TimeoutError(f"{kind} {guarantee} did not finish within 300 s")
                 await asyncio.sleep(0.02)  # a benchmark polls its own progress; tests never sleep
             if kind == "stateful":
-                while streams.state is not ClientState.RUNNING or sum(
+                while streams.state is not ClientState.RUNNING or sum(  # noqa: ASYNC110 - polls its own progress
                         v for _, v in streams.store("counts").all()) != records:
                     await asyncio.sleep(0.02)
     return records / (progress.last - progress.first)

@@ -30,7 +30,7 @@ import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.process_kills import GUARANTEES, kill_and_restart  # noqa: E402
+from tests.support.process_kills import GUARANTEES, kill_and_restart
 
 DEFAULT_KILLS = int(os.environ.get("STREAMLOOP_KILLS", "10"))
 

@@ -35,14 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fault_kill import run_kills  # noqa: E402
-from benchmarks.thread_scaling import add_remove_latency  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from tests.support import broker_faults  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.thread_races import random_storm, run_storm  # noqa: E402
-from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE  # noqa: E402
-from tests.support.kafka_broker import KafkaBroker  # noqa: E402
+from benchmarks.fault_kill import run_kills
+from benchmarks.thread_scaling import add_remove_latency
+from engine.transport import open_transport
+from tests.support import broker_faults
+from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE
+from tests.support.cluster import Cluster
+from tests.support.kafka_broker import KafkaBroker
+from tests.support.thread_races import random_storm, run_storm
 
 Scenario = Callable[[KafkaBroker], Awaitable[dict[str, Any]]]
 GUARANTEES = {AT_LEAST_ONCE: "alos", EXACTLY_ONCE: "eos"}
@@ -134,9 +134,9 @@ def print_table(rows: list[tuple[str, dict[str, Any], float]]) -> None:
     error_at = 1 + COLUMNS.index("error")
     for line in cells:
         line[error_at] = line[error_at].split(":", 1)[0]  # the error's type only: the table stays readable
-    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells)]
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells, strict=True)]
     for line in (header, *cells):
-        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
 
 
 async def run(selected: list[tuple[str, Scenario]], broker: KafkaBroker) -> list[tuple[str, dict[str, Any], float]]:
@@ -146,7 +146,7 @@ async def run(selected: list[tuple[str, Scenario]], broker: KafkaBroker) -> list
         started = time.monotonic()
         try:
             figures = await scenario(broker)
-        except Exception as exc:  # noqa: BLE001 - a broken scenario is a row, not the end of the table
+        except Exception as exc:  # a broken scenario is a row, not the end of the table
             figures = {"error": f"scenario failed: {type(exc).__name__}: {exc}"}
         rows.append((name, figures, time.monotonic() - started))
     return rows

@@ -168,7 +168,7 @@ def chart(report: Report, path: Path) -> None:
         ax = axes[0][col]
         bars = ax.bar(x, med, yerr=[low, high], capsize=3,
                       color=["#1f77b4" if p.peer == "streamloop" else "#999999" for p in w.peers])
-        for bar, p in zip(bars, w.peers):
+        for bar, p in zip(bars, w.peers, strict=True):
             if not p.runs:
                 ax.annotate("not run", (bar.get_x() + bar.get_width() / 2, 0), ha="center", va="bottom",
                             rotation=90, fontsize=8, color="#aa0000")

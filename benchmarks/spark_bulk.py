@@ -12,7 +12,8 @@ Each runs in its own process (one SparkContext each) on ``local[*]``; its clock 
 Spark session is up ("ready") and stops at the broker's append time of the last output record
 (output topics use ``LogAppendTime``). Figures: throughput at 200k and 1M records (4 partitions);
 latency p50/p99 (output append time minus the produce time carried in each order) while a
-producer offers 2 000 and 20 000 rec/s (after a warm-up at that rate of a third of the run); and ``spark_batch`` on a Spark-bound variant of the job
+producer offers 2 000 and 20 000 rec/s (after a warm-up at that rate of a third of the run);
+and ``spark_batch`` on a Spark-bound variant of the job
 (a SHA-512 chain per row) on a standalone cluster of 1 and of 2 workers. Every run's output is read
 back and checked (count and content). One table with ratios against Structured Streaming, a plot,
 and ``--json`` for the raw figures.

@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import LongSerde, StringSerde  # noqa: E402
-from engine.state import Materialized  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.serdes import LongSerde, StringSerde
+from engine.state import Materialized
+from engine.transport import open_transport
+from tests.support.cluster import Cluster
 
 PARTITIONS = 4
 STR, LONG = StringSerde(), LongSerde()

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import contextlib
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -26,8 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import BytesSerde, JsonSerde  # noqa: E402
+from engine import KafkaStreams, StreamsBuilder
+from engine.serdes import BytesSerde, JsonSerde
 
 PARTITIONS = 4
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import IntegerSerde, JsonSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from engine import KafkaStreams, StreamsBuilder
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.transport import open_transport
+from tests.support.cluster import Cluster
 
 INT, JSON = IntegerSerde(), JsonSerde()
 
@@ -37,7 +37,7 @@ async def rate_of_partition_one(bootstrap: str, records: int, sabotage: bool) ->
 
     async def call_service(value: dict) -> dict:
         if sabotage and value["p"] == 0:
-            raise asyncio.TimeoutError("the service for partition 0 is down")
+            raise TimeoutError("the service for partition 0 is down")
         return value
 
     # Both runs have the same graph; only partition 1's records reach the sink.

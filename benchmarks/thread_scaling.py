@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.serdes import IntegerSerde, JsonSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from engine.transport.base import ProducerSettings  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.transport import open_transport
+from engine.transport.base import ProducerSettings
+from tests.support.cluster import Cluster
 
 INT, JSON = IntegerSerde(), JsonSerde()
 IO_WAIT_S = 0.002
@@ -159,7 +159,7 @@ async def _add_remove_rounds(streams: KafkaStreams, probe: Probe, partitions: in
             name = await streams.add_stream_thread_async()
             returned.append(time.monotonic() - started)
             assert name is not None
-            await wait_for(lambda: name in probe.first_by_thread, 60, f"{name}'s first record")
+            await wait_for(lambda name=name: name in probe.first_by_thread, 60, f"{name}'s first record")
             first_record.append(probe.first_by_thread[name] - started)
             await wait_for(lambda: settled(streams, base + 1, partitions), 60, f"{base + 1} threads running")
             started = time.monotonic()

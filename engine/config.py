@@ -282,7 +282,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(BUFFERED_RECORDS_PER_PARTITION, int, 1000,
               "Records buffered per partition before fetching from it pauses (back-pressure). What the "
               "consumer already fetched for the partition when it pauses is buffered too, not fetched "
-              "again, so a buffer may exceed this by at most one fetch (the consumer's `max.partition.fetch.bytes`, 1 MiB).",
+              "again, so a buffer may exceed this by at most one fetch (the consumer's "
+              "`max.partition.fetch.bytes`, 1 MiB).",
               _at_least(1)),
     ConfigKey(MAX_POLL_INTERVAL_MS, int, 300_000,
               "A member that does not poll within this time leaves the group.", _at_least(1)),

@@ -394,7 +394,8 @@ class SerializationError(Exception):
     def __init__(self, sink: str, topic: str, what: str, value: object, serde: object, origin: str,
                  call: str | None, cause: BaseException) -> None:
         if origin == "default":
-            unset = " (bytes only, the default when the setting is not set)" if type(serde).__name__ == "BytesSerde" else ""
+            unset = (" (bytes only, the default when the setting is not set)"
+                     if type(serde).__name__ == "BytesSerde" else "")
             reason = (f"no {what} serde is given to the sink or known for the stream here, so it uses "
                       f"default.{what}.serde, {serde!r}{unset}")
         else:

@@ -57,9 +57,9 @@ class StateMachine(Generic[S]):
         return self._state
 
     @property
-    def lock(self) -> threading.RLock:
+    def lock(self) -> threading.Condition:
         """Held while a transition and its listeners run; take it to read-then-act atomically."""
-        return self._cond  # type: ignore[return-value]
+        return self._cond
 
     def add_listener(self, listener: Listener[S]) -> None:
         with self._cond:

@@ -7,7 +7,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 
-class LogContext(logging.LoggerAdapter):  # type: ignore[type-arg]
+class LogContext(logging.LoggerAdapter[logging.Logger]):
     """Prefixes every message, e.g. ``stream-thread [app-StreamThread-1] task [0_1] ``."""
 
     def __init__(self, logger: logging.Logger, prefix: str) -> None:

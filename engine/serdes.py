@@ -65,7 +65,7 @@ class StringSerde:
         return f"StringSerde({self.encoding!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.encoding == self.encoding  # type: ignore[attr-defined]
+        return type(other) is type(self) and other.encoding == self.encoding
 
     def __hash__(self) -> int:
         return hash((type(self), self.encoding))
@@ -102,7 +102,7 @@ class IntegerSerde:
         return f"IntegerSerde({self._struct.size})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other._struct.size == self._struct.size  # type: ignore[attr-defined]
+        return type(other) is type(self) and other._struct.size == self._struct.size
 
     def __hash__(self) -> int:
         return hash((type(self), self._struct.size))

@@ -68,7 +68,7 @@ def cluster(bootstrap: str) -> Cluster:
 
 
 @pytest.fixture
-def names() -> "Names":
+def names() -> Names:
     """Unique topic and application names, so tests sharing the Kafka broker never collide."""
     return Names(f"{next(_names)}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 

@@ -98,8 +98,8 @@ async def serve(run: PeerRun, stop: asyncio.Event) -> None:
             if run.workload == "async-io":
                 per_partition = list(batch.values())
                 results = await asyncio.gather(*(in_order(records) for records in per_partition))
-                for records, values in zip(per_partition, results):
-                    for record, value in zip(records, values):
+                for records, values in zip(per_partition, results, strict=True):
+                    for record, value in zip(records, values, strict=True):
                         await out.add(record.key, value)
             else:
                 for records in batch.values():

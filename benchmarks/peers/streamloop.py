@@ -44,10 +44,9 @@ def command(run: PeerRun) -> list[str]:
 
 
 def topology(run: PeerRun) -> Topology:
+    from benchmarks.workloads import enrich, keep, simulated_io
     from engine import StreamsBuilder
     from engine.serdes import BytesSerde, JsonSerde, StringSerde
-
-    from benchmarks.workloads import enrich, keep, simulated_io
 
     builder = StreamsBuilder()
     if run.workload == "stateless":

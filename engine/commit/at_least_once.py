@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from engine.errors import CommitFailedError, ProduceError
 from engine.records import TopicPartition
-from engine.transport.kafka.errors import is_retriable as is_timeout
 from engine.transport.base import OffsetAndMetadata
+from engine.transport.kafka.errors import is_retriable as is_timeout
 
 from .protocol import CommitProtocol
 

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-from engine.transport.kafka.errors import is_retriable as is_timeout
 from engine.transport.base import TransactionalProducer
+from engine.transport.kafka.errors import is_retriable as is_timeout
 
 from .protocol import CommitProtocol
 
@@ -99,7 +99,7 @@ class ExactlyOnce(CommitProtocol):
         collector = task.collector
         if collector is None:
             return 0
-        producer: TransactionalProducer = collector.producer  # type: ignore[assignment]
+        producer: TransactionalProducer = collector.producer  # type: ignore[assignment]  # an exactly-once task has one
         async with task.processing:
             if task.transaction_error is not None or task.closed:
                 return 0

@@ -79,7 +79,7 @@ _LOG_IN_TIMEOUT_S = 60.0
 LOOPBACK = "127.0.0.1"
 
 
-class StreamsMonitor(Monitor):  # type: ignore[misc]
+class StreamsMonitor(Monitor):  # type: ignore[misc]  # aiomonitor is untyped
     """An aiomonitor ``Monitor`` that knows the client its commands act on, guarded by ``token``.
 
     The telnet console and the web UI listen on ``host``. The Python REPL of the ``console``

@@ -24,7 +24,7 @@ class PunctuationType(Enum):
     WALL_CLOCK_TIME = "wall_clock_time"
 
 
-Punctuator = Callable[[int], "None | Awaitable[None]"]
+Punctuator = Callable[[int], "Awaitable[None] | None"]
 
 
 class Cancellable(Protocol):

@@ -82,12 +82,12 @@ class FilterNode(FunctionNode):
         if self.is_async:
             return self._finish(record)
         if bool(self.fn(record.key, record.value)) is self.keep_when:
-            self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+            self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
         return None
 
     def _emit(self, record: Record, result: Any) -> None:
         if bool(result) is self.keep_when:
-            self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+            self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
 
 
 class MapNode(FunctionNode):
@@ -95,14 +95,14 @@ class MapNode(FunctionNode):
 
     def _emit(self, record: Record, result: Any) -> None:
         key, value = _as_pair(result, self.name)
-        self.forwarder.forward(self.children, Record(key, value, record.timestamp, record.headers))  # type: ignore[union-attr]
+        self.forwarder.forward(self.children, Record(key, value, record.timestamp, record.headers))  # type: ignore[union-attr]  # set by init() before any record
 
 
 class SelectKeyNode(FunctionNode):
     __slots__ = ()
 
     def _emit(self, record: Record, result: Any) -> None:
-        self.forwarder.forward(self.children, record.with_key(result))  # type: ignore[union-attr]
+        self.forwarder.forward(self.children, record.with_key(result))  # type: ignore[union-attr]  # set by init() before any record
 
 
 class MapValuesNode(FunctionNode):
@@ -111,7 +111,7 @@ class MapValuesNode(FunctionNode):
     def process(self, record: Record) -> Awaitable[None] | None:
         if self.is_async:
             return self._finish(record)
-        self.forwarder.forward(  # type: ignore[union-attr]
+        self.forwarder.forward(  # type: ignore[union-attr]  # set by init() before any record
             self.children, Record(record.key, self.fn(record.value), record.timestamp, record.headers))
         return None
 
@@ -119,14 +119,14 @@ class MapValuesNode(FunctionNode):
         return self.fn(record.value)
 
     def _emit(self, record: Record, result: Any) -> None:
-        self.forwarder.forward(self.children, Record(record.key, result, record.timestamp, record.headers))  # type: ignore[union-attr]
+        self.forwarder.forward(self.children, Record(record.key, result, record.timestamp, record.headers))  # type: ignore[union-attr]  # set by init() before any record
 
 
 class FlatMapNode(FunctionNode):
     __slots__ = ()
 
     def _emit(self, record: Record, result: Any) -> None:
-        forward = self.forwarder.forward  # type: ignore[union-attr]
+        forward = self.forwarder.forward  # type: ignore[union-attr]  # set by init() before any record
         for item in result:
             key, value = _as_pair(item, self.name)
             forward(self.children, Record(key, value, record.timestamp, record.headers))
@@ -139,7 +139,7 @@ class FlatMapValuesNode(FunctionNode):
         return self.fn(record.value)
 
     def _emit(self, record: Record, result: Any) -> None:
-        forward = self.forwarder.forward  # type: ignore[union-attr]
+        forward = self.forwarder.forward  # type: ignore[union-attr]  # set by init() before any record
         for value in result:
             forward(self.children, Record(record.key, value, record.timestamp, record.headers))
 
@@ -148,7 +148,7 @@ class PeekNode(FunctionNode):
     __slots__ = ()
 
     def _emit(self, record: Record, result: Any) -> None:
-        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
 
 
 class ForeachNode(FunctionNode):
@@ -179,7 +179,7 @@ class BranchNode(Node):
             return self._route_async(record)
         for index, predicate in enumerate(self.predicates):
             if predicate(record.key, record.value):
-                self.forwarder.forward((self.children[index],), record)  # type: ignore[union-attr]
+                self.forwarder.forward((self.children[index],), record)  # type: ignore[union-attr]  # set by init() before any record
                 break
         return None
 
@@ -189,5 +189,5 @@ class BranchNode(Node):
             if inspect.isawaitable(result):
                 result = await result
             if result:
-                self.forwarder.forward((self.children[index],), record)  # type: ignore[union-attr]
+                self.forwarder.forward((self.children[index],), record)  # type: ignore[union-attr]  # set by init() before any record
                 break

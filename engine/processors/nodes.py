@@ -149,7 +149,7 @@ class SourceNode(Node):
         self.value_serde = value_serde
 
     def process(self, record: Record) -> None:
-        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]
+        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
         return None
 
 
@@ -204,4 +204,4 @@ class SinkNode(Node):
     def process(self, record: Record) -> Awaitable[None] | None:
         topic = self.topic if isinstance(self.topic, str) else self.topic(record.key, record.value, record)
         # Not None only when the topic's partition count must be looked up first.
-        return self.collector.send(topic, record, self)  # type: ignore[union-attr]
+        return self.collector.send(topic, record, self)  # type: ignore[union-attr]  # set when the task is built, before any record

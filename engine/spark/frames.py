@@ -107,7 +107,7 @@ def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
         twice = sorted({name for name in names if names.count(name) > 1})
         raise ValueError(f"Spark stage '{stage}' returned several columns named {twice}; "
                          "rename them (alias, withColumnRenamed) or drop all but one")
-    return table.to_pylist()  # type: ignore[no-any-return]
+    return table.to_pylist()  # type: ignore[no-any-return]  # pyarrow is untyped
 
 
 def to_records(rows: list[dict[str, Any]], key_column: str, value_columns: Sequence[str] | None,

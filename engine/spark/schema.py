@@ -90,15 +90,15 @@ def _fit(value: Any, data_type: DataType, nullable: bool, path: str) -> Any:
             return bytes(value)
     elif kind == "struct":
         if isinstance(value, Mapping):
-            return _struct(value, data_type, path + ".")  # type: ignore[arg-type]
+            return _struct(value, data_type, path + ".")  # type: ignore[arg-type]  # kind names the DataType subclass
     elif kind == "array":
         if isinstance(value, (list, tuple)):
-            element, nulls = data_type.elementType, data_type.containsNull  # type: ignore[attr-defined]
+            element, nulls = data_type.elementType, data_type.containsNull  # type: ignore[attr-defined]  # kind names the DataType subclass
             return [_fit(item, element, nulls, path + "[]") for item in value]
     elif kind == "map":
         if isinstance(value, Mapping):
-            keys, values = data_type.keyType, data_type.valueType  # type: ignore[attr-defined]
-            nulls = data_type.valueContainsNull  # type: ignore[attr-defined]
+            keys, values = data_type.keyType, data_type.valueType  # type: ignore[attr-defined]  # kind names the DataType subclass
+            nulls = data_type.valueContainsNull  # type: ignore[attr-defined]  # kind names the DataType subclass
             return {_fit(k, keys, False, path + "{key}"): _fit(v, values, nulls, path + "{value}")
                     for k, v in value.items()}
     elif kind == "void":

@@ -38,9 +38,9 @@ import anyio.to_thread
 
 from engine import config as cfg
 from engine.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
+from engine.processors.nodes import Node, SinkNode
 from engine.records import ConsumerRecord, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
-from engine.processors.nodes import Node, SinkNode
 
 from .failures import SparkBatchTransientError, is_transient
 from .frames import Decoded, decode, to_frame, to_records, to_rows

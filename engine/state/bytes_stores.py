@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from engine.errors import MissingExtraError, StateStoreError
 from engine.state.directory import make_private_dirs
 
-
 _ABSENT = object()
 
 
@@ -113,7 +112,8 @@ def require_rocksdict(store: str) -> None:
     except ImportError as exc:
         raise MissingExtraError(f"The persistent state store '{store}'", "rocksdb", "rocksdict",
                                 "or keep it in memory: default.dsl.store='in_memory' for the DSL's stores, "
-                                "Materialized(persistent=False) or a Stores.in_memory_* supplier for one store") from exc
+                                "Materialized(persistent=False) or a Stores.in_memory_* supplier for one store"
+                                ) from exc
 
 
 class RocksDBBytesStore:
@@ -173,7 +173,7 @@ class RocksDBBytesStore:
         pending = self._pending.get(key, _ABSENT)
         if pending is not _ABSENT:
             return pending  # type: ignore[return-value]  # bytes, or None for a delete
-        return self._db.get(key)  # type: ignore[no-any-return]
+        return self._db.get(key)  # type: ignore[no-any-return]  # rocksdict returns Any; we store bytes
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self._pending[key] = value
@@ -235,7 +235,7 @@ class RocksDBBytesStore:
     def approximate_num_entries(self) -> int:
         try:
             stored = int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
-        except Exception:  # noqa: BLE001 - an estimate is best effort
+        except Exception:  # an estimate is best effort
             stored = 0
         return stored + len(self._pending)
 

@@ -83,10 +83,7 @@ class ThreadCache:
 
     def put(self, cache: NamedCache, key: bytes, entry: CacheEntry) -> None:
         old = cache.entries.pop(key, None)
-        if old is not None:
-            delta = entry.size(key) - old.size(key)
-        else:
-            delta = entry.size(key)
+        delta = entry.size(key) - old.size(key) if old is not None else entry.size(key)
         cache.entries[key] = entry
         cache.bytes += delta
         self.size_bytes += delta

@@ -9,6 +9,7 @@ its place is removed, never followed) and renamed over the old one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -60,7 +61,5 @@ def _create_exclusive(path: str) -> int:
 
 
 def remove(directory: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(directory, FILE_NAME))
-    except FileNotFoundError:
-        pass

@@ -72,8 +72,8 @@ async def restore_store(
                         break
                     source = decode_source(record.headers)
                     processed = None if source is None else committed.get(source[0])
-                    if processed is None or processed.covers(source[1]):  # type: ignore[index]
-                        put(record.key, record.value)  # type: ignore[arg-type]
+                    if processed is None or processed.covers(source[1]):  # type: ignore[index]  # source is set when processed is
+                        put(record.key, record.value)  # type: ignore[arg-type]  # a changelog record has a key
                         count += 1
                     position = record.offset + 1
                 if not batch:

@@ -221,7 +221,7 @@ class TaskStateManager:
         for store in self.stores.values():
             try:
                 store.close()
-            except Exception:  # noqa: BLE001 - one store failing to close must not keep the others open
+            except Exception:  # one store failing to close must not keep the others open
                 self._log.exception("Error closing store '%s'", store.name)
 
     def wipe(self) -> None:

@@ -36,10 +36,8 @@ import anyio
 import anyio.abc
 
 from engine.errors import SparkBatchError, SparkSchemaError, StreamsError
-from engine.records import ConsumerRecord, TopicPartition
-
 from engine.processors.nodes import Node, ProcessorNode, SourceNode
-
+from engine.records import ConsumerRecord, TopicPartition
 from engine.spark.frames import decode
 from engine.spark.schema import SchemaMismatch
 from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink
@@ -264,7 +262,7 @@ class BatchWindow:
         sink = self._sink
         if serialized is not None and sink is not None:
             # Serialized on the worker: only partitioning and appending are left for this loop.
-            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]
+            topic, collector, send = sink.topic, sink.collector, sink.collector.send_serialized  # type: ignore[union-attr]  # set when the task is built; a RecordCollector
             assert isinstance(topic, str) and collector is not None
             for record, (key_bytes, value_bytes) in zip(out, serialized, strict=True):
                 pending = send(topic, record, sink, key_bytes, value_bytes)

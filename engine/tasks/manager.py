@@ -162,7 +162,7 @@ class TaskManager:
         state = self._state_manager(task_id, context, in_flight=limit > 1, collector=own)
         try:
             graph = self._topology.build_task_graph(
-                task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]
+                task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
                 state,
             )
         except BaseException:
@@ -183,7 +183,7 @@ class TaskManager:
             reader_factory = self._state.reader_factory if self._state is not None else None
             inputs = sorted(partitions)
             task.restore = lambda: state.restore(
-                self._consumer, reader_factory, inputs, listener, task.first_buffered_offset)  # type: ignore[arg-type]
+                self._consumer, reader_factory, inputs, listener, task.first_buffered_offset)  # type: ignore[arg-type]  # state exists only with state settings
         if isinstance(collector, HeldCollector):
             task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
         task.errors = self._errors
@@ -358,7 +358,7 @@ class TaskManager:
                 task.state_manager.wipe()
             if producer is not None:
                 try:
-                    await producer.abort_transaction()  # type: ignore[attr-defined]
+                    await producer.abort_transaction()  # type: ignore[attr-defined]  # an exactly-once producer
                 except Exception as exc:  # fenced or unreachable: the next owner aborts it
                     self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
         if producer is not None:

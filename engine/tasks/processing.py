@@ -31,10 +31,10 @@ import anyio
 import anyio.lowlevel
 
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
-from engine.records import ConsumerRecord, Record
 from engine.processors.nodes import SourceNode
-
+from engine.records import ConsumerRecord, Record
 from handlers.responses import Answer
+
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class ChunkLoop:
         single = task.partition_count == 1
         # Keyed by plain tuples: building a TopicPartition per record would cost more than the rest
         # of the bookkeeping (equal tuples hash and compare alike).
-        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]
+        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]  # TopicPartition is a (topic, partition) tuple
         stream_time_schedules = task.context.stream_time_schedules
         done = 0
         # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.

@@ -52,10 +52,10 @@ from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
-from .bulk import BatchWindow, bulk_window
 from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
+from .bulk import BatchWindow, bulk_window
 from .error_handling import ErrorHandling
 from .positions import Positions
 from .processing import ChunkLoop

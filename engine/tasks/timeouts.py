@@ -28,7 +28,6 @@ from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.transport.kafka.errors import is_retriable
 
-
 # Re-exported under the name the task machinery reads; the one list of errors is the transport's.
 is_timeout = is_retriable
 
@@ -85,7 +84,8 @@ class TaskTimer:
             raise TaskTimeoutError(self.task_id, self._timeout_ms, what) from cause
         self.cleared_by_processing = self.cleared_by_processing and cleared_by_processing
         self.retries += 1
-        backoff: int = min(self._max_backoff_ms, self._backoff_ms * 2 ** (self.retries - 1))
+        doubling: int = 2 ** (self.retries - 1)  # int ** int is Any to mypy (a negative power is a float)
+        backoff = min(self._max_backoff_ms, self._backoff_ms * doubling)
         left = self.deadline_ms - now
         if left > 0:
             self._log.warning("%s timed out (%s); will retry in %d ms, %d ms left of task.timeout.ms",

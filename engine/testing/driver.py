@@ -141,12 +141,12 @@ class TopologyTestDriver:
             self._producer,
             {t: len(self._log(t).partitions) for t in topology.sink_topics}, self._lookup)
         config_ = self.config
-        self._committer = Committer(self._consumer, self._collector,  # type: ignore[arg-type]
+        self._committer = Committer(self._consumer, self._collector,  # type: ignore[arg-type]  # has the part of Consumer it uses
                                     config_[cfg.COMMIT_INTERVAL_MS], self._clock.wall_ms, self._log_context)
         # The engine's own wiring of a stream thread's task machinery (engine.tasks.wiring).
         self._errors = wiring.error_handling(config_, self._collector)
         self._manager = wiring.task_manager(
-            config_, topology, self._consumer, self._collector, self._committer,  # type: ignore[arg-type]
+            config_, topology, self._consumer, self._collector, self._committer,  # type: ignore[arg-type]  # has the part of Consumer it uses
             spawn=lambda _task: None,  # the driver schedules tasks itself; nothing runs on its own
             logger=self._log_context, clock_ms=self._clock.wall_ms, monotonic_ms=self._runner.loop.time_ms,
             errors=self._errors,
@@ -258,11 +258,11 @@ class TopologyTestDriver:
 
     def get_key_value_store(self, name: str) -> ReadOnlyKeyValueStore:
         """The key-value store ``name`` over all tasks (read-only; reads see the cache too)."""
-        return self._store(name, StoreType.KEY_VALUE)  # type: ignore[return-value]
+        return self._store(name, StoreType.KEY_VALUE)  # type: ignore[return-value]  # a KEY_VALUE store is this kind
 
     def get_window_store(self, name: str) -> ReadOnlyWindowStore:
         """The window store ``name`` over all tasks (read-only)."""
-        return self._store(name, StoreType.WINDOW)  # type: ignore[return-value]
+        return self._store(name, StoreType.WINDOW)  # type: ignore[return-value]  # a WINDOW store is this kind
 
     def _store(self, name: str, kind: StoreType) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
         self._check_open()

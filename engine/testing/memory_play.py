@@ -52,7 +52,7 @@ async def play_on_memory_broker(
     *,
     input_serdes: Mapping[str, tuple[Serde, Serde]] | None = None,
     partitions: Mapping[str, int] | None = None,
-    timeout: float = 30.0,
+    timeout: float = 30.0,  # noqa: ASYNC109 - a budget per wait, as eventually_async's
 ) -> dict[str, list[TestRecord]]:
     """Play ``scenario`` on the ``memory://`` broker of ``config`` and return what the output
     topics hold once every source partition is committed to its end (per topic, in partition

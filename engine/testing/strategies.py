@@ -133,7 +133,7 @@ def scenarios(
     if not inputs_:
         raise ValueError("scenarios() needs at least one input strategy (records(...))")
     merged: st.SearchStrategy[list[Step]] = (
-        inputs_[0] if len(inputs_) == 1 else st.tuples(*inputs_).flatmap(_interleavings))  # type: ignore[assignment]
+        inputs_[0] if len(inputs_) == 1 else st.tuples(*inputs_).flatmap(_interleavings))  # type: ignore[assignment]  # list is invariant: Inputs are Steps
     if faults is None:
         return merged
     # Each fault comes with a place, a fraction of the way through the input (shrinks towards 0).

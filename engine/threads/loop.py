@@ -20,18 +20,17 @@ from anyio import CancelScope, create_task_group
 
 from engine import config as cfg
 from engine.collector import RecordCollector
-from engine.commit import Committer
+from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, TransactionalCommitter, transactional_id
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
+from engine.ids import TaskId
 from engine.records import TopicPartition
+from engine.tasks import wiring
 from engine.tasks.assignor import AssignorError
 from engine.tasks.error_handling import ErrorHandling
-from engine.tasks import wiring
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask
-from engine.ids import TaskId
 from engine.tasks.timeouts import StartupDeadline
 from engine.threads.states import StreamThreadState
-from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, TransactionalCommitter, transactional_id
 from engine.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ import anyio
 from engine import config as cfg
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import StreamsConfig
+from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import thread_log
 from engine.metrics import SensorSettings, ThreadSensors
@@ -28,7 +29,6 @@ from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.error_handling import ErrorHandling
-from engine.ids import TaskId
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.threads.loop import LAG_REFRESH_MS, ThreadLoop, unwrap
 from engine.threads.states import THREAD_TRANSITIONS, StreamThreadState

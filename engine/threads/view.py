@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.tasks.task import StreamTask, TaskState
-from engine.ids import TaskId
 from engine.threads.states import StreamThreadState
 
 if TYPE_CHECKING:

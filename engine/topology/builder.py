@@ -67,7 +67,7 @@ class StreamsBuilder:
     ) -> KStream:
         """A stream of the records of ``topics`` (one or several)."""
         source = self._name(name, "KSTREAM-SOURCE")
-        self._topology.add_source(source, topics, key_serde, value_serde)  # type: ignore[arg-type]
+        self._topology.add_source(source, topics, key_serde, value_serde)
         spec = self._topology.spec(source)
         return KStream(self, source, key_serde=spec.key_serde, value_serde=spec.value_serde)
 
@@ -82,7 +82,7 @@ class StreamsBuilder:
     ) -> KTable:
         """The topic as a table: the latest value per key (a None value deletes the key)."""
         source = self._name(name, "KSTREAM-SOURCE")
-        self._topology.add_source(source, topic, key_serde, value_serde)  # type: ignore[arg-type]
+        self._topology.add_source(source, topic, key_serde, value_serde)
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{source}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{source}'")
         return table_source(self, source, materialized, ks, vs)
@@ -139,7 +139,7 @@ class KStream:
         node_name = self._builder._name(name, prefix)
         if blocking:
             # Checked now, not when the first task is built on a stream thread.
-            factory(node_name).mark_blocking()  # type: ignore[attr-defined]
+            factory(node_name).mark_blocking()  # type: ignore[attr-defined]  # only function nodes are made blocking
         self._builder._topology.add_node(node_name, lambda: _made(factory(node_name), blocking), self._node)
         if concurrency is not None or ordering is not None:
             self._builder._topology.set_concurrency(node_name, concurrency, ordering)
@@ -473,7 +473,7 @@ def _common(mine: Any, theirs: Any) -> Any:
 
 def _made(node: Node, blocking: bool) -> Node:
     if blocking:
-        node.mark_blocking()  # type: ignore[attr-defined]
+        node.mark_blocking()  # type: ignore[attr-defined]  # only function nodes are made blocking
     return node
 
 

@@ -108,8 +108,8 @@ class Topology:
         self,
         name: str,
         topics: Sequence[str] | str,
-        key_serde: Serde | None = None,
-        value_serde: Serde | None = None,
+        key_serde: Serde | type | None = None,
+        value_serde: Serde | type | None = None,
         internal: bool = False,
     ) -> Topology:
         topics = (topics,) if isinstance(topics, str) else tuple(topics)
@@ -162,7 +162,7 @@ class Topology:
                 raise TopologyError(f"State store '{store}' of processor '{processor_name}' is not added "
                                     "to the topology (add_state_store)")
             if store not in spec.stores:
-                spec.stores = spec.stores + (store,)
+                spec.stores = (*spec.stores, store)
         self._subtopologies = None
         return self
 
@@ -349,10 +349,10 @@ class Topology:
                 raise TopologyError(f"Nodes {names} are not connected to any source")
             topics = tuple(t for n in sources for t in self._specs[n].topics)
             sinks = tuple(
-                self._specs[n].sink_topic for n in names
-                if self._specs[n].kind is NodeKind.SINK and isinstance(self._specs[n].sink_topic, str)
+                topic for n in names if self._specs[n].kind is NodeKind.SINK
+                for topic in (self._specs[n].sink_topic,) if isinstance(topic, str)
             )
-            result.append(SubTopology(len(result), tuple(names), topics, sinks))  # type: ignore[arg-type]
+            result.append(SubTopology(len(result), tuple(names), topics, sinks))
         return result
 
     @property
@@ -411,7 +411,8 @@ class Topology:
                     node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = spec.value_serde or default_value_serde
-                node.origins = (_origin(spec.key_serde, spec.inherited[0]), _origin(spec.value_serde, spec.inherited[1]))
+                node.origins = (_origin(spec.key_serde, spec.inherited[0]),
+                                _origin(spec.value_serde, spec.inherited[1]))
                 node.serde_call = spec.serde_call
                 node.collector = collector
             nodes[name] = node
@@ -437,7 +438,7 @@ class Topology:
         for sub in self.subtopologies:
             size = self._subtree_sizes(sub)
 
-            def order(names: Iterable[str]) -> list[str]:
+            def order(names: Iterable[str], size: dict[str, int] = size) -> list[str]:
                 return sorted(names, key=lambda n: (-size[n], n))
 
             def listed(names: Iterable[str]) -> str:

@@ -22,8 +22,8 @@ from tests.support.console_client import ConsoleClient
 pytest.importorskip("aiomonitor")
 pytest.importorskip("prometheus_client")
 
-from engine.console.monitor import StreamsMonitor, open_monitor  # noqa: E402
-from engine.prometheus import PrometheusExporter  # noqa: E402
+from engine.console.monitor import StreamsMonitor, open_monitor
+from engine.prometheus import PrometheusExporter
 
 # aiomonitor's web UI keys its app with a string, which aiohttp warns about (an error under our filters).
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
@@ -155,8 +155,8 @@ def test_the_console_and_web_ui_listen_on_loopback_by_default(open_console) -> N
 
 
 def test_off_loopback_without_a_token_is_refused_before_listening(open_console) -> None:
-    with pytest.raises(ConfigError, match="Invalid value for config 'monitor.token': must be set for the console "
-                                          "to listen on 0.0.0.0"):
+    with pytest.raises(ConfigError, match=r"Invalid value for config 'monitor.token': must be set for the console "
+                                          r"to listen on 0.0.0.0"):
         open_console(**{"monitor.host": "0.0.0.0"})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
 
 STR, LONG, INT, JSON = StringSerde(), LongSerde(), IntegerSerde(), JsonSerde()
 EOS = {"processing_guarantee": "exactly_once_v2"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -221,7 +223,7 @@ def _settings(transactional_id: str) -> Any:
 
 
 async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> None:
-    with pytest.raises(ConfigError, match="processing.guarantee.*memory"):
+    with pytest.raises(ConfigError, match=r"processing.guarantee.*memory"):
         make_streams(count_topology("a", "b"), "memory://eos", names.app, **EOS)
 
 
@@ -238,7 +240,6 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     import signal
     import sys
     import tempfile
-    from pathlib import Path
 
     caplog.set_level(logging.INFO, logger="engine")
     source, sink = names("in"), names("out")
@@ -246,7 +247,7 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     keys = 10
     records = [(i % keys, {"n": i}) for i in range(3000)]
     await kafka.produce(source, records, INT, JSON, partitions=2)
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     state_dir = str(tmp_path / "state")
     kill_after = random.Random(7).randrange(300, 1500)
     with tempfile.TemporaryFile() as stderr:

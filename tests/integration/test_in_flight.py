@@ -10,12 +10,12 @@ from collections import Counter
 import pytest
 
 from engine import ClientState, StreamsBuilder
+from engine.completed_offsets import decode_completed
 from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams
-from engine.completed_offsets import decode_completed
 from tests.support.cluster import Cluster, committed_offset, committed_position
 
 pytestmark = pytest.mark.asyncio
@@ -115,7 +115,7 @@ async def test_a_timed_out_record_is_retried_in_place_while_others_fly_and_order
     async def flaky(value: dict) -> dict:
         attempts[value["i"]] += 1
         if value["i"] == 7 and attempts[7] <= 2:
-            raise asyncio.TimeoutError("the service did not answer")
+            raise TimeoutError("the service did not answer")
         await asyncio.sleep(0.001)
         return value
 
@@ -151,7 +151,7 @@ async def test_pause_with_records_in_flight_commits_at_the_failed_record_and_res
         assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 1, 2]
         assert await streams.resume_async("0_0", skip=True)
         out = await cluster.read(sink, 11)
-    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2] + list(range(4, 12))
+    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 1, 2, *range(4, 12)]
 
 
 async def test_more_records_than_the_buffer_flow_through_with_records_in_flight(cluster: Cluster, names) -> None:

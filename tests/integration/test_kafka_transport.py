@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import pytest
 
-from engine.testing import eventually_async
 from engine.errors import CommitFailedError, ProduceError
 from engine.records import TopicPartition
+from engine.testing import eventually_async
 from engine.transport.base import (
     ConsumerSettings,
     MemberAssignment,

@@ -76,7 +76,7 @@ async def test_pause_stops_only_that_task_and_commits_up_to_the_failed_record(cl
         (paused,) = streams.paused_local_tasks()
         assert paused.task_id == TaskId(0, 0) and not paused.is_running
         output = await cluster.read(sink, 13)
-        assert values(output) == [0, 1, 2] + list(range(100, 110))
+        assert values(output) == [0, 1, 2, *range(100, 110)]
         await eventually_async(
             lambda: _committed_is(cluster, names.app, TopicPartition(source, 0), 3), 30, "commit at offset 3")
         assert streams.state is ClientState.RUNNING
@@ -115,7 +115,7 @@ async def test_resume_retries_the_failed_record_and_skip_goes_past_it(cluster: C
         assert thread_metric(streams, "pause-total") == 2
         assert await streams.resume_async("0_0", skip=True)
         output = await cluster.read(sink, 15)
-        assert values(output) == [0, 1, 2, 4, 5] + list(range(100, 110))
+        assert values(output) == [0, 1, 2, 4, 5, *range(100, 110)]
         assert not streams.paused_local_tasks()
         assert thread_metric(streams, "paused-tasks-total") == 0
         await eventually_async(
@@ -133,7 +133,7 @@ async def test_a_restarted_app_starts_from_the_failed_record(cluster: Cluster, n
     second = make_streams(copy_topology(source, sink), cluster.bootstrap, names.app, **config)
     async with second:
         await eventually_async(lambda: second.paused_local_tasks(), 30, "paused again after the restart")
-    assert values(await cluster.read_all(sink)) == [0, 1, 2] + list(range(100, 110))  # none processed twice
+    assert values(await cluster.read_all(sink)) == [0, 1, 2, *range(100, 110)]  # none processed twice
 
 
 async def test_continue_drops_the_bad_record_counts_it_and_commits_past_it(cluster: Cluster, names) -> None:
@@ -142,7 +142,7 @@ async def test_continue_drops_the_bad_record_counts_it_and_commits_past_it(clust
                            default_deserialization_exception_handler=LogAndContinueExceptionHandler)
     async with streams:
         output = await cluster.read(sink, 15)
-        assert values(output) == [0, 1, 2, 4, 5] + list(range(100, 110))
+        assert values(output) == [0, 1, 2, 4, 5, *range(100, 110)]
         def dropped(group: str) -> float:
             return sum(m.value for m in streams.metrics() if m.name == "dropped-records-total" and m.group == group)
 
@@ -167,7 +167,7 @@ async def test_processing_errors_go_to_the_processing_handler(cluster: Cluster, 
                          processing_exception_handler=LogAndContinueProcessingExceptionHandler)
     async with again:
         await eventually_async(lambda: _len_at_least(cluster, sink, 5 + 5), 30, "the second app's output")
-    assert values(await cluster.read_all(sink)) == sorted([0, 1, 3, 4, 5] + [0, 1, 2, 3, 5])
+    assert values(await cluster.read_all(sink)) == sorted([0, 1, 3, 4, 5, 0, 1, 2, 3, 5])
 
 
 async def _len_at_least(cluster: Cluster, topic: str, count: int) -> bool:

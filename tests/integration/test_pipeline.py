@@ -67,7 +67,7 @@ async def test_two_threads_share_four_partitions(cluster: Cluster, names) -> Non
             f"{streams.client_id}-StreamThread-1", f"{streams.client_id}-StreamThread-2"]
         tasks = [sorted(str(task.task_id) for task in t.active_tasks) for t in threads]
         assert sorted(len(t) for t in tasks) == [2, 2]
-        assert sorted(sum(tasks, [])) == ["0_0", "0_1", "0_2", "0_3"]
+        assert sorted(t for ts in tasks for t in ts) == ["0_0", "0_1", "0_2", "0_3"]
 
 
 def local_tasks(streams: KafkaStreams) -> set[str]:

@@ -14,6 +14,7 @@ import stat
 from collections import Counter
 from typing import Any
 
+import anyio
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
@@ -129,7 +130,7 @@ async def test_counts_right_after_a_restart_with_persistent_stores(cluster: Clus
 
     async with app():
         await final_counts(cluster, sink, Counter(k for k, _ in first))
-    assert os.path.exists(tmp_path / names.app / "0_0" / ".checkpoint")
+    assert await anyio.Path(tmp_path / names.app / "0_0" / ".checkpoint").exists()
     second = keyed(100)
     await cluster.produce(source, second, STR, STR, partitions=2)
     restored.clear()
@@ -333,7 +334,7 @@ async def test_two_clients_of_one_application_cannot_share_a_state_dir(cluster: 
     one = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(tmp_path))
     two = make_streams(count_topology(source, sink), cluster.bootstrap, names.app, state_dir=str(tmp_path))
     async with one:
-        with pytest.raises(ConfigError, match="state.dir.*in use by another client"):
+        with pytest.raises(ConfigError, match=r"state.dir.*in use by another client"):
             await two.start_async()
     async with two:  # free again once the first closed
         assert await two.wait_for_state_async(ClientState.RUNNING, timeout=30)

@@ -9,6 +9,7 @@ test's loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import Counter
@@ -689,7 +690,7 @@ async def test_concurrent_adds_and_removes_keep_names_unique_and_close_stops_eve
             try:
                 streams.add_stream_thread()
                 streams.remove_stream_thread(timeout=DEADLINE)
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
+            except BaseException as exc:  # reported by the test
                 errors.append(exc)
 
     def add_until_closed() -> None:
@@ -697,7 +698,7 @@ async def test_concurrent_adds_and_removes_keep_names_unique_and_close_stops_eve
             for _ in range(8):
                 if streams.add_stream_thread() is None:
                     break
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             errors.append(exc)
 
     async def watch(done: asyncio.Event) -> None:
@@ -822,6 +823,6 @@ async def test_nothing_is_lost_while_threads_go_1_4_1_0_2(cluster: Cluster, name
 def assert_at_least_once_in_order(seqs: list[int], expected: int, key: int) -> None:
     first_seen = list(dict.fromkeys(seqs))
     assert first_seen == list(range(expected)), f"key {key}: lost or reordered records"
-    for previous, current in zip(seqs, seqs[1:]):
+    for previous, current in itertools.pairwise(seqs):
         # Either the next record, or a jump back to replay from an earlier commit.
         assert current == previous + 1 or current <= previous, f"key {key}: {previous} then {current}"

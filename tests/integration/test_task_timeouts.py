@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 from collections import Counter
@@ -10,10 +9,10 @@ from collections import Counter
 import pytest
 
 from engine import ClientState, StreamsBuilder
+from engine.console.views import tasks_view
 from engine.errors import TaskTimeoutError
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.tasks.task_id import TaskId
-from engine.console.views import tasks_view
 from engine.testing import eventually_async
 from engine.threads.stream_thread import TaskRunState
 from handlers import StreamThreadExceptionResponse
@@ -32,7 +31,7 @@ def timing_out_topology(source: str, sink: str, times_out) -> StreamsBuilder:
     async def call_service(value: dict) -> dict:
         attempts[value["i"]] += 1
         if times_out(value):
-            raise asyncio.TimeoutError(f"service did not answer for record {value['i']}")
+            raise TimeoutError(f"service did not answer for record {value['i']}")
         return {**value, "attempts": attempts[value["i"]]}
 
     builder = StreamsBuilder()
@@ -52,7 +51,7 @@ async def produce_two_partitions(cluster: Cluster, names, count: int) -> tuple[s
 
 
 async def test_a_timing_out_task_does_not_hold_up_the_others_and_skips_nothing(cluster: Cluster, names) -> None:
-    source, sink, records = await produce_two_partitions(cluster, names, 200)
+    source, sink, _records = await produce_two_partitions(cluster, names, 200)
     release = threading.Event()
     builder = timing_out_topology(source, sink, lambda v: v["p"] == 0 and not release.is_set())
     streams = make_streams(builder.build(), cluster.bootstrap, names.app, task_timeout_ms=120_000,

@@ -15,6 +15,7 @@ import anyio.to_thread
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsTimeoutError, StreamThreadState
+from engine.testing import eventually_async
 from handlers import StreamThreadExceptionResponse
 from tests.integration.test_stream_threads import (
     DEADLINE,
@@ -23,15 +24,14 @@ from tests.integration.test_stream_threads import (
     close,
     new_streams,
     produce,
+    settled,
     tag_thread,
     thread_name,
     topics,
     wait_for_output,
-    settled,
     wait_settled,
 )
 from tests.support.cluster import Cluster
-from engine.testing import eventually_async
 
 pytestmark = pytest.mark.asyncio
 __all__ = ["topics"]  # the fixture, shared with test_stream_threads
@@ -40,7 +40,7 @@ __all__ = ["topics"]  # the fixture, shared with test_stream_threads
 SLACK = 0.5
 
 
-async def call_in_thread(fn, *args, limit: float):  # noqa: ANN001, ANN202 - test plumbing
+async def call_in_thread(fn, *args, limit: float):  # test plumbing
     """Run a blocking client call on a worker thread; fail (instead of hanging) past ``limit``.
     Returns ``(result or error, seconds taken)``."""
     result: list = []
@@ -49,7 +49,7 @@ async def call_in_thread(fn, *args, limit: float):  # noqa: ANN001, ANN202 - tes
     def run() -> None:
         try:
             result.append(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:  # handed to the test
             error.append(exc)
 
     worker = threading.Thread(target=run, daemon=True)

@@ -9,6 +9,7 @@ makes the peek action raise, the first time it is seen (or every time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import subprocess
@@ -580,10 +581,8 @@ async def test_shutdown_application_stops_every_client_of_the_application(cluste
 def wait_in_handler(condition: Callable[[], bool], timeout: float = 6.0) -> None:
     """A handler that takes its time (e.g. to report the error): it stops waiting early only if
     ``condition`` turns true, which a correct engine never lets happen while the handler runs."""
-    try:
+    with contextlib.suppress(TimeoutError):
         eventually(condition, timeout, "the failed record processed elsewhere")
-    except TimeoutError:
-        pass
 
 
 async def test_failing_thread_still_owns_its_tasks_while_the_handler_runs(cluster: Cluster, names) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

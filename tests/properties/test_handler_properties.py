@@ -119,7 +119,7 @@ async def scenario(threads: int, responses: list[Response]) -> None:
         await eventually_async(lambda: matches(streams, model), DEADLINE, "all threads running")
         for n, response in enumerate(responses):
             await cluster.produce("in", [(n, {"n": n, "poison": True})], INT, JSON, partitions=PARTITIONS)
-            await eventually_async(lambda: len(handler.failed_threads) > n, DEADLINE, f"failure {n}")
+            await eventually_async(lambda n=n: len(handler.failed_threads) > n, DEADLINE, f"failure {n}")
             model.fail(index_of(streams, handler.failed_threads[n]), response)
             await eventually_async(lambda: matches(streams, model), DEADLINE,
                                    f"after failure {n} ({response.name}): threads {sorted(model.indices)}, "

@@ -75,16 +75,18 @@ async def scenario(layout: list[list[int | None]], answers: dict) -> None:
             for offset in pauses:
                 want = [v for v in records[:offset] if v is not None]
                 await eventually_async(
-                    lambda: any(t.task_id.partition == partition for t in streams.paused_local_tasks()),
+                    lambda partition=partition: any(
+                        t.task_id.partition == partition for t in streams.paused_local_tasks()),
                     20, f"partition {partition} paused at offset {offset}")
-                await eventually_async(lambda: _equals(output_of(partition), want), 20,
+                await eventually_async(lambda partition=partition, want=want: _equals(output_of(partition), want), 20,
                                        f"good records before offset {offset}")
                 await asyncio.sleep(0)  # give a wrongly running task a chance to show itself
                 assert await output_of(partition) == want  # nothing after the pause
                 assert await streams.resume_async(f"0_{partition}", skip=True)
         for partition, records in enumerate(layout):
             want = [v for v in records if v is not None]
-            await eventually_async(lambda: _equals(output_of(partition), want), 20, "all good records")
+            await eventually_async(lambda partition=partition, want=want: _equals(output_of(partition), want), 20,
+                                   "all good records")
     for partition, records in enumerate(layout):
         assert await output_of(partition) == [v for v in records if v is not None]  # exactly once, in order
 

@@ -33,7 +33,8 @@ async def run_pipeline(records: list, partitions: int, threads: int) -> list[tup
         await cluster.read("out", len(expected), timeout=20)
     # After a clean close: everything that was written, so duplicates would show.
     output = await cluster.read_all("out")
-    return [(INT.deserialize(r.key), JSON.deserialize(r.value)) for r in sorted(output, key=lambda r: (r.partition, r.offset))]
+    in_order = sorted(output, key=lambda r: (r.partition, r.offset))
+    return [(INT.deserialize(r.key), JSON.deserialize(r.value)) for r in in_order]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -34,7 +34,8 @@ def batches(draw: st.DrawFn) -> tuple[dict[str, str], list[dict[str, Any]], list
 
 def frame_rows(spark: Any, types: dict[str, str], values: list[dict[str, Any]], orders: list[list[str]],
                schema_order: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
-    records = [Record(i, {name: value[name] for name in order}, 0) for i, (value, order) in enumerate(zip(values, orders))]
+    records = [Record(i, {name: value[name] for name in order}, 0)
+               for i, (value, order) in enumerate(zip(values, orders, strict=True))]
     ddl = ", ".join(f"`{name}` {'bigint' if name == 'key' else types[name]}" for name in schema_order)
     frame, left_out = to_frame(spark, records, "key", resolve_schema(spark, ddl))
     assert left_out == {}

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import StreamsBuilder
-from engine.serdes import LongSerde, StringSerde
 from engine.errors import InvalidStateStoreError
+from engine.serdes import LongSerde, StringSerde
 from engine.state import Materialized
 from engine.testing import eventually_async
 from engine.transport import open_transport
@@ -81,7 +81,7 @@ async def run(keys: list[int], partitions: int, fail_at: set[int], restart_after
         await cluster.produce("in", phase, STR, STR, partitions=partitions)
         target = dict(Counter(k for k, _ in produced))
         async with client() as streams:
-            await eventually_async(lambda: counted(target), timeout=30, what=f"counts {target}")
+            await eventually_async(lambda target=target: counted(target), timeout=30, what=f"counts {target}")
     # Nothing left to process: the restarted client's store is its changelog's content alone.
     shutil.rmtree(state_dir, ignore_errors=True)
     restored: dict[str, int] = {}
@@ -99,7 +99,8 @@ async def run(keys: list[int], partitions: int, fail_at: set[int], restart_after
     return latest, restored
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(keys=st.lists(st.integers(0, 5), min_size=1, max_size=80), partitions=st.integers(1, 3),
        crashes=st.sets(st.floats(0, 1), max_size=3), restart=st.one_of(st.none(), st.floats(0.05, 0.95)),
        cache=st.sampled_from([0, 300, 1 << 20]), persistent=st.booleans(), commit_ms=st.sampled_from([1, 20, 500]),

@@ -9,6 +9,7 @@ repeat can only replay a contiguous run (at-least-once).
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import uuid
@@ -191,7 +192,7 @@ class ThreadChanges(RuleBasedStateMachine):
                 inputs = sorted(s for s in expected if s % KEYS == key)
                 assert list(dict.fromkeys(seqs)) == inputs, f"key {key}: lost or reordered"
                 position = {s: i for i, s in enumerate(inputs)}
-                for previous, current in zip(seqs, seqs[1:]):
+                for previous, current in itertools.pairwise(seqs):
                     # The key's next record, or a jump back to replay from an earlier commit.
                     step = position[current] - position[previous]
                     assert step == 1 or step <= 0, f"key {key}: {previous} then {current}"

@@ -30,7 +30,7 @@ def topology(timeouts_of: dict[int, int]) -> tuple[StreamsBuilder, Counter[int]]
         attempts[value["i"]] += 1
         budget = timeouts_of.get(value["i"], 0)
         if budget < 0 or attempts[value["i"]] <= budget:
-            raise asyncio.TimeoutError()
+            raise TimeoutError()
         return value
 
     builder = StreamsBuilder()
@@ -80,7 +80,7 @@ def test_timeouts_within_the_deadline_lose_nothing_and_keep_order(records: list,
 @given(records=record_lists, partitions=st.integers(2, 3))
 def test_only_the_task_timing_out_past_its_deadline_fails(records: list, partitions: int) -> None:
     # Every record of partition 0 times out forever; the other partitions never time out.
-    records = records + [(0, {"i": len(records)})]
+    records = [*records, (0, {"i": len(records)})]
     timeouts_of = {v["i"]: -1 for k, v in records if k % partitions == 0}
     output, errors = asyncio.run(run(records, partitions, timeouts_of, 300, expect_failure=True))
     assert errors and all(isinstance(e, TaskTimeoutError) for e in errors)

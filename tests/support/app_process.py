@@ -5,10 +5,10 @@
         [--count] [--state-dir DIR] [--buffered-records-per-partition N] [--session-timeout-ms MS]
 
 The app reads int keys and JSON values ``{"n": int}`` from ``--source`` and writes
-``{"n": n}`` to ``--sink`` (with ``--count``: the count of the key so far, a long); a value with ``"poison": true`` makes it raise, every
-time. The uncaught-exception handler answers ``--response``. The process prints
-one JSON object per line on stdout and exits once the client is in a terminal
-state (ERROR or NOT_RUNNING), or on SIGTERM after closing it:
+``{"n": n}`` to ``--sink`` (with ``--count``: the count of the key so far, a long); a value
+with ``"poison": true`` makes it raise, every time. The uncaught-exception handler answers
+``--response``. The process prints one JSON object per line on stdout and exits once the
+client is in a terminal state (ERROR or NOT_RUNNING), or on SIGTERM after closing it:
 
     {"event": "state", "state": "RUNNING"}    each client state change
     {"event": "tasks", "count": 1}            the number of local active tasks, when it changes

@@ -11,6 +11,7 @@ line and the next prompt. With ``token``, the client answers the console's
 
 from __future__ import annotations
 
+import contextlib
 import re
 import select
 import socket
@@ -47,10 +48,8 @@ class ConsoleClient:
         self._read_until(lambda: self.prompt in self.text or None, "the first prompt")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.sendall(b"exit\r")
-        except OSError:
-            pass
         self._sock.close()
 
     def reset(self) -> None:

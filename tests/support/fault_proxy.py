@@ -456,7 +456,7 @@ class FaultProxy:
         self._loop = loop
         try:
             loop.run_until_complete(self._serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+        except BaseException as exc:  # reported to start() or logged
             if not self._started.done():
                 self._started.set_exception(exc)
             else:

@@ -151,10 +151,10 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
                         await eventually_async(drained, stall_after, "committed offsets at the end", interval=0.25)
                         drain_seconds = time.monotonic() - started
                     elif rng.random() < initialising:
-                        await eventually_async(lambda: proc.tasks > 0, stall_after, "tasks assigned")
+                        await eventually_async(lambda proc=proc: proc.tasks > 0, stall_after, "tasks assigned")
                     else:
                         # The round's batch waits: a run that processes nothing has stalled.
-                        await eventually_async(lambda: proc.processed > 0, stall_after, "a record processed")
+                        await eventually_async(lambda proc=proc: proc.processed > 0, stall_after, "a record processed")
                         # The kill point itself: a random time into processing (mid-transaction, or
                         # after a commit), not a wait for something to happen.
                         await anyio.sleep(rng.uniform(0.0, max_kill_delay))

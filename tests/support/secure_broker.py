@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 

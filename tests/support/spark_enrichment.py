@@ -12,7 +12,8 @@ It runs in its own process, because a process has one SparkContext and the test 
         --source IN --sink OUT [--mode spark|python] [--settings JSON] [--heavy N] [--fail-at ID] [--slow-ms MS]
 
 It prints one JSON object a line: ``{"event": "ready", "time": <epoch s>}`` just before the
-client starts (with ``--warm``, once the SparkSession is up), ``{"event": "state", "state": ...}``, ``{"event": "tasks", "count": N}`` (active tasks, when it changes), ``{"event": "handler",
+client starts (with ``--warm``, once the SparkSession is up), ``{"event": "state", "state": ...}``,
+``{"event": "tasks", "count": N}`` (active tasks, when it changes), ``{"event": "handler",
 "error": ..., "chain": [type names]}`` (the uncaught-exception handler, which answers
 SHUTDOWN_CLIENT) and ``{"event": "final", "state": ...}``; it exits on a terminal state or SIGTERM.
 """

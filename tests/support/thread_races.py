@@ -71,7 +71,7 @@ def timed(calls: Calls, what: str, limit: float, fn: Any, *args: Any) -> Any:
     error: BaseException | None = None
     try:
         return fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - recorded, the storm goes on
+    except BaseException as exc:  # recorded, the storm goes on
         error = exc
         return None
     finally:

@@ -68,7 +68,8 @@ def test_a_latency_near_the_peers_saturation_is_flagged() -> None:
 
 
 def test_each_peers_median_over_the_raw_loops_is_given_below_its_table() -> None:
-    raw = PeerFigures("aiokafka", "raw aiokafka", "loop", [ThroughputRun(r, 1.0, None) for r in (1000.0, 2000.0, 900.0)])
+    raw = PeerFigures("aiokafka", "raw aiokafka", "loop",
+                      [ThroughputRun(r, 1.0, None) for r in (1000.0, 2000.0, 900.0)])
     ours = PeerFigures("streamloop", "streamloop", "1 thread", [ThroughputRun(r, 1.0, None) for r in (800.0, 900.0)])
     broken = PeerFigures("faust", "faust-streaming", "one agent", error="it crashed")
 

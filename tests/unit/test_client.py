@@ -66,7 +66,8 @@ class Clients:
         return streams
 
     def produce(self, topic: str, partition: int, *values: bytes) -> None:
-        failed = self.broker.produce({TopicPartition(topic, partition): [ProducedRecord(None, v, 0, ()) for v in values]})
+        records = [ProducedRecord(None, v, 0, ()) for v in values]
+        failed = self.broker.produce({TopicPartition(topic, partition): records})
         assert not failed
 
     def close_all(self) -> None:
@@ -122,7 +123,7 @@ def test_missing_application_id_raises_config_error_naming_it(clients: Clients) 
 
 
 def test_unknown_config_key_is_a_config_error_naming_it(clients: Clients) -> None:
-    with pytest.raises(ConfigError, match="Unknown config 'made.up.key'") as info:
+    with pytest.raises(ConfigError, match=r"Unknown config 'made.up.key'") as info:
         clients(made_up_key="x")
 
     assert info.value.key == "made.up.key"

@@ -121,7 +121,8 @@ def test_output_keeps_the_timestamp_and_headers_of_the_record() -> None:
 def test_serde_failure_is_a_serialization_error_naming_the_sink_and_nothing_is_appended() -> None:
     collector, producer = make_collector()
 
-    with pytest.raises(SerializationError, match=f"Sink '{SINK}' \\(topic 'out'\\) cannot write a key of type int") as failed:
+    with pytest.raises(SerializationError,
+                       match=f"Sink '{SINK}' \\(topic 'out'\\) cannot write a key of type int") as failed:
         send(collector, Record(42, 1, 0), key_serde=STR)
     assert isinstance(failed.value.__cause__, TypeError)
     assert "StringSerde expects str" in str(failed.value)

@@ -53,7 +53,7 @@ def test_repr_and_str_of_the_config_hide_secrets_and_show_the_rest() -> None:
 
 
 def test_a_wrongly_typed_secret_is_not_echoed_by_the_config_error() -> None:
-    with pytest.raises(ConfigError, match="monitor.token") as caught:
+    with pytest.raises(ConfigError, match=r"monitor.token") as caught:
         StreamsConfig({**REQUIRED, "monitor.token": 123456789})
     assert "123456789" not in str(caught.value)
     assert HIDDEN in str(caught.value)
@@ -62,7 +62,7 @@ def test_a_wrongly_typed_secret_is_not_echoed_by_the_config_error() -> None:
 def test_a_check_failing_on_a_secret_does_not_echo_it() -> None:
     """Secret keys added later may have checks that echo the value; the error still hides it."""
     key = ConfigKey("sasl.password", str, None, "a secret with a check", _one_of("a", "b"))
-    with pytest.raises(ConfigError, match="sasl.password") as caught:
+    with pytest.raises(ConfigError, match=r"sasl.password") as caught:
         StreamsConfig._check(key, SECRET)
     assert SECRET not in str(caught.value)
     plain = ConfigKey("sasl.mechanism", str, None, "not a secret", _one_of("a", "b"))
@@ -82,9 +82,9 @@ def test_the_config_logged_at_start_hides_secrets(caplog: pytest.LogCaptureFixtu
     streams = KafkaStreams(builder.build(), {
         "application.id": "secrets", "bootstrap.servers": "memory://secrets-log", "state.dir": str(tmp_path),
         "num.stream.threads": 0, "monitor.token": SECRET, "consumer.sasl.jaas.config": SECRET})
-    with caplog.at_level(logging.DEBUG, logger="engine"):
-        with pytest.raises(MissingSourceTopicError):  # start() logs, then finds no topics
-            streams.start()
+    with caplog.at_level(logging.DEBUG, logger="engine"), \
+            pytest.raises(MissingSourceTopicError):  # start() logs, then finds no topics
+        streams.start()
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "StreamsConfig values" in logged
     assert f"consumer.sasl.jaas.config = {HIDDEN}" in logged

@@ -58,9 +58,9 @@ def test_every_python_sample_of_the_page_runs(page: Path) -> None:
         # Samples may await at top level, as in an async service or a notebook.
         compiled = compile(code, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         if compiled.co_flags & inspect.CO_COROUTINE:
-            asyncio.run(eval(compiled, namespace))  # noqa: S307 - running the docs is the point
+            asyncio.run(eval(compiled, namespace))  # running the docs is the point
         else:
-            exec(compiled, namespace)  # noqa: S102 - running the docs is the point
+            exec(compiled, namespace)  # running the docs is the point
 
 
 def test_opt_outs_are_rare_and_say_why() -> None:

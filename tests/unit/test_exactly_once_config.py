@@ -21,12 +21,12 @@ def test_a_commit_interval_the_user_set_is_kept() -> None:
 
 
 def test_an_unknown_guarantee_names_the_key() -> None:
-    with pytest.raises(ConfigError, match="processing.guarantee"):
+    with pytest.raises(ConfigError, match=r"processing.guarantee"):
         StreamsConfig({**BASE, "processing.guarantee": "exactly_once"})
 
 
 def test_the_memory_broker_refuses_exactly_once_saying_why() -> None:
-    with pytest.raises(ConfigError, match="processing.guarantee.*memory:// broker does not model"):
+    with pytest.raises(ConfigError, match=r"processing.guarantee.*memory:// broker does not model"):
         StreamsConfig({**EOS, "bootstrap.servers": "memory://x"})
 
 

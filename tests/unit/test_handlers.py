@@ -109,7 +109,7 @@ def test_an_unloadable_handler_is_a_config_error_when_the_client_is_made() -> No
 
     builder = StreamsBuilder()
     builder.stream("a").to("b")
-    with pytest.raises(ConfigError, match="processing.exception.handler"):
+    with pytest.raises(ConfigError, match=r"processing.exception.handler"):
         KafkaStreams(builder.build(), {"application.id": "app", "bootstrap.servers": "memory://x",
                                        "processing.exception.handler": "no.such.Handler"})
 

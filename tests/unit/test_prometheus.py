@@ -8,9 +8,9 @@ from engine.client import Metric
 
 pytest.importorskip("prometheus_client")
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.prometheus import families, prometheus_name  # noqa: E402
+from engine.prometheus import families, prometheus_name
 
 
 def test_names_join_group_and_name_with_underscores() -> None:

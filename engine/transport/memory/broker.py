@@ -26,6 +26,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import ClassVar
 
 from engine.clock import SYSTEM_CLOCK, Clock
@@ -44,6 +45,14 @@ from engine.transport.memory.wakeup import LoopWakeup
 log = logging.getLogger(__name__)
 
 URL_SCHEME = "memory://"
+
+
+@dataclass
+class _ProduceFault:
+    """An injected produce failure: the next ``times`` produce calls to its topic fail with ``error``."""
+
+    error: BaseException
+    times: int
 
 
 class MemoryBroker:
@@ -69,7 +78,7 @@ class MemoryBroker:
         self._groups: dict[str, ConsumerGroup] = {}
         self._fetchers: dict[LoopWakeup, frozenset[TopicPartition]] = {}
         # Fault injection for tests: topic → [error, produce calls left to fail].
-        self._produce_faults: dict[str, list[object]] = {}
+        self._produce_faults: dict[str, _ProduceFault] = {}
 
     def __repr__(self) -> str:
         return f"MemoryBroker({URL_SCHEME}{self.name})"
@@ -160,7 +169,7 @@ class MemoryBroker:
         """Fault injection: the next ``times`` produce calls to ``topic`` fail with ``error``
         (nothing of that batch is written), as a broker outage would make them."""
         with self._locked():
-            self._produce_faults[topic] = [error, times]
+            self._produce_faults[topic] = _ProduceFault(error, times)
 
     def produce(
         self, batches: Mapping[TopicPartition, Sequence[ProducedRecord]]
@@ -180,9 +189,9 @@ class MemoryBroker:
                     failed[tp] = self._unknown(tp)
                     continue
                 fault = self._produce_faults.get(tp.topic)
-                if fault is not None and fault[1] > 0:  # type: ignore[operator]
-                    fault[1] -= 1  # type: ignore[operator]
-                    failed[tp] = fault[0]  # type: ignore[assignment]
+                if fault is not None and fault.times > 0:
+                    fault.times -= 1
+                    failed[tp] = fault.error
                     continue
                 for record in batch:
                     partition_log.append(record)

@@ -84,7 +84,7 @@ def test_no_frame_when_no_record_fits(spark: Any) -> None:
 
 
 def test_a_stage_must_return_a_dataframe() -> None:
-    with pytest.raises(TypeError, match="must return a pyspark.sql.DataFrame, got list"):
+    with pytest.raises(TypeError, match=r"must return a pyspark.sql.DataFrame, got list"):
         to_rows([], "enrich")
 
 

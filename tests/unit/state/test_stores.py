@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from engine.errors import InvalidStateStoreError
+from engine.records import TopicPartition
 from engine.serdes import LongSerde, StringSerde
 from engine.state import checkpoint
 from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Changelogger, decode_source
 from engine.state.store import KeyValueStore, WindowStore
-from engine.records import TopicPartition
 
 STR, LONG = StringSerde(), LongSerde()
 
@@ -61,7 +61,8 @@ class Log:
 
 
 def kv(cache: ThreadCache | None, log: Log, source: tuple[str, int] | None = ("in", 7)) -> KeyValueStore:
-    return KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG, Changelogger("app-counts-changelog", 3, log),
+    return KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG,
+                         Changelogger("app-counts-changelog", 3, log),
                          cache, "0_3/counts", lambda: 42, lambda: source)
 
 

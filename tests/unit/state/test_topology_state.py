@@ -71,7 +71,7 @@ def test_illegal_store_names_and_windows_are_refused() -> None:
         Materialized.as_("a b")
     with pytest.raises(TopologyError, match="Window size must be an int > 0"):
         TimeWindows.of_size_with_no_grace(0)
-    with pytest.raises(TopologyError, match="advance must be an int in 1..10"):
+    with pytest.raises(TopologyError, match=r"advance must be an int in 1..10"):
         TimeWindows.of_size_with_no_grace(10).advance_by(11)
     with pytest.raises(TopologyError, match="must be a plain function"):
         async def agg(k, v, a):

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.completed_offsets import METADATA_MAX_BYTES, decode_completed, encode_completed
 from engine.config import StreamsConfig
 from engine.errors import ConfigError
-from engine.completed_offsets import METADATA_MAX_BYTES, decode_completed, encode_completed
 
 BASE = {"application.id": "a", "bootstrap.servers": "memory://"}
 

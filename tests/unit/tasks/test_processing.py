@@ -14,11 +14,11 @@ from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Record
 from engine.serdes import IntegerSerde, JsonSerde
-from handlers.responses import Answer
 from engine.tasks.processing import Outcome, RecordPath
 from engine.tasks.task import TaskState
 from engine.tasks.timeouts import TaskTimer
 from engine.transport import open_transport
+from handlers.responses import Answer
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.unit.tasks.test_task import IN, TASK, TaskRig, passing_topology, values_of

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -71,7 +70,7 @@ def test_task_timeout_error_is_not_itself_a_timeout() -> None:
 
 def test_zero_task_timeout_means_no_retry() -> None:
     t = timer(ManualClock(), timeout_ms=0)
-    with pytest.raises(TaskTimeoutError, match="task.timeout.ms is 0"):
+    with pytest.raises(TaskTimeoutError, match=r"task.timeout.ms is 0"):
         t.on_timeout(TimeoutError(), "Processor 'x'", 0)
 
 
@@ -94,7 +93,7 @@ def test_each_timeout_logs_a_warning_with_what_and_time_left(caplog: pytest.LogC
 
 @pytest.mark.parametrize("exc", [
     TimeoutError(),
-    asyncio.TimeoutError(),
+    TimeoutError(),
     kafka_errors.KafkaTimeoutError(),
     kafka_errors.RequestTimedOutError(),
     kafka_errors.NodeNotReadyError(),

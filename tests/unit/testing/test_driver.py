@@ -83,7 +83,7 @@ def test_a_processor_that_awaits_forever_fails_the_call_with_an_error_naming_it(
         source = driver.create_input_topic("in", STR, INT)
         driver.create_output_topic("out")
         started = time.monotonic()
-        with pytest.raises(DriverTimeoutError, match="'stuck-lookup' of task 0_0 .*in-0 offset 0") as caught:
+        with pytest.raises(DriverTimeoutError, match=r"'stuck-lookup' of task 0_0 .*in-0 offset 0") as caught:
             source.pipe_input("a", 1)
         assert time.monotonic() - started < 5
         assert (caught.value.processor, caught.value.task_id, caught.value.offset) == ("stuck-lookup", TaskId(0, 0), 0)

@@ -69,7 +69,7 @@ def test_a_record_keeps_its_timestamp_headers_and_the_partition_given(bootstrap:
 
 
 def test_producing_to_a_missing_topic_names_it_and_what_to_do(bootstrap: str) -> None:
-    with pytest.raises(TransportError, match="'nope' does not exist.*create_topics"):
+    with pytest.raises(TransportError, match=r"'nope' does not exist.*create_topics"):
         produce(bootstrap, "nope", [(b"k", b"v")])
 
 

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -38,10 +39,10 @@ async def task_group_on_loop() -> AsyncIterator[TaskGroup]:
 
 @pytest.fixture
 def loop_thread() -> Iterator[LoopThread]:
-    with start_blocking_portal("asyncio") as portal:
-        with portal.wrap_async_context_manager(task_group_on_loop()) as task_group:
-            ident = portal.call(threading.get_ident)
-            yield LoopThread(portal, task_group, ident)
+    with start_blocking_portal("asyncio") as portal, \
+            portal.wrap_async_context_manager(task_group_on_loop()) as task_group:
+        ident = portal.call(threading.get_ident)
+        yield LoopThread(portal, task_group, ident)
 
 
 @pytest.fixture
@@ -54,12 +55,12 @@ def channel(loop_thread: LoopThread) -> Iterator[CommandChannel]:
 
 
 async def double(value: int) -> int:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     return value * 2
 
 
 async def fail(message: str) -> None:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     raise ValueError(message)
 
 
@@ -169,9 +170,9 @@ def test_submit_after_close_raises_command_rejected(channel: CommandChannel) -> 
 
 def test_submit_after_the_loop_stopped_raises_command_rejected() -> None:
     channel = CommandChannel("stream-thread [t-1]")
-    with start_blocking_portal("asyncio") as portal:
-        with portal.wrap_async_context_manager(task_group_on_loop()) as task_group:
-            portal.call(channel.open, task_group)
+    with start_blocking_portal("asyncio") as portal, \
+            portal.wrap_async_context_manager(task_group_on_loop()) as task_group:
+        portal.call(channel.open, task_group)
 
     # The loop has ended but nobody closed the channel.
     with pytest.raises(CommandRejected, match="is not running"):

@@ -75,7 +75,7 @@ def test_new_threads_get_consecutive_indices() -> None:
 
 def test_added_thread_reuses_lowest_free_index() -> None:
     registry = ThreadRegistry()
-    one, two, three = start_threads(registry, 3)
+    one, _two, three = start_threads(registry, 3)
     registry.remove(one)  # type: ignore[arg-type]
     registry.remove(three)  # type: ignore[arg-type]
 

@@ -8,6 +8,7 @@ collector that records what the sinks send, then pushes records in through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
@@ -599,10 +600,8 @@ def unawaited_coroutine_warnings(scenario: Callable[[], Awaitable[None]]) -> lis
 def test_failed_drain_leaves_no_coroutine_unawaited_after_reset() -> None:
     async def scenario() -> None:
         harness = build(lambda b: b.stream("in").process(ForwardThenFailAsync).map_values(fail_on_one).to("out"))
-        try:
+        with contextlib.suppress(ValueError):
             await harness.pipe("k", 2)
-        except ValueError:
-            pass
         harness.forwarder.reset()
 
     assert unawaited_coroutine_warnings(scenario) == []
@@ -616,10 +615,8 @@ def values_then_failure(value: int) -> Iterator[int]:
 def test_reset_after_a_failed_start_leaves_no_coroutine_unawaited() -> None:
     async def scenario() -> None:
         harness = build(lambda b: b.stream("in").flat_map_values(values_then_failure).map_values(fail_on_one).to("out"))
-        try:
+        with contextlib.suppress(ValueError):
             harness.start("k", 2)  # queues the async map of 2, then the generator raises
-        except ValueError:
-            pass
         harness.forwarder.reset()
 
     assert unawaited_coroutine_warnings(scenario) == []

@@ -21,8 +21,7 @@ from engine.errors import AuthenticationError, ConfigError
 from engine.tasks.timeouts import is_timeout as task_is_timeout
 from engine.transport import open_transport
 from engine.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription, ProducerSettings
-from engine.transport.kafka import KafkaTransport
-from engine.transport.kafka import is_retriable
+from engine.transport.kafka import KafkaTransport, is_retriable
 from tests.support.secure_broker import (
     CLIENT_KEY_PASSWORD,
     SERVER_KEY_PASSWORD,
@@ -31,7 +30,8 @@ from tests.support.secure_broker import (
 )
 
 BOOTSTRAP = "127.0.0.1:9"
-PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="alice-secret";'
+PLAIN_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+              'username="alice" password="alice-secret";')
 
 
 class _Assignor:
@@ -228,8 +228,8 @@ def test_a_prefixed_security_protocol_turns_security_off_for_that_client_only() 
 
 def test_security_keys_of_the_consumer_settings_override_the_transports() -> None:
     made = transport(SASL_PLAIN)
-    consumer = made.consumer(ConsumerSettings(group_id="g", client_id="c", assignor=_Assignor(),
-                                              extra={"sasl.mechanism": "SCRAM-SHA-256", "sasl.jaas.config": SCRAM_JAAS}))
+    extra = {"sasl.mechanism": "SCRAM-SHA-256", "sasl.jaas.config": SCRAM_JAAS}
+    consumer = made.consumer(ConsumerSettings(group_id="g", client_id="c", assignor=_Assignor(), extra=extra))
 
     assert (consumer.options["sasl_mechanism"], consumer.options["sasl_plain_username"]) == ("SCRAM-SHA-256", "bob")
 
@@ -327,7 +327,7 @@ def test_a_security_key_in_another_clients_spelling_is_a_config_error_naming_kaf
 
 
 def test_a_security_key_in_aiokafkas_spelling_that_aiokafka_lacks_points_to_the_kafka_keys() -> None:
-    with pytest.raises(ConfigError, match="ssl.truststore.location") as caught:
+    with pytest.raises(ConfigError, match=r"ssl.truststore.location") as caught:
         transport({}).consumer(ConsumerSettings(group_id="g", client_id="c", assignor=_Assignor(),
                                                 extra={"ssl.cafile": "ca.pem"}))
     assert caught.value.key == "ssl.cafile"

@@ -853,7 +853,7 @@ async def _group_scenario(ops: list[tuple], seed: int) -> None:
     for op in ops:
         kind = op[0]
         if kind == "produce":
-            for i in range(op[2]):
+            for _i in range(op[2]):
                 producer.append(TOPIC, op[1], None, b"v", None, ())
             await producer.flush()
             end = broker.end_offsets([TopicPartition(TOPIC, op[1])])[TopicPartition(TOPIC, op[1])]
