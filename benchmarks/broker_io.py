@@ -99,7 +99,7 @@ class OutputTail:
     """Reads an output topic from its start, keeping what the figures need.
 
     ``catch_up`` reads up to the end offsets of the moment. It keeps the number of
-    records, the first and last append time (and, with ``append_times``, every one), the last value per key (as an int, for
+    records, the first and last append time (with ``append_times``, every one), the last value per key (as an int, for
     ``count``) and, for latency runs, the latency of every record stamped ``ts``.
     """
 

@@ -202,8 +202,9 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
               + ", ".join(f"{peer} {ratio:.2f}×" for peer, ratio in ratios.items()), flush=True)
     steady_figures = steady_ratios(list(figures.values()))
     if steady_figures:
-        print(f"  steady (after the first {args.warmup:.0%} of the output), median records/s × raw aiokafka: "
-              + ", ".join(f"{peer} {ratio:.2f}×" for peer, ratio in steady_figures.items()), flush=True)
+        times = "\u00d7"  # the page's sign for a ratio
+        print(f"  steady (after the first {args.warmup:.0%} of the output), median records/s {times} raw aiokafka: "
+              + ", ".join(f"{peer} {ratio:.2f}{times}" for peer, ratio in steady_figures.items()), flush=True)
     note = "Latency is not measured for this workload (its output is a count, not the stamped record)." \
         if not workload.latency else ""
     return WorkloadFigures(name, workload.title, count, [figures[k] for k in peers], note)

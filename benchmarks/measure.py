@@ -88,7 +88,7 @@ def steady_rate(append_times_ms: list[int], records_in: int, warmup: float) -> f
     """Records/s over the output after its first ``warmup`` fraction: start-up, the first fetches and
     an interpreter's or a JIT's warm-up do not count. Output is taken as proportional to input (every
     workload here filters uniformly or emits one update per record), so the input records of that part
-    are ``records_in × (1 − warmup)``; its time runs from the append of the first output record past the
+    are ``records_in * (1 - warmup)``; its time runs from the append of the first output record past the
     warm-up part to the last append. None when too little output is left to time."""
     if not append_times_ms or not 0 < warmup < 1:
         return None

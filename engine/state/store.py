@@ -16,11 +16,11 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
 from engine.state.bytes_stores import BytesStore
 from engine.state.cache import CacheEntry, NamedCache, ThreadCache
 from engine.state.changelog import Changelogger
 from engine.state.windows import Windowed
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
 
 Source = Callable[[], "tuple[str, int] | None"]
 # Key types whose serialised form cannot change while the object lives (same object, same bytes).

@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from engine.errors import InvalidStateStoreError
+from engine.records import TopicPartition
 from engine.serdes import JsonSerde, LongSerde, StringSerde
 from engine.state import checkpoint
 from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Changelogger, decode_source
 from engine.state.store import KeyValueStore, WindowStore
-from engine.records import TopicPartition
 
 STR, LONG = StringSerde(), LongSerde()
 
