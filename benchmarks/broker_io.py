@@ -99,11 +99,12 @@ class OutputTail:
     """Reads an output topic from its start, keeping what the figures need.
 
     ``catch_up`` reads up to the end offsets of the moment. It keeps the number of
-    records, the first and last append time, the last value per key (as an int, for
+    records, the first and last append time (with ``append_times``, every one), the last value per key (as an int, for
     ``count``) and, for latency runs, the latency of every record stamped ``ts``.
     """
 
-    def __init__(self, bootstrap: str, topic: str, *, counts: bool = False, latencies: bool = False) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, counts: bool = False, latencies: bool = False,
+                 append_times: bool = False) -> None:
         self.topic = topic
         self._counts = counts
         self._latencies = latencies
@@ -119,6 +120,8 @@ class OutputTail:
         self.last_values: dict[bytes, int] = {}
         self.latencies_ms: list[float] = []
         self.warmup_records = 0
+        # Every record's append time, when asked for: the steady rate after a warm-up part needs them.
+        self.append_times_ms: list[int] | None = [] if append_times else None
 
     async def start(self) -> None:
         await self._offsets.start()
@@ -150,6 +153,8 @@ class OutputTail:
         self.records += 1
         self.first_ms = append_ms if self.first_ms is None else min(self.first_ms, append_ms)
         self.last_ms = append_ms if self.last_ms is None else max(self.last_ms, append_ms)
+        if self.append_times_ms is not None:
+            self.append_times_ms.append(append_ms)
         if self._counts:
             self.last_values[key] = int(value)
         if self._latencies:

@@ -26,6 +26,7 @@ import asyncio
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -166,7 +167,8 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
             if f.error is not None:
                 continue
             try:
-                result = await measure.throughput(PEERS[key], workload, bootstrap, source, expect, args.timeout)
+                result = await measure.throughput(PEERS[key], workload, bootstrap, source, expect, args.timeout,
+                                                  args.warmup)
             except Exception as exc:
                 f.error = error_text(exc)
                 print(f"  run {run_no + 1} {f.name:<22} FAILED {f.error}", flush=True)
@@ -175,8 +177,10 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
                 continue
             f.runs.append(result)
             rss = f"{result.peak_rss_bytes / 2**20:,.0f} MiB" if result.peak_rss_bytes else "?"
+            steady = "" if result.steady_records_per_s is None else \
+                f", steady {result.steady_records_per_s:,.0f} records/s"
             print(f"  run {run_no + 1} {f.name:<22} {result.records_per_s:>10,.0f} records/s "
-                  f"({result.seconds:.2f} s), peak RSS {rss}", flush=True)
+                  f"({result.seconds:.2f} s){steady}, peak RSS {rss}", flush=True)
     if workload.latency and args.latency_seconds > 0:
         rate = args.latency_rate or workload.latency_rate
         for key in peers:
@@ -196,9 +200,24 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
     if ratios:
         print("  median records/s × raw aiokafka: "
               + ", ".join(f"{peer} {ratio:.2f}×" for peer, ratio in ratios.items()), flush=True)
+    steady_figures = steady_ratios(list(figures.values()))
+    if steady_figures:
+        times = "\u00d7"  # the page's sign for a ratio
+        print(f"  steady (after the first {args.warmup:.0%} of the output), median records/s {times} raw aiokafka: "
+              + ", ".join(f"{peer} {ratio:.2f}{times}" for peer, ratio in steady_figures.items()), flush=True)
     note = "Latency is not measured for this workload (its output is a count, not the stamped record)." \
         if not workload.latency else ""
     return WorkloadFigures(name, workload.title, count, [figures[k] for k in peers], note)
+
+
+def steady_ratios(peers: list[PeerFigures]) -> dict[str, float]:
+    """Each peer's median steady records/s (``--warmup``) over the raw aiokafka loop's."""
+    medians = {p.peer: statistics.median(rates) for p in peers
+               if (rates := [r.steady_records_per_s for r in p.runs if r.steady_records_per_s is not None])}
+    raw = medians.get("aiokafka")
+    if not raw:
+        return {}
+    return {p.name: medians[p.peer] / raw for p in peers if p.peer in medians}
 
 
 async def main_async(args: argparse.Namespace, bootstrap: str, command: str) -> Report:
@@ -222,6 +241,9 @@ def main() -> None:
     parser.add_argument("--latency-warmup", type=float,
                         help="seconds at the rate after the peer's first output, before measuring (default 3)")
     parser.add_argument("--latency-rate", type=int, help="records/s of the latency runs (default per workload)")
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="also print a steady rate: records/s after this fraction of the output "
+                             "(e.g. 0.3), as a ratio to raw; 0: none")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a peer may take for one run")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of: {', '.join(PEERS)}")
     parser.add_argument("--workloads", default="stateless,count,async-io,spark",
@@ -237,6 +259,8 @@ def main() -> None:
     args.runs = args.runs or defaults[2]
     args.latency_seconds = defaults[3] if args.latency_seconds is None else args.latency_seconds
     args.latency_warmup = defaults[4] if args.latency_warmup is None else args.latency_warmup
+    if not 0 <= args.warmup < 1:
+        parser.error("--warmup is a fraction of the output, from 0 up to 1")
     unknown = [p for p in args.peers.split(",") if p.strip() and p.strip() not in PEERS]
     if unknown:
         parser.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")

@@ -80,6 +80,23 @@ class ThroughputRun:
     records_per_s: float
     seconds: float
     peak_rss_bytes: int | None
+    # Records/s after the first ``warmup`` part of the output (see ``steady_rate``); None: not asked for.
+    steady_records_per_s: float | None = None
+
+
+def steady_rate(append_times_ms: list[int], records_in: int, warmup: float) -> float | None:
+    """Records/s over the output after its first ``warmup`` fraction: start-up, the first fetches and
+    an interpreter's or a JIT's warm-up do not count. Output is taken as proportional to input (every
+    workload here filters uniformly or emits one update per record), so the input records of that part
+    are ``records_in * (1 - warmup)``; its time runs from the append of the first output record past the
+    warm-up part to the last append. None when too little output is left to time."""
+    if not append_times_ms or not 0 < warmup < 1:
+        return None
+    times = sorted(append_times_ms)
+    start = times[min(int(len(times) * warmup), len(times) - 1)]
+    if times[-1] <= start:
+        return None
+    return records_in * (1 - warmup) / ((times[-1] - start) / 1000)
 
 
 @dataclass
@@ -96,12 +113,12 @@ def _ids(peer: ModuleType, workload: Workload, kind: str) -> tuple[str, str]:
 
 
 async def throughput(peer: ModuleType, workload: Workload, bootstrap: str, source: str,
-                     expect: Expectation, timeout: float) -> ThroughputRun:
+                     expect: Expectation, timeout: float, warmup: float = 0.0) -> ThroughputRun:
     app_id, sink = _ids(peer, workload, "tp")
     await create_topics(bootstrap, [], [sink])
     with tempfile.TemporaryDirectory(prefix="bench-peer-") as workdir:
         process = PeerProcess(peer, PeerRun(workload.name, bootstrap, app_id, source, sink, workdir))
-        tail = OutputTail(bootstrap, sink, counts=workload.name == "count")
+        tail = OutputTail(bootstrap, sink, counts=workload.name == "count", append_times=warmup > 0)
         group = GroupWatch(bootstrap, app_id)
         await tail.start()
         await group.start()
@@ -139,7 +156,8 @@ async def throughput(peer: ModuleType, workload: Workload, bootstrap: str, sourc
     # A peer that was done before its group was seen Stable started after the last check that was not.
     first = min(not_stable_at if started is None else started, tail.first_ms / 1000)
     seconds = max(tail.last_ms / 1000 - first, 0.001)
-    return ThroughputRun(expect.records_in / seconds, seconds, rss)
+    steady = steady_rate(tail.append_times_ms or [], expect.records_in, warmup)
+    return ThroughputRun(expect.records_in / seconds, seconds, rss, steady)
 
 
 def _percentile(values: list[float], q: int) -> float:

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.serdes import Serde
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
 from engine.state.bytes_stores import BytesStore
 from engine.state.cache import CacheEntry, NamedCache, ThreadCache
 from engine.state.changelog import Changelogger
@@ -27,6 +27,23 @@ Source = Callable[[], "tuple[str, int] | None"]
 _IMMUTABLE_KEYS = frozenset({str, bytes, int})
 _NO_KEY = object()
 FlushListener = Callable[[Any, Any, int], None]
+# The object classes each built-in serde gives back unchanged from its own bytes (equal value, same
+# class): for these, the object written is what decoding its bytes would give, so a table forwards
+# the object, as Kafka Streams does, instead of decoding what it just encoded. By exact serde class:
+# a subclass may encode differently. orjson writes NaN as null, so floats are left out for JSON.
+_EXACT: dict[type, frozenset[type]] = {
+    BytesSerde: frozenset({bytes}),
+    StringSerde: frozenset({str}),
+    IntegerSerde: frozenset({int}),
+    LongSerde: frozenset({int}),
+    JsonSerde: frozenset({int, str}),
+}
+_NONE: frozenset[type] = frozenset()
+
+
+def exact_classes(serde: Serde) -> frozenset[type]:
+    """The classes whose objects ``serde`` decodes back to an equal object of the same class."""
+    return _EXACT.get(type(serde), _NONE)
 
 
 class StateStore:
@@ -53,6 +70,10 @@ class StateStore:
         # The last key serialised (see ``_key``); a sentinel no key is identical to at first.
         self._last_key: Any = _NO_KEY
         self._last_key_bytes = b""
+        self._exact_keys = exact_classes(key_serde)
+        values = exact_classes(value_serde)
+        # A built-in serde decodes no bytes (a delete) back to None.
+        self._exact_values = values | {type(None)} if values else values
 
     @property
     def persistent(self) -> bool:
@@ -67,7 +88,9 @@ class StateStore:
         self._listener = listener
 
     # -- the write path ------------------------------------------------------------
-    def _write(self, key: bytes, value: bytes | None) -> None:
+    def _write(self, key: bytes, value: bytes | None, key_object: Any = _NO_KEY,
+               value_object: Any = _NO_KEY) -> None:
+        """``key_object``/``value_object``: what ``key``/``value`` encode, when the caller has it."""
         journal = self.journal
         if journal is not None and journal.active:
             journal.remember(self, key)
@@ -75,15 +98,23 @@ class StateStore:
         if ns is not None and cache is not None and cache.enabled:
             cache.put(ns, key, CacheEntry(value, self._timestamp(), self._source()))
         else:
-            self._down(key, value, self._timestamp(), self._source())
+            self._down(key, value, self._timestamp(), self._source(), key_object, value_object)
 
-    def _down(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None) -> None:
+    def _down(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None,
+              key_object: Any = _NO_KEY, value_object: Any = _NO_KEY) -> None:
         self.inner.put(key, value)
         if self.changelog is not None:
             self.changelog.log(key, value, timestamp, source)
         self.writes += 1
-        if self._listener is not None:
-            self._listener(self._decode_key(key), self.value_serde.deserialize(value), timestamp)
+        listener = self._listener
+        if listener is not None:
+            # What goes down is forwarded as the objects written when decoding the bytes would give
+            # them back unchanged (see ``_EXACT``); otherwise decoded, as a cache flush always is.
+            if key_object.__class__ not in self._exact_keys:
+                key_object = self._decode_key(key)
+            if value_object.__class__ not in self._exact_values:
+                value_object = self.value_serde.deserialize(value)
+            listener(key_object, value_object, timestamp)
 
     def _flushed(self, entries: list[tuple[bytes, CacheEntry]]) -> None:
         for key, entry in entries:
@@ -248,7 +279,7 @@ class KeyValueStore(StateStore):
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key``; ``None`` deletes it."""
-        self._write(self._key(key), None if value is None else self.value_serde.serialize(value))
+        self._write(self._key(key), None if value is None else self.value_serde.serialize(value), key, value)
 
     def put_if_absent(self, key: Any, value: Any) -> Any:
         """Store ``value`` unless the key has one; returns the value it had (None if none)."""

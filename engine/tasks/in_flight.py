@@ -1,8 +1,10 @@
 """Several records of one task in flight at once (``num.threads.per.task`` > 1).
 
-Each record runs as its own coroutine in the task's task group, with its own
-forwarding state (a ``ContextVar`` holds the record's ``RecordSlot``), so an
-``async def`` processor waiting on I/O for one record does not hold up the next.
+Each record runs on one of ``num.threads.per.task`` worker coroutines of the
+task's task group, with its own forwarding state (a ``ContextVar`` holds the
+record's ``RecordSlot``), so an ``async def`` processor waiting on I/O for one
+record does not hold up the next. The workers live as long as the window: a
+record costs a hand-over through a memory stream, not a new task and cancel scope.
 
 Ordering (``processing.ordering``):
 
@@ -29,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from engine.completed_offsets import decode_completed, encode_completed
 from engine.processors.context import CURRENT
@@ -154,20 +157,33 @@ class InFlightWindow:
         # Records run concurrently: the store journal (one per task) cannot follow them.
         self._path = RecordPath(task, journal=False)
         await self.load_skips()
+        # Never more slots than ``limit`` exist, so the hand-over never has to wait for room.
+        send, receive = anyio.create_memory_object_stream[RecordSlot](self.limit)
         async with anyio.create_task_group() as group:
-            while not task.closing:
-                # Cleared before looking, so a wake-up that comes meanwhile is never lost.
-                task.clear_wakeup()
-                started = self._start_ready(group)
-                # Output released since the last turn goes on as one batch per partition, and
-                # partitions paused for back-pressure resume once the buffer drained.
-                await task.flush_output()
-                if not started:
-                    await task.wait_for_wakeup()
-                    await task.maybe_punctuate_wall_clock()
+            for _ in range(self.limit):
+                group.start_soon(self._work, receive.clone())
+            receive.close()
+            with send:
+                while not task.closing:
+                    # Cleared before looking, so a wake-up that comes meanwhile is never lost.
+                    task.clear_wakeup()
+                    started = self._start_ready(send.send_nowait)
+                    # Output released since the last turn goes on as one batch per partition, and
+                    # partitions paused for back-pressure resume once the buffer drained.
+                    await task.flush_output()
+                    if not started:
+                        await task.wait_for_wakeup()
+                        await task.maybe_punctuate_wall_clock()
+            # Closed: the workers finish the records handed over already, then end.
         await task.flush_output()
 
-    def _start_ready(self, group: anyio.abc.TaskGroup) -> bool:
+    async def _work(self, slots: MemoryObjectReceiveStream[RecordSlot]) -> None:
+        """One worker: runs the records handed to it, one after the other, until the window ends."""
+        with slots:
+            async for slot in slots:
+                await self._process(slot)
+
+    def _start_ready(self, start: Callable[[RecordSlot], None]) -> bool:
         """Start as many buffered records as the window and the ordering allow."""
         task = self._task
         started = False
@@ -186,7 +202,7 @@ class InFlightWindow:
             self.max_seen = max(self.max_seen, self.count)
             if self.ordering == "key":
                 self._busy_keys.add((tp.topic, raw.key))
-            group.start_soon(self._process, slot)
+            start(slot)
             started = True
         return started
 

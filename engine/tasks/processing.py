@@ -81,6 +81,7 @@ class RecordPath:
         hot path runs it for every record; the slow paths are methods)."""
         task, ctx, sources, forwarder, journal = self._task, self._ctx, self._sources, self._forwarder, self._journal
         deserialization_failed, drain, failed = self._deserialization_failed, self._drain, self._failed
+        begin_record, end_record = journal.record_hooks() if journal is not None else (None, None)
 
         def process(raw: ConsumerRecord) -> Outcome | Coroutine[Any, Any, Outcome]:
             """The outcome, or a coroutine to await for it when something is async (the graph or an error)."""
@@ -101,16 +102,16 @@ class RecordPath:
             except Exception as exc:  # any serde failure is a deserialization error
                 return deserialization_failed(raw, what, exc)
             record = Record(key, value, raw.timestamp, raw.headers)
-            if journal is not None:
-                journal.begin_record()
+            if begin_record is not None:
+                begin_record()
             try:
                 if forwarder.start(source, record):
                     return drain(raw, source, record, started)
             except Exception as exc:  # classified in _failed
                 return failed(raw, source, record, exc, started)
             # Done: the same steps as _done, inlined.
-            if journal is not None:
-                journal.end_record()
+            if end_record is not None:
+                end_record()
             if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()
             return _DONE

@@ -8,7 +8,7 @@ import pytest
 
 from engine.errors import InvalidStateStoreError
 from engine.records import TopicPartition
-from engine.serdes import LongSerde, StringSerde
+from engine.serdes import JsonSerde, LongSerde, StringSerde
 from engine.state import checkpoint
 from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
 from engine.state.cache import ThreadCache
@@ -94,6 +94,38 @@ def test_uncached_writes_go_to_the_changelog_of_the_task_partition_with_their_so
         ("app-counts-changelog", 3, b"a", 1), ("app-counts-changelog", 3, b"a", 2)]
     assert decode_source(log.records[0][5]) == ("in", 7)
     assert down == [("a", 1, 42), ("a", 2, 42)]
+
+
+class UpperSerde:
+    """A custom serde whose bytes do not decode back to the object written."""
+
+    def serialize(self, value: str | None) -> bytes | None:
+        return None if value is None else value.upper().encode()
+
+    def deserialize(self, data: bytes | None) -> str | None:
+        return None if data is None else data.decode()
+
+
+@pytest.mark.parametrize(("key_serde", "value_serde", "key", "value", "forwarded"), [
+    (STR, LONG, "a", 7, ("a", 7)),
+    (STR, LONG, "a", None, ("a", None)),
+    # JSON gives a tuple back as a list, a float NaN as None: the decoded value goes on, not the object.
+    (STR, JsonSerde(), "a", (1, 2), ("a", [1, 2])),
+    (STR, JsonSerde(), "a", float("inf"), ("a", None)),
+    (STR, JsonSerde(), "a", "x", ("a", "x")),
+    (UpperSerde(), UpperSerde(), "a", "b", ("A", "B")),
+])
+def test_an_uncached_update_goes_to_the_listener_as_its_bytes_decode(key_serde: Any, value_serde: Any, key: Any,
+                                                                     value: Any, forwarded: tuple[Any, Any]) -> None:
+    """A table forwards what its store holds: the objects written are passed on only where decoding their
+    bytes gives them back unchanged (built-in serdes of scalars), else the decoded bytes."""
+    down: list[tuple[Any, Any]] = []
+    store = KeyValueStore("s", InMemoryBytesStore("s"), key_serde, value_serde, None, None, "0_0/s",
+                          lambda: 1, lambda: None)
+    store.set_flush_listener(lambda k, v, _ts: down.append((k, v)))
+    store.put(key, value)
+    assert down == [forwarded]
+    assert [type(x) for x in down[0]] == [type(x) for x in forwarded]
 
 
 def test_cached_writes_go_down_coalesced_on_flush_and_reads_see_them_before() -> None:
