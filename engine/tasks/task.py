@@ -53,6 +53,7 @@ from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
 from .bulk import BatchWindow, bulk_window
+from .bulk_jobs import StageJobs
 from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
@@ -134,6 +135,8 @@ class StreamTask:
         self.errors: ErrorHandling | None = None
         # Set by the manager when num.threads.per.task > 1: records then run concurrently.
         self.window: InFlightWindow | BatchWindow | None = None
+        # The Spark jobs the bulk path shares with the thread's other tasks, by stage (task manager).
+        self.spark_jobs: dict[str, StageJobs] | None = None
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
         self.punctuations = Punctuations(task_id, context, clock_ms)
