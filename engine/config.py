@@ -223,6 +223,7 @@ SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
 SPARK_BATCH_BULK = "spark.batch.bulk"
 SPARK_BATCH_MAX_BYTES = "spark.batch.max.bytes"
 SPARK_BATCH_SHARED = "spark.batch.shared"
+SPARK_BATCH_SHARED_MAX_MS = "spark.batch.shared.max.ms"
 SECURITY_PROTOCOL = "security.protocol"
 SASL_MECHANISM = "sasl.mechanism"
 SASL_JAAS_CONFIG = "sasl.jaas.config"
@@ -392,6 +393,10 @@ KEYS: tuple[ConfigKey, ...] = (
               "Spark job (each task still releases and commits its own offset range); max.records, "
               "max.bytes, max.wait.ms and max.in.flight then count per job of the stage on the thread "
               "(false: each task runs its own jobs)."),
+    ConfigKey(SPARK_BATCH_SHARED_MAX_MS, int, 10_000,
+              "A Spark job shared by several tasks that runs longer is given up and each task's part runs on "
+              "its own, so one task's slow records hold the others back at most this long; any job running "
+              "longer stops counting against max.in.flight (0: never).", _at_least(0)),
     ConfigKey(SPARK_BATCH_MAX_BYTES, int, 0,
               "On the bulk path, a Spark job is sealed once its records' keys and values reach this many "
               "bytes, before max.records (0: no limit).", _at_least(0)),

@@ -163,6 +163,7 @@ class SparkBatchStage:
         self.bulk: bool = config.get(cfg.SPARK_BATCH_BULK, True)
         self.shared: bool = config.get(cfg.SPARK_BATCH_SHARED, True)
         self.max_bytes: int = config.get(cfg.SPARK_BATCH_MAX_BYTES, 0)
+        self.max_shared_ms: int = config.get(cfg.SPARK_BATCH_SHARED_MAX_MS, 10_000)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
 
     def batching(self) -> tuple[int, float, int]:

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class JobSplit(Exception):
+    """A job of several tasks' parts ran past ``spark.batch.shared.max.ms``: each part runs alone."""
+
+
 class JobPart:
     """A task's records in a job; ``raws`` grows while the job is open."""
 
@@ -53,8 +57,8 @@ class JobPart:
 class Job:
     """The parts of one Spark job and, once it ran, a result per part or the job's error."""
 
-    __slots__ = ("bytes", "changed", "done", "error", "opened", "parts", "records", "results", "running",
-                 "sealed", "waiting")
+    __slots__ = ("bytes", "changed", "done", "error", "holds_slot", "opened", "parts", "records", "results",
+                 "running", "sealed", "waiting")
 
     def __init__(self) -> None:
         self.parts: list[JobPart] = []
@@ -63,6 +67,7 @@ class Job:
         self.opened = time.monotonic()
         self.sealed = anyio.Event()
         self.done = False
+        self.holds_slot = True  # of the stage's max.in.flight
         self.running = False
         self.changed = anyio.Event()  # set (and replaced) when done, or when its runner gave up
         self.waiting = 0  # parts' coroutines still waiting for it
@@ -83,6 +88,7 @@ class StageJobs:
         self._stage = stage  # the first task's: the same function, schema and settings as the others'
         self.max_records, self.max_wait_s, self.max_in_flight = stage.batching()
         self.max_bytes = stage.max_bytes
+        self.max_shared_s = stage.max_shared_ms / 1000.0 if stage.max_shared_ms else None
         self._open: Job | None = None
         self._in_flight = 0  # jobs opened and not finished (or given up)
         self._blocked: dict[int, Callable[[], None]] = {}  # tasks waiting for a slot: id -> wake
@@ -147,18 +153,41 @@ class StageJobs:
         return job.outcome(part)
 
     async def _run(self, job: Job) -> None:
-        try:
-            parts = [Part(part.raws, part.key_serde, part.value_serde, part.sink) for part in job.parts]
-            job.results = await self._stage.run_parts(parts)
-        except Exception as exc:
-            job.error = exc
+        parts = [Part(part.raws, part.key_serde, part.value_serde, part.sink) for part in job.parts]
+        shared = len(parts) > 1
+        async with anyio.create_task_group() as group:
+            # Past shared.max.ms a job stops holding a slot of the stage, so that one task's slow
+            # records do not hold the thread's other tasks back (their own slots still count).
+            group.start_soon(self._free_slot_after, job)
+            try:
+                # A job of several tasks is given up then, and each part runs on its own.
+                with anyio.move_on_after(self.max_shared_s if shared else None) as scope:
+                    job.results = await self._stage.run_parts(parts)
+                if scope.cancelled_caught:
+                    log.info("A Spark job of stage '%s' shared by %d tasks ran past spark.batch.shared.max.ms; "
+                             "each task's part runs on its own", self._stage.name, len(parts))
+                    job.error = JobSplit()
+            except Exception as exc:
+                job.error = exc
+            group.cancel_scope.cancel()
         self.jobs += 1
         self._finished(job)
+
+    async def _free_slot_after(self, job: Job) -> None:
+        if self.max_shared_s is not None:
+            await anyio.sleep(self.max_shared_s)
+            self._free_slot(job)
 
     def _finished(self, job: Job) -> None:
         if job.done:
             return
         job.done = True
+        self._free_slot(job)
+
+    def _free_slot(self, job: Job) -> None:
+        if not job.holds_slot:
+            return
+        job.holds_slot = False
         self._in_flight -= 1
         blocked, self._blocked = self._blocked, {}
         for wake in blocked.values():
