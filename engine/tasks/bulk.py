@@ -2,10 +2,12 @@
 loop instead of one coroutine per record in flight (``engine.tasks.in_flight``).
 
 The loop takes fetched records off the task's queue in whole runs, into the task's open batch.
-A batch is an offset range of the task's partition and one coroutine (``_drive``): it waits until
-the batch holds ``max.records`` or ``max.wait.ms`` passed since its first record, then hands the
-raw records to a worker thread, where they are decoded, framed through Arrow, run through the
-user's function and made output records (``SparkBatchStage.run_fetched``). Nothing on the stream
+A batch is an offset range of the task's partition and one coroutine (``_drive``); it is the
+task's part of a Spark job of the stage, which the thread's other tasks may share
+(``engine.tasks.bulk_jobs``: sealed by records, bytes or time). Once the job is sealed its parts'
+raw records go to a worker thread, where they are decoded, framed through Arrow, run through the
+user's function and made output records (``SparkBatchStage.run_parts``; a part runs alone through
+``run_fetched`` when the shared job raised or was given up). Nothing on the stream
 thread's loop is done per input record but taking it off the queue; per output record, only
 forwarding it downstream.
 
@@ -16,8 +18,9 @@ Bookkeeping is one entry per batch (``_batches``, in offset order), which gives:
   record of a batch that has not finished. A crash re-reads only the unreleased ranges.
 - **Ordering**: output leaves in input offset order, a batch's rows after those of the batch
   before, with the timestamp of the record they leave with (``Batch.ran``'s rule).
-- **Back-pressure**: at most ``max.in.flight`` batches of a task (the open one included) exist;
-  then records stay in the task's buffer and fetching pauses once it fills.
+- **Back-pressure**: at most ``max.in.flight`` batches of a task, and jobs of the stage on the
+  thread when shared (the open one included), exist; then records stay in the task's buffer and
+  fetching pauses once it fills.
 - **Errors**: records that fail to decode, records that do not fit the stage's schema and, for a
   batch whose job raised, every record of the batch, are handed to the exception handlers one by
   one in offset order as soon as their batch finished (a PAUSE lands while earlier batches still
