@@ -3,8 +3,10 @@ and what a slow batch on one task adds to another task's latency.
 
 1. Records/s of an enrichment (JSON orders keyed by customer, a broadcast join with a customer
    table and a computed column, JSON out; 4 partitions, one stream thread) through
-   ``spark_batch`` with batches of 1k, 10k and 100k records, on the bulk path and on the
-   per-record path (``spark.batch.bulk=false``, how every stage ran before the bulk path),
+   ``spark_batch`` with batches of 1k, 10k and 100k records, on the bulk path with one Spark job
+   for the thread's tasks (``shared``, the default) and with a job per task
+   (``spark.batch.shared=false``, how the bulk path ran before), and on the per-record path
+   (``spark.batch.bulk=false``, how every stage ran before the bulk path),
    against the same logic as a per-record ``map_values`` with a dict lookup, on the same input;
    with the stream thread's CPU per record (its OS thread's user + system time, from /proc).
 2. The conversion alone: records to a DataFrame and its rows back, through Arrow (what the
@@ -108,10 +110,11 @@ async def stream_cpu(stop: asyncio.Event, total: list[float]) -> None:
 
 
 async def throughput(bootstrap: str, spark: Any, records: int, batch: int | None, partitions: int,
-                     bulk: bool = True, schema: bool = False) -> tuple[float, float, float]:
+                     mode: str = "shared", schema: bool = False) -> tuple[float, float, float]:
     """Records/s through the enrichment, from the client's start to the last output record, the
     growth of this process's resident memory meanwhile (MB) and the stream thread's CPU per input
-    record (µs): a Spark stage of ``batch``-record batches, or per-record Python (None)."""
+    record (µs): a Spark stage of ``batch``-record batches, or per-record Python (None). ``mode``:
+    ``shared`` (one job for the thread's tasks), ``per-task`` (a job per task) or ``per-record``."""
     run = uuid.uuid4().hex[:6]
     source, sink = f"spark-in-{run}", f"spark-out-{run}"
     cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
@@ -135,7 +138,7 @@ async def throughput(bootstrap: str, spark: Any, records: int, batch: int | None
     streams = KafkaStreams(builder.build(), {
         "application.id": f"spark-bench-{run}", "bootstrap.servers": bootstrap, "num.stream.threads": 1,
         "commit.interval.ms": 1000, "max.poll.records": 5000, "buffered.records.per.partition": 5000,
-        "spark.batch.bulk": bulk,
+        "spark.batch.bulk": mode != "per-record", "spark.batch.shared": mode == "shared",
     })
     base, peak, stop, cpu = resident_mb(), [0.0], asyncio.Event(), [0.0]
     sampler = asyncio.create_task(peak_resident(stop, peak))
@@ -218,7 +221,7 @@ async def _drain(reader: Any) -> list[float]:
 
 
 async def main_async(bootstrap: str, records: int, sizes: list[int], runs: int, partitions: int,
-                     only: str | None, schema: bool) -> None:
+                     only: str | None, schema: bool, modes: list[str]) -> None:
     from tests.support.spark import spark_session
 
     sessions: Generator[Any, None, None] = spark_session()  # type: ignore[assignment]
@@ -239,17 +242,17 @@ async def main_async(bootstrap: str, records: int, sizes: list[int], runs: int, 
             print(f"\n2. Enrichment of {records:,} records ({partitions} partitions, 1 stream thread"
                   f"{', schema=' + repr(ORDER_SCHEMA) if schema else ''}), median of {runs}:")
             python = None
-            cases: list[tuple[int | None, bool]] = [(None, True)]
-            cases += [(size, bulk) for size in sizes for bulk in (False, True)]
-            for batch, bulk in cases:
-                results = [await throughput(bootstrap, spark, records, batch, partitions, bulk, schema)
+            cases: list[tuple[int | None, str]] = [(None, "")]
+            cases += [(size, mode) for size in sizes for mode in modes]
+            for batch, mode in cases:
+                results = [await throughput(bootstrap, spark, records, batch, partitions, mode, schema)
                            for _ in range(runs)]
                 rate = statistics.median(r[0] for r in results)
                 grown = max(r[1] for r in results)
                 cpu = statistics.median(r[2] for r in results)
                 python = python or rate
                 label = ("per-record Python (map_values)" if batch is None else
-                         f"spark_batch {batch:>7,}, {'bulk' if bulk else 'per-record'}")
+                         f"spark_batch {batch:>7,}, {mode}")
                 print(f"   {label:<36} {rate:>9,.0f} records/s ({rate / python:.2f}x), "
                       f"stream thread {cpu:6.1f} µs/record, resident memory +{grown:,.0f} MB")
 
@@ -280,8 +283,10 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--only", choices=["conversion", "throughput", "latency"])
     parser.add_argument("--schema", action="store_true", help="give the stage the orders' schema")
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=["per-record", "per-task", "shared"],
+                        help="Spark stage runs to compare: per-record, per-task (bulk, a job per task), shared")
     args = parser.parse_args()
-    rest = (args.records, args.sizes, args.runs, args.partitions, args.only, args.schema)
+    rest = (args.records, args.sizes, args.runs, args.partitions, args.only, args.schema, args.modes)
     if args.memory:
         asyncio.run(main_async(f"memory://spark-bench-{uuid.uuid4().hex[:6]}", *rest))
     elif args.bootstrap:

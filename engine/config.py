@@ -221,6 +221,9 @@ SPARK_BATCH_MAX_WAIT_MS = "spark.batch.max.wait.ms"
 SPARK_BATCH_MAX_IN_FLIGHT = "spark.batch.max.in.flight"
 SPARK_BATCH_TIMEOUT_MS = "spark.batch.timeout.ms"
 SPARK_BATCH_BULK = "spark.batch.bulk"
+SPARK_BATCH_MAX_BYTES = "spark.batch.max.bytes"
+SPARK_BATCH_SHARED = "spark.batch.shared"
+SPARK_BATCH_SHARED_MAX_MS = "spark.batch.shared.max.ms"
 SECURITY_PROTOCOL = "security.protocol"
 SASL_MECHANISM = "sasl.mechanism"
 SASL_JAAS_CONFIG = "sasl.jaas.config"
@@ -377,7 +380,8 @@ KEYS: tuple[ConfigKey, ...] = (
               "How long a Spark batch waits to fill before it runs anyway, where the stage does not say.",
               _at_least(0)),
     ConfigKey(SPARK_BATCH_MAX_IN_FLIGHT, int, 2,
-              "Spark batches of one task running at once; more records wait (back-pressure).", _at_least(1)),
+              "Spark batches of one task running at once (on the bulk path: jobs of the stage on a stream "
+              "thread, see spark.batch.shared); more records wait (back-pressure).", _at_least(1)),
     ConfigKey(SPARK_BATCH_TIMEOUT_MS, int, 120_000,
               "A Spark batch running longer is cancelled and retried as a timeout under task.timeout.ms "
               "(0: no limit).", _at_least(0)),
@@ -385,6 +389,18 @@ KEYS: tuple[ConfigKey, ...] = (
               "A Spark stage right after its source takes fetched records in bulk, one offset range per "
               "batch, decoded on a worker thread (false: each record in flight on its own, as a stage after "
               "other processors runs; for comparing the two)."),
+    ConfigKey(SPARK_BATCH_SHARED, bool, True,
+              "On the bulk path, the batches of one Spark stage from all tasks of a stream thread run in one "
+              "Spark job (each task still releases and commits its own offset range); max.records, "
+              "max.bytes, max.wait.ms and max.in.flight then count per job of the stage on the thread "
+              "(false: each task runs its own jobs)."),
+    ConfigKey(SPARK_BATCH_SHARED_MAX_MS, int, 10_000,
+              "A Spark job shared by several tasks that runs longer is given up and each task's part runs on "
+              "its own, so one task's slow records hold the others back at most this long; any job running "
+              "longer stops counting against max.in.flight (0: never).", _at_least(0)),
+    ConfigKey(SPARK_BATCH_MAX_BYTES, int, 0,
+              "On the bulk path, a Spark job is sealed once its records' keys and values reach this many "
+              "bytes, before max.records (0: no limit).", _at_least(0)),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "

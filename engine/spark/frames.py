@@ -93,21 +93,33 @@ def to_frame(session: Any, records: Sequence[Record], key_column: str,
 
 def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
     """The rows of ``frame`` as plain dicts of Python values (call on a worker thread)."""
+    table = to_table(frame, stage)
+    check_names(table.column_names, stage)
+    return table.to_pylist()  # type: ignore[no-any-return]  # pyarrow is untyped
+
+
+def check_frame(frame: Any, stage: str) -> None:
+    """Raise unless ``frame`` is what a Spark stage's function must give back: a DataFrame."""
     if not (hasattr(frame, "toArrow") or hasattr(frame, "toPandas")):
         raise TypeError(f"Spark stage '{stage}' must return a pyspark.sql.DataFrame, got {type(frame).__name__}")
-    if hasattr(frame, "toArrow"):
-        table = frame.toArrow()
-    else:
-        import pyarrow as pa
 
-        table = pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
-    names = table.column_names
+
+def to_table(frame: Any, stage: str) -> Any:
+    """``frame`` collected as a ``pyarrow.Table`` (call on a worker thread): one Spark job."""
+    check_frame(frame, stage)
+    if hasattr(frame, "toArrow"):
+        return frame.toArrow()
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+
+
+def check_names(names: Sequence[str], stage: str) -> None:
     if len(set(names)) < len(names):
         # A row becomes a dict: all but one of the columns of a name would be lost without a word.
         twice = sorted({name for name in names if names.count(name) > 1})
         raise ValueError(f"Spark stage '{stage}' returned several columns named {twice}; "
                          "rename them (alias, withColumnRenamed) or drop all but one")
-    return table.to_pylist()  # type: ignore[no-any-return]  # pyarrow is untyped
 
 
 def to_records(rows: list[dict[str, Any]], key_column: str, value_columns: Sequence[str] | None,

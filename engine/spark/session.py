@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 # Engine settings that live under ``spark.`` but mean nothing to Spark itself.
 ENGINE_KEYS = frozenset({
     cfg.SPARK_BATCH_MAX_RECORDS, cfg.SPARK_BATCH_MAX_WAIT_MS, cfg.SPARK_BATCH_MAX_IN_FLIGHT,
-    cfg.SPARK_BATCH_TIMEOUT_MS, cfg.SPARK_BATCH_BULK,
+    cfg.SPARK_BATCH_TIMEOUT_MS, cfg.SPARK_BATCH_BULK, cfg.SPARK_BATCH_MAX_BYTES, cfg.SPARK_BATCH_SHARED,
+    cfg.SPARK_BATCH_SHARED_MAX_MS,
 })
 
 ARROW_KEY = "spark.sql.execution.arrow.pyspark.enabled"

@@ -44,6 +44,7 @@ from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerd
 
 from .failures import SparkBatchTransientError, is_transient
 from .frames import Decoded, decode, to_frame, to_records, to_rows
+from .parts import Part, run_parts
 from .schema import SchemaMismatch, resolve_schema
 
 if TYPE_CHECKING:
@@ -161,6 +162,9 @@ class SparkBatchStage:
         self._max_wait_s = wait_ms / 1000.0
         self._timeout_ms: int = config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
         self.bulk: bool = config.get(cfg.SPARK_BATCH_BULK, True)
+        self.shared: bool = config.get(cfg.SPARK_BATCH_SHARED, True)
+        self.max_bytes: int = config.get(cfg.SPARK_BATCH_MAX_BYTES, 0)
+        self.max_shared_ms: int = config.get(cfg.SPARK_BATCH_SHARED_MAX_MS, 10_000)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
 
     def batching(self) -> tuple[int, float, int]:
@@ -250,6 +254,56 @@ class SparkBatchStage:
                   time.monotonic() - started)
         return result
 
+    async def run_parts(self, parts: Sequence[Part]) -> list[FetchedResult]:
+        """The batches of several tasks (``parts``) in one Spark job, on a worker thread; a result
+        per part, as ``run_fetched`` gives for a batch alone. The bulk path's call for a job shared
+        by the tasks of a stream thread (``engine.tasks.bulk_jobs``), which bounds how many run at
+        once itself. Raises as ``run_fetched`` (then every part is run again on its own, which tells
+        whose records the error is)."""
+        tag = f"{self._tag_prefix}-{next(_tags)}"
+        size = sum(len(part.raws) for part in parts)
+        started = time.monotonic()
+        results = await self._off_loop(functools.partial(self._on_worker_parts, parts, tag), tag, size)
+        self.batches += 1
+        log.debug("Spark stage '%s' ran %d parts of %d records in one job in %.3f s", self.name, len(parts), size,
+                  time.monotonic() - started)
+        return results
+
+    def _on_worker_parts(self, parts: Sequence[Part], tag: str) -> list[FetchedResult]:
+        session = self._sessions.get()
+        context = session.sparkContext
+        context.addJobTag(tag)
+        context.setInterruptOnCancel(True)
+        try:
+            if self._schema is not None and self._resolved_schema is None:
+                self._resolved_schema = resolve_schema(session, self._schema)
+            decodes = [decode(part.raws, part.key_serde, part.value_serde) for part in parts]
+            framed = [to_frame(session, decoded.records, self._key_column, self._resolved_schema)
+                      if decoded.records else (None, {}) for decoded in decodes]
+            rows = run_parts(self._job, [frame for frame, _left_out in framed], self.name)
+        finally:
+            context.removeJobTag(tag)
+        results: list[FetchedResult] = []
+        for part, decoded, (_frame, left_out), part_rows in zip(parts, decodes, framed, rows, strict=True):
+            results.append(self._fetched_result(part.raws, decoded, left_out, part_rows, part.sink))
+        return results
+
+    def _fetched_result(self, raws: Sequence[ConsumerRecord], decoded: Decoded, left_out: dict[int, SchemaMismatch],
+                        rows: list[dict[str, Any]] | None, sink: SinkNode | None) -> FetchedResult:
+        """A batch's result from its job's rows: the output records, the record they leave with
+        and, for a direct sink, their bytes."""
+        if rows is None:
+            return decoded, None, left_out, None, None, None
+        # The rows leave with one record (``Batch.ran``'s rule), records that failed to decode
+        # counting as left out, and carry its timestamp.
+        left = set(decoded.failed).union(decoded.positions[i] for i in left_out)
+        index = carrier_of(len(raws), dict.fromkeys(left))
+        if index < 0:
+            return decoded, None, left_out, None, None, None
+        carrier = raws[index]
+        out = to_records(rows, self._key_column, self._value_columns, carrier.timestamp)
+        return decoded, out, left_out, carrier, None, None if sink is None else serialize_for(sink, out)
+
     async def _off_loop(self, work: Callable[[], T], tag: str, size: int) -> T:
         try:
             with anyio.fail_after(self._timeout_ms / 1000.0 if self._timeout_ms else None):
@@ -288,17 +342,7 @@ class SparkBatchStage:
             rows, left_out = self._on_worker(decoded.records, tag)
         except Exception as exc:
             return decoded, None, {}, None, exc, None
-        if rows is None:
-            return decoded, None, left_out, None, None, None
-        # The rows leave with one record (``Batch.ran``'s rule), records that failed to decode
-        # counting as left out, and carry its timestamp.
-        left = set(decoded.failed).union(decoded.positions[i] for i in left_out)
-        index = carrier_of(len(raws), dict.fromkeys(left))
-        if index < 0:
-            return decoded, None, left_out, None, None, None
-        carrier = raws[index]
-        out = to_records(rows, self._key_column, self._value_columns, carrier.timestamp)
-        return decoded, out, left_out, carrier, None, None if sink is None else serialize_for(sink, out)
+        return self._fetched_result(raws, decoded, left_out, rows, sink)
 
     def _cancel(self, tag: str) -> None:
         if not self._sessions.started:
@@ -337,9 +381,21 @@ def serialize_for(sink: SinkNode, records: Sequence[Record]) -> list[tuple[bytes
         return None
 
 
+class TransformJob:
+    """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected. The function
+    is kept apart so that a job of several tasks' parts (``engine.spark.parts``) can apply it to
+    each part and collect them all in one Spark job."""
+
+    __slots__ = ("fn", "stage")
+
+    def __init__(self, fn: Callable[[Any], Any], stage: str) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def __call__(self, frame: Any) -> list[dict[str, Any]]:
+        return to_rows(self.fn(frame), self.stage)
+
+
 def transform_job(fn: Callable[[Any], Any], stage: str) -> BatchJob:
     """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected."""
-    def run(frame: Any) -> list[dict[str, Any]]:
-        return to_rows(fn(frame), stage)
-
-    return run
+    return TransformJob(fn, stage)

@@ -2,10 +2,12 @@
 loop instead of one coroutine per record in flight (``engine.tasks.in_flight``).
 
 The loop takes fetched records off the task's queue in whole runs, into the task's open batch.
-A batch is an offset range of the task's partition and one coroutine (``_drive``): it waits until
-the batch holds ``max.records`` or ``max.wait.ms`` passed since its first record, then hands the
-raw records to a worker thread, where they are decoded, framed through Arrow, run through the
-user's function and made output records (``SparkBatchStage.run_fetched``). Nothing on the stream
+A batch is an offset range of the task's partition and one coroutine (``_drive``); it is the
+task's part of a Spark job of the stage, which the thread's other tasks may share
+(``engine.tasks.bulk_jobs``: sealed by records, bytes or time). Once the job is sealed its parts'
+raw records go to a worker thread, where they are decoded, framed through Arrow, run through the
+user's function and made output records (``SparkBatchStage.run_parts``; a part runs alone through
+``run_fetched`` when the shared job raised or was given up). Nothing on the stream
 thread's loop is done per input record but taking it off the queue; per output record, only
 forwarding it downstream.
 
@@ -16,8 +18,9 @@ Bookkeeping is one entry per batch (``_batches``, in offset order), which gives:
   record of a batch that has not finished. A crash re-reads only the unreleased ranges.
 - **Ordering**: output leaves in input offset order, a batch's rows after those of the batch
   before, with the timestamp of the record they leave with (``Batch.ran``'s rule).
-- **Back-pressure**: at most ``max.in.flight`` batches of a task (the open one included) exist;
-  then records stay in the task's buffer and fetching pauses once it fills.
+- **Back-pressure**: at most ``max.in.flight`` batches of a task, and jobs of the stage on the
+  thread when shared (the open one included), exist; then records stay in the task's buffer and
+  fetching pauses once it fills.
 - **Errors**: records that fail to decode, records that do not fit the stage's schema and, for a
   batch whose job raised, every record of the batch, are handed to the exception handlers one by
   one in offset order as soon as their batch finished (a PAUSE lands while earlier batches still
@@ -38,10 +41,12 @@ import anyio.abc
 from engine.errors import SparkBatchError, SparkSchemaError, StreamsError
 from engine.processors.nodes import Node, ProcessorNode, SourceNode
 from engine.records import ConsumerRecord, TopicPartition
+from engine.spark.failures import SparkBatchTransientError, is_transient
 from engine.spark.frames import decode
 from engine.spark.schema import SchemaMismatch
 from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink
 
+from .bulk_jobs import JobPart, StageJobs
 from .processing import RecordPath
 from .timeouts import is_timeout
 
@@ -69,17 +74,22 @@ def bulk_window(task: StreamTask) -> BatchWindow | None:
     if not node.processor.bulk:
         return None
     (tp,) = task.partitions
-    return BatchWindow(task, TopicPartition(*tp), source, node, node.processor)
+    stage = node.processor
+    jobs = StageJobs(stage)  # the task's own jobs, unless its thread shares them
+    if task.spark_jobs is not None and stage.shared:
+        jobs = task.spark_jobs.setdefault(stage.name, jobs)
+    return BatchWindow(task, TopicPartition(*tp), source, node, stage, jobs)
 
 
 class FetchedBatch:
-    """One batch: its records (one offset range), and once run, what came back or the error."""
+    """One batch: its records (one offset range, the task's part of a job), and once run, what
+    came back or the error."""
 
-    __slots__ = ("done", "error", "full", "raws", "result")
+    __slots__ = ("done", "error", "part", "raws", "result")
 
-    def __init__(self) -> None:
-        self.raws: list[ConsumerRecord] = []
-        self.full = anyio.Event()
+    def __init__(self, part: JobPart) -> None:
+        self.part = part
+        self.raws: list[ConsumerRecord] = part.raws
         self.done = False
         self.result: FetchedResult | None = None
         self.error: Exception | None = None
@@ -93,13 +103,14 @@ class BatchWindow:
     """The run loop of a task whose source feeds a Spark stage. Caller: ``StreamTask.run``."""
 
     def __init__(self, task: StreamTask, tp: TopicPartition, source: SourceNode, node: Node,
-                 stage: SparkBatchStage) -> None:
+                 stage: SparkBatchStage, jobs: StageJobs) -> None:
         self._task = task
         self._tp = tp
         self._source = source
         self._node = node
         self._stage = stage
         self._sink = direct_sink(node)
+        self._jobs = jobs
         self._max_records, self._max_wait_s, self._max_in_flight = stage.batching()
         self._batches: deque[FetchedBatch] = deque()  # taken in, not released yet; offset order
         self._open: FetchedBatch | None = None
@@ -128,50 +139,86 @@ class BatchWindow:
                 await task.wait_for_wakeup()
                 await task.maybe_punctuate_wall_clock()
             if self._open is not None:
-                self._open.full.set()  # closing: what was taken in runs now, not after max.wait.ms
+                # Closing: what was taken in runs now, not after max.wait.ms.
+                self._jobs.seal(self._open.part.job)
         await task.flush_output()
 
     def _admit(self, group: anyio.abc.TaskGroup) -> None:
-        """Move buffered records into the open batch, opening batches while fewer than
-        ``max.in.flight`` exist."""
-        task, tp = self._task, self._tp
+        """Move buffered records into the task's part of the stage's open job, opening a part
+        while the task has fewer than ``max.in.flight`` batches and the stage may open a job."""
+        task, tp, jobs = self._task, self._tp, self._jobs
+        max_bytes = jobs.max_bytes
         while task.buffered() and not task.closing and task.paused_at is None:
             batch = self._open
+            if batch is not None and batch.part.job.sealed.is_set():
+                batch = self._open = None
             if batch is None:
                 if len(self._batches) >= self._max_in_flight:
                     return
-                batch = self._open = FetchedBatch()
+                part = jobs.part_for(self, task.wake, self._source.key_serde, self._source.value_serde, self._sink)
+                if part is None:
+                    return  # woken when one of the stage's jobs finished
+                batch = self._open = FetchedBatch(part)
                 self._batches.append(batch)
                 group.start_soon(self._drive, batch)
-            raws = batch.raws
-            for _ in range(min(self._max_records - len(raws), task.buffered())):
-                raws.append(task.take(tp, 0))
-            if len(raws) >= self._max_records:
-                self._open = None
-                batch.full.set()
+            job, raws = batch.part.job, batch.raws
+            before = len(raws)
+            room = min(jobs.room(job), task.buffered())
+            size = 0
+            if max_bytes:
+                # Sealed by bytes too: sizes are summed per record only when a limit is set.
+                while room > 0 and job.bytes + size < max_bytes:
+                    raw = task.take(tp, 0)
+                    raws.append(raw)
+                    size += len(raw.key or b"") + len(raw.value or b"")
+                    room -= 1
+            else:
+                for _ in range(room):
+                    raws.append(task.take(tp, 0))
+            jobs.added(job, len(raws) - before, size)
 
     async def _drive(self, batch: FetchedBatch) -> None:
-        with anyio.move_on_after(self._max_wait_s):
-            await batch.full.wait()
+        started = self._task.monotonic_ms()
+        outcome = await self._jobs.settle(batch.part)
         if self._open is batch:
             self._open = None
-            self._task.wake()  # the next batch may open now
-        await self._run(batch)
+        self._task.wake()  # the next part may open now
+        if isinstance(outcome, Exception) and not is_timeout(outcome) and len(batch.part.job.parts) > 1:
+            # The job of several tasks' parts raised: this part alone tells whether it is its error.
+            await self._run(batch)
+        else:
+            await self._run(batch, outcome, started)
         await self._report_failures(batch)
         batch.done = True
         await self._release()
 
-    async def _run(self, batch: FetchedBatch) -> None:
+    async def _run(self, batch: FetchedBatch, outcome: FetchedResult | Exception | None = None,
+                   started: int = 0) -> None:
+        """Run the batch on its own until it is not a timeout; ``outcome``: that of its first run,
+        in a shared job (begun at ``started``)."""
         task, stage, source = self._task, self._stage, self._source
         timer = task.timer
         while True:
-            started = task.monotonic_ms() if timer.deadline_ms is not None else 0
+            if outcome is None:
+                started = task.monotonic_ms() if timer.deadline_ms is not None else 0
             try:
-                batch.result = result = await stage.run_fetched(batch.raws, source.key_serde, source.value_serde,
-                                                                self._sink)
+                if outcome is None:
+                    result = await stage.run_fetched(batch.raws, source.key_serde, source.value_serde, self._sink)
+                else:
+                    first, outcome = outcome, None
+                    if isinstance(first, Exception):
+                        raise first
+                    result = first
+                batch.result = result
                 if result[4] is not None:
                     raise result[4]
-            except Exception as exc:
+            except Exception as failure:
+                exc: Exception = failure
+                if is_transient(exc) and not is_timeout(exc):
+                    # A lost executor or worker: retried under task.timeout.ms like a timeout.
+                    transient = SparkBatchTransientError(stage.name, len(batch.raws), exc)
+                    transient.__cause__ = exc
+                    exc = transient
                 if not is_timeout(exc):
                     batch.error = exc
                     return

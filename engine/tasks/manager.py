@@ -30,6 +30,7 @@ from engine.state.task_state import StateSettings, TaskStateManager
 from engine.topology.topology import Topology
 from engine.transport.base import Consumer, OffsetAndMetadata, Producer
 
+from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
 from .task import StreamTask
@@ -102,6 +103,8 @@ class TaskManager:
         self.closed_timeouts = 0
         # Shared by every task of the thread (they all run on its loop): the windowed metrics' input.
         self.meter = ProcessMeter()
+        # Spark jobs by stage, shared by the thread's tasks on the bulk path (engine.tasks.bulk_jobs).
+        self.spark_jobs: dict[str, StageJobs] = {}
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
@@ -189,6 +192,7 @@ class TaskManager:
         task.errors = self._errors
         task.on_pause = self._on_pause
         task.meter = self.meter
+        task.spark_jobs = self.spark_jobs
         return task
 
     async def _initialize_transactions(self, task: StreamTask) -> None:

@@ -56,6 +56,7 @@ from engine.topology.topology import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
 from .bulk import BatchWindow, bulk_window
+from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .positions import Positions
 from .processing import ChunkLoop
@@ -134,6 +135,8 @@ class StreamTask:
         self.errors: ErrorHandling | None = None
         # Set by the manager when num.threads.per.task > 1: records then run concurrently.
         self.window: InFlightWindow | BatchWindow | None = None
+        # The Spark jobs the bulk path shares with the thread's other tasks, by stage (task manager).
+        self.spark_jobs: dict[str, StageJobs] | None = None
         self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
         self.punctuations = Punctuations(task_id, context, clock_ms)

@@ -196,3 +196,37 @@ async def test_a_stage_after_another_processor_keeps_the_per_record_path(cluster
     assert sorted(output) == [0, 2, 4, 6, 8]
     assert windows == [None]
 
+
+
+class ExecutorLost(Exception):
+    """Stands for the error pyspark raises when Spark loses an executor mid-job (its text is the JVM's)."""
+
+
+async def test_a_transient_spark_failure_on_the_bulk_path_is_retried_not_handed_to_the_handler(
+        cluster: Cluster, names, spark, windows) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(i, {"amount": i}) for i in range(20)], INT, JSON, partitions=1)
+    Asked.errors = []
+    calls: list[int] = []
+
+    def flaky(frame: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ExecutorLost("Job aborted due to stage failure: Lost task 0.3 in stage 2.0 (TID 7) (127.0.0.1 "
+                               "executor 1): ExecutorLostFailure (executor 1 exited caused by one of the running "
+                               "tasks) Reason: Command exited with code 137")
+        return frame
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(flaky, max_records=20, max_wait_ms=2_000)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, processing_exception_handler=ContinueOnMisfits,
+                           retry_backoff_ms=10):
+        output = [JSON.deserialize(r.value) for r in await cluster.read(sink, 20, timeout=WAIT)]
+        await eventually_async(lambda: _is(committed(cluster, source, names.app), 20), WAIT, "all committed")
+    assert sorted(v["amount"] for v in output) == list(range(20))
+    assert Asked.errors == []  # retried under task.timeout.ms, never a record's processing error
+    assert len(calls) >= 2
+    assert isinstance(windows[0], BatchWindow)

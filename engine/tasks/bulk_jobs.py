@@ -1,0 +1,199 @@
+"""Spark jobs shared by the tasks of a stream thread: the batches of one stage from several tasks
+go into one job (``engine.spark.parts``), so that the fixed cost of a Spark job is paid once for
+all of them.
+
+A ``StageJobs`` (one per stage and stream thread, from the task manager) has at most one open
+``Job``. Each task's bulk loop (``engine.tasks.bulk.BatchWindow``) puts its records into its own
+part of the open job: one offset range of its partition, which the task alone keeps, releases and
+commits (a job finishing releases nothing by itself). The job is sealed when it holds
+``max.records`` records or ``max.bytes`` bytes (keys and values), or ``max.wait.ms`` after it
+opened, whichever comes first; then the next job opens and fills while it runs (pipelining). At
+most ``max.in.flight`` jobs of the stage exist on the thread (the open one included); more
+records wait in their tasks' buffers.
+
+Every part's coroutine waits for its job; the first one there runs it, and if that one is
+cancelled (its task closed dirty), another part's coroutine runs it again. A job that raised is
+not the error of every part: each part is then run again on its own, which tells whose records
+fail (and a timeout is retried per part under its task's ``task.timeout.ms``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from engine.spark.parts import Part
+
+if TYPE_CHECKING:
+    from engine.processors.nodes import SinkNode
+    from engine.records import ConsumerRecord
+    from engine.serdes import Serde
+    from engine.spark.stage import FetchedResult, SparkBatchStage
+
+log = logging.getLogger(__name__)
+
+
+class JobSplit(Exception):
+    """A job of several tasks' parts ran past ``spark.batch.shared.max.ms``: each part runs alone."""
+
+
+class JobPart:
+    """A task's records in a job; ``raws`` grows while the job is open."""
+
+    __slots__ = ("job", "key_serde", "raws", "sink", "value_serde", "wake")
+
+    def __init__(self, job: Job, wake: Callable[[], None], key_serde: Serde, value_serde: Serde,
+                 sink: SinkNode | None) -> None:
+        self.job = job
+        self.raws: list[ConsumerRecord] = []
+        self.wake = wake  # the task's wake-up: its open part was sealed, or a slot came free
+        self.key_serde, self.value_serde, self.sink = key_serde, value_serde, sink
+
+
+class Job:
+    """The parts of one Spark job and, once it ran, a result per part or the job's error."""
+
+    __slots__ = ("bytes", "changed", "done", "error", "holds_slot", "opened", "parts", "records", "results",
+                 "running", "sealed", "waiting")
+
+    def __init__(self) -> None:
+        self.parts: list[JobPart] = []
+        self.records = 0
+        self.bytes = 0
+        self.opened = time.monotonic()
+        self.sealed = anyio.Event()
+        self.done = False
+        self.holds_slot = True  # of the stage's max.in.flight
+        self.running = False
+        self.changed = anyio.Event()  # set (and replaced) when done, or when its runner gave up
+        self.waiting = 0  # parts' coroutines still waiting for it
+        self.results: list[FetchedResult] | None = None
+        self.error: Exception | None = None
+
+    def outcome(self, part: JobPart) -> FetchedResult | Exception:
+        if self.error is not None:
+            return self.error
+        assert self.results is not None
+        return self.results[self.parts.index(part)]
+
+
+class StageJobs:
+    """The jobs of one Spark stage on one stream thread (all on its loop)."""
+
+    def __init__(self, stage: SparkBatchStage) -> None:
+        self._stage = stage  # the first task's: the same function, schema and settings as the others'
+        self.max_records, self.max_wait_s, self.max_in_flight = stage.batching()
+        self.max_bytes = stage.max_bytes
+        self.max_shared_s = stage.max_shared_ms / 1000.0 if stage.max_shared_ms else None
+        self._open: Job | None = None
+        self._in_flight = 0  # jobs opened and not finished (or given up)
+        self._blocked: dict[int, Callable[[], None]] = {}  # tasks waiting for a slot: id -> wake
+        self.jobs = 0
+
+    def part_for(self, owner: object, wake: Callable[[], None], key_serde: Serde, value_serde: Serde,
+                 sink: SinkNode | None) -> JobPart | None:
+        """A new part in the open job for a task (``owner``), opening a job if fewer than
+        ``max.in.flight`` exist; None when none may open (``wake`` is called once one may)."""
+        job = self._open
+        if job is None:
+            if self._in_flight >= self.max_in_flight:
+                self._blocked[id(owner)] = wake
+                return None
+            job = self._open = Job()
+            self._in_flight += 1
+        part = JobPart(job, wake, key_serde, value_serde, sink)
+        job.parts.append(part)
+        return part
+
+    def room(self, job: Job) -> int:
+        return self.max_records - job.records
+
+    def added(self, job: Job, records: int, size: int) -> None:
+        job.records += records
+        job.bytes += size
+        if job.records >= self.max_records or (self.max_bytes and job.bytes >= self.max_bytes):
+            self.seal(job)
+
+    def seal(self, job: Job) -> None:
+        if job.sealed.is_set():
+            return
+        job.sealed.set()
+        if self._open is job:
+            self._open = None
+        for part in job.parts:
+            part.wake()  # each task opens its part of the next job
+
+    async def settle(self, part: JobPart) -> FetchedResult | Exception:
+        """Wait for ``part``'s job to seal and run (running it if no one does); its outcome."""
+        job = part.job
+        job.waiting += 1
+        try:
+            with anyio.move_on_after(max(0.0, job.opened + self.max_wait_s - time.monotonic())):
+                await job.sealed.wait()
+            self.seal(job)
+            while not job.done:
+                if job.running:
+                    await job.changed.wait()
+                    continue
+                job.running = True
+                try:
+                    await self._run(job)
+                finally:
+                    job.running = False
+                    self._changed(job)
+        finally:
+            job.waiting -= 1
+            if not job.done and job.waiting == 0:
+                # Every part's task gave up on it (closed dirty): nobody is left to run it.
+                self._finished(job)
+        return job.outcome(part)
+
+    async def _run(self, job: Job) -> None:
+        parts = [Part(part.raws, part.key_serde, part.value_serde, part.sink) for part in job.parts]
+        shared = len(parts) > 1
+        async with anyio.create_task_group() as group:
+            # Past shared.max.ms a job stops holding a slot of the stage, so that one task's slow
+            # records do not hold the thread's other tasks back (their own slots still count).
+            group.start_soon(self._free_slot_after, job)
+            try:
+                # A job of several tasks is given up then, and each part runs on its own.
+                with anyio.move_on_after(self.max_shared_s if shared else None) as scope:
+                    job.results = await self._stage.run_parts(parts)
+                if scope.cancelled_caught:
+                    log.info("A Spark job of stage '%s' shared by %d tasks ran past spark.batch.shared.max.ms; "
+                             "each task's part runs on its own", self._stage.name, len(parts))
+                    job.error = JobSplit()
+            except Exception as exc:
+                job.error = exc
+            group.cancel_scope.cancel()
+        self.jobs += 1
+        self._finished(job)
+
+    async def _free_slot_after(self, job: Job) -> None:
+        if self.max_shared_s is not None:
+            await anyio.sleep(self.max_shared_s)
+            self._free_slot(job)
+
+    def _finished(self, job: Job) -> None:
+        if job.done:
+            return
+        job.done = True
+        self._free_slot(job)
+
+    def _free_slot(self, job: Job) -> None:
+        if not job.holds_slot:
+            return
+        job.holds_slot = False
+        self._in_flight -= 1
+        blocked, self._blocked = self._blocked, {}
+        for wake in blocked.values():
+            wake()
+
+    @staticmethod
+    def _changed(job: Job) -> None:
+        changed, job.changed = job.changed, anyio.Event()
+        changed.set()
