@@ -7,7 +7,6 @@ the task manager, both on the stream thread's loop.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import os
@@ -15,6 +14,8 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+
+import anyio
 
 from engine.completed_offsets import decode_completed
 from engine.errors import StateStoreError
@@ -175,7 +176,7 @@ class TaskStateManager:
                 except StoreLockedError:
                     if time.monotonic() > deadline:
                         raise
-                    await asyncio.sleep(0.05)
+                    await anyio.sleep(0.05)
 
     # -- the record in progress ----------------------------------------------------
     def begin_record(self) -> None:

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+
 from engine.errors import IllegalStateError
 from engine.testing.driver_errors import DriverTimeoutError
 from engine.testing.virtual_time import VirtualTimeLoop
@@ -32,7 +34,7 @@ class DriverLoop:
     @staticmethod
     def refuse_running_loop() -> None:
         try:
-            asyncio.get_running_loop()
+            asyncio.get_running_loop()  # any running loop at all, anyio or not, is the caller's
         except RuntimeError:
             return
         raise IllegalStateError(
@@ -53,15 +55,13 @@ class DriverLoop:
 
     async def _bounded(self, work: Awaitable[T]) -> T:
         budget_s = self.budget_ms / 1000.0
-        scope = asyncio.timeout(budget_s)
         self.loop.deadline = self.loop.time() + budget_s
         try:
-            async with scope:
+            # The scope's deadline is on the loop's clock, which is virtual here: it passes when
+            # the driver's time does. A TimeoutError from the work itself goes through unchanged.
+            with anyio.move_on_after(budget_s):
                 return await work
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            raise self._stuck() from None
+            raise self._stuck()
         finally:
             self.current = None
             self.loop.deadline = None
