@@ -25,11 +25,12 @@ What that gives, with no commit logic of its own:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -269,20 +270,28 @@ class SparkBatchStage:
                   time.monotonic() - started)
         return results
 
-    def _on_worker_parts(self, parts: Sequence[Part], tag: str) -> list[FetchedResult]:
+    @contextlib.contextmanager
+    def _tagged(self, tag: str) -> Iterator[Any]:
+        """The session, with the Spark jobs started meanwhile under ``tag`` (so a timeout can cancel
+        them) and the stage's schema resolved. Caller: a worker thread."""
         session = self._sessions.get()
         context = session.sparkContext
         context.addJobTag(tag)
         context.setInterruptOnCancel(True)
         try:
             if self._schema is not None and self._resolved_schema is None:
+                # Two batches in flight may both resolve it: the same schema either way.
                 self._resolved_schema = resolve_schema(session, self._schema)
+            yield session
+        finally:
+            context.removeJobTag(tag)
+
+    def _on_worker_parts(self, parts: Sequence[Part], tag: str) -> list[FetchedResult]:
+        with self._tagged(tag) as session:
             decodes = [decode(part.raws, part.key_serde, part.value_serde) for part in parts]
             framed = [to_frame(session, decoded.records, self._key_column, self._resolved_schema)
                       if decoded.records else (None, {}) for decoded in decodes]
             rows = run_parts(self._job, [frame for frame, _left_out in framed], self.name)
-        finally:
-            context.removeJobTag(tag)
         results: list[FetchedResult] = []
         for part, decoded, (_frame, left_out), part_rows in zip(parts, decodes, framed, rows, strict=True):
             results.append(self._fetched_result(part.raws, decoded, left_out, part_rows, part.sink))
@@ -319,19 +328,10 @@ class SparkBatchStage:
             raise
 
     def _on_worker(self, records: list[Record], tag: str) -> BatchResult:
-        session = self._sessions.get()
-        context = session.sparkContext
-        context.addJobTag(tag)
-        context.setInterruptOnCancel(True)
-        try:
-            if self._schema is not None and self._resolved_schema is None:
-                # Two batches in flight may both resolve it: the same schema either way.
-                self._resolved_schema = resolve_schema(session, self._schema)
+        with self._tagged(tag) as session:
             frame, left_out = to_frame(session, records, self._key_column, self._resolved_schema)
             # No record fits the schema: nothing for Spark to do, each record reports its own error.
             return (None if frame is None else self._job(frame)), left_out
-        finally:
-            context.removeJobTag(tag)
 
     def _on_worker_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
                            tag: str, sink: SinkNode | None) -> FetchedResult:

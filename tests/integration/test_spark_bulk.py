@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-import engine.tasks.task as task_module
 from engine import KafkaStreams, StreamsBuilder
 from engine.errors import SparkSchemaError
 from engine.records import TopicPartition
@@ -25,21 +24,6 @@ pytestmark = pytest.mark.asyncio
 
 INT, JSON = IntegerSerde(), JsonSerde()
 WAIT = 60
-
-
-@pytest.fixture
-def windows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The run loop each task chose: a ``BatchWindow`` on the bulk path, else the per-record one."""
-    chosen: list[Any] = []
-    original = task_module.bulk_window
-
-    def spy(task: Any) -> Any:
-        window = original(task)
-        chosen.append(window)
-        return window
-
-    monkeypatch.setattr(task_module, "bulk_window", spy)
-    return chosen
 
 
 def make_client(builder: StreamsBuilder, cluster: Cluster, app: str, **overrides: Any) -> KafkaStreams:

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-import engine.tasks.task as task_module
 from engine import KafkaStreams, StreamsBuilder
 from engine.errors import SparkBatchError
 from engine.records import TopicPartition
@@ -27,20 +26,6 @@ pytestmark = pytest.mark.asyncio
 
 INT, JSON = IntegerSerde(), JsonSerde()
 WAIT = 60
-
-
-@pytest.fixture
-def windows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    chosen: list[Any] = []
-    original = task_module.bulk_window
-
-    def spy(task: Any) -> Any:
-        window = original(task)
-        chosen.append(window)
-        return window
-
-    monkeypatch.setattr(task_module, "bulk_window", spy)
-    return chosen
 
 
 @pytest.fixture

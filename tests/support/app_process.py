@@ -104,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     streams = build(args)
+    return run_until_stopped(streams)
+
+
+def run_until_stopped(streams: KafkaStreams) -> int:
+    """Run ``streams`` until it fails or stops or SIGTERM comes, telling each change of its task
+    count (``tasks``) and the state it ended in (``final``). Also the Spark enrichment app's loop."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     streams.start()

@@ -25,10 +25,11 @@ import contextlib
 import json
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
+
+from tests.support.app_process import emit, run_until_stopped
 
 CUSTOMERS = 100
 RATE = 0.92
@@ -177,17 +178,8 @@ def warm_up(settings: dict[str, Any], mode: str) -> None:
     customers_frame(session).count()
 
 
-_print_lock = threading.Lock()
-
-
-def emit(event: str, **fields: Any) -> None:
-    with _print_lock:
-        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-        sys.stdout.flush()
-
 
 def main(argv: list[str] | None = None) -> int:
-    from engine import ClientState
 
     parser = argparse.ArgumentParser(prog="python -m tests.support.spark_enrichment")
     parser.add_argument("--bootstrap", required=True)
@@ -209,19 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm:
         warm_up(json.loads(args.settings), args.mode)
     emit("ready", time=time.time())
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    streams.start()
-    terminal = (ClientState.ERROR, ClientState.NOT_RUNNING)
-    tasks = -1
-    while not stop.is_set() and not streams.wait_for_state(*terminal, timeout=0.1):
-        count = sum(len(t.active_tasks) for t in streams.metadata_for_local_threads())
-        if count != tasks:
-            tasks = count
-            emit("tasks", count=count)
-    streams.close(timeout=60)
-    emit("final", state=streams.state.name)
-    return 0
+    return run_until_stopped(streams)
 
 
 if __name__ == "__main__":
