@@ -16,7 +16,7 @@ columns, else one write per part.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,29 @@ from .frames import check_frame, check_names, to_rows, to_table
 if TYPE_CHECKING:
     from engine.processors.nodes import SinkNode
 
-    from .stage import BatchJob
+# A batch's work on the worker thread: the batch as a DataFrame in, rows out (None for a sink).
+BatchJob = Callable[[Any], "list[dict[str, Any]] | None"]
+
+
+class TransformJob:
+    """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected. The function
+    is kept apart so that a job of several tasks' parts (``engine.spark.parts``) can apply it to
+    each part and collect them all in one Spark job."""
+
+    __slots__ = ("fn", "stage")
+
+    def __init__(self, fn: Callable[[Any], Any], stage: str) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def __call__(self, frame: Any) -> list[dict[str, Any]]:
+        return to_rows(self.fn(frame), self.stage)
+
+
+def transform_job(fn: Callable[[Any], Any], stage: str) -> BatchJob:
+    """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected."""
+    return TransformJob(fn, stage)
+
 
 # The column that tells the parts apart in the union; dropped before anyone sees the rows.
 PART_COLUMN = "__streamloop_part__"
@@ -48,8 +70,6 @@ class Part:
 def run_parts(job: BatchJob, frames: Sequence[Any], stage: str) -> list[list[dict[str, Any]] | None]:
     """Run ``job`` over each part's frame (None: nothing of the part to run) in as few Spark jobs
     as the frames allow; each part's rows (None for a part without a frame, or a sink's job)."""
-    from .stage import TransformJob
-
     present = [(index, frame) for index, frame in enumerate(frames) if frame is not None]
     rows: list[list[dict[str, Any]] | None] = [None] * len(frames)
     if not present:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .stage import BatchJob
+from .parts import BatchJob
 
 WRITE_MODES = ("append", "overwrite", "ignore", "error", "errorifexists")
 

@@ -44,8 +44,8 @@ from engine.records import ConsumerRecord, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
 
 from .failures import SparkBatchTransientError, is_transient
-from .frames import Decoded, decode, to_frame, to_records, to_rows
-from .parts import Part, run_parts
+from .frames import Decoded, decode, to_frame, to_records
+from .parts import BatchJob, Part, TransformJob, run_parts, transform_job
 from .schema import SchemaMismatch, resolve_schema
 
 if TYPE_CHECKING:
@@ -88,8 +88,6 @@ class BatchSettings:
                 raise TopologyError(f"{name} of Spark stage '{stage}' must be an int >= {low}, got {value!r}")
 
 
-# A batch's work on the worker thread: the batch as a DataFrame in, rows out (None for a sink).
-BatchJob = Callable[[Any], "list[dict[str, Any]] | None"]
 # What a batch's run gives back: the job's rows, and the records left out of the frame by index.
 BatchResult = tuple["list[dict[str, Any]] | None", "dict[int, SchemaMismatch]"]
 # What a batch of fetched records gives back: the records decoded (and those that failed to),
@@ -381,21 +379,4 @@ def serialize_for(sink: SinkNode, records: Sequence[Record]) -> list[tuple[bytes
         return None
 
 
-class TransformJob:
-    """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected. The function
-    is kept apart so that a job of several tasks' parts (``engine.spark.parts``) can apply it to
-    each part and collect them all in one Spark job."""
-
-    __slots__ = ("fn", "stage")
-
-    def __init__(self, fn: Callable[[Any], Any], stage: str) -> None:
-        self.fn = fn
-        self.stage = stage
-
-    def __call__(self, frame: Any) -> list[dict[str, Any]]:
-        return to_rows(self.fn(frame), self.stage)
-
-
-def transform_job(fn: Callable[[Any], Any], stage: str) -> BatchJob:
-    """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected."""
-    return TransformJob(fn, stage)
+__all__ = ["BatchJob", "BatchSettings", "SparkBatchStage", "TransformJob", "transform_job"]
