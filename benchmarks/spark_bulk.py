@@ -56,6 +56,8 @@ SSS_POM = ROOT / "benchmarks" / "peers" / "spark_structured_pom.xml"
 PARTITIONS = 4
 KEY, JSON = StringSerde(), JsonSerde()
 SYSTEMS = ("structured", "spark_batch", "per_record")
+# Client settings for the spark_batch runs on top of the engine's defaults (``--batch``).
+BATCH_SETTINGS: dict[str, Any] = {}
 LABELS = {"structured": "Spark Structured Streaming", "spark_batch": "streamloop spark_batch",
           "per_record": "streamloop per-record Python"}
 
@@ -156,6 +158,8 @@ class Bench:
                 "spark.sql.shuffle.partitions": "4", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "num.stream.threads": 1, "commit.interval.ms": 1000,
                 "max.poll.records": 5000, "buffered.records.per.partition": 5000, "poll.ms": 20}
+        if system == "spark_batch":
+            settings = {**BATCH_SETTINGS, **(settings or {})}
         mode = "python" if system == "per_record" else "spark"
         return Child([sys.executable, "-m", "tests.support.spark_enrichment", "--bootstrap", self.bootstrap,
                       "--application-id", f"spark-bulk-{system}-{run}", "--source", source, "--sink", sink,
@@ -393,9 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="length of each latency run")
     parser.add_argument("--workers-records", type=int, default=None, help="0 skips the 1-vs-2-workers run")
     parser.add_argument("--heavy", type=int, default=64, help="SHA-512 rounds per row of the Spark-bound job")
+    parser.add_argument("--batch", type=json.loads, default={},
+                        help='JSON of spark.batch.* settings for the spark_batch runs (default: the engine\'s)')
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = parser.parse_args(argv)
+    BATCH_SETTINGS.update(args.batch)
     args.sizes = args.sizes or ([5_000] if args.quick else [200_000, 1_000_000])
     args.rates = args.rates or [2_000, 20_000]
     args.seconds = args.seconds or (3.0 if args.quick else 15.0)
