@@ -56,8 +56,6 @@ SSS_POM = ROOT / "benchmarks" / "peers" / "spark_structured_pom.xml"
 PARTITIONS = 4
 KEY, JSON = StringSerde(), JsonSerde()
 SYSTEMS = ("structured", "spark_batch", "per_record")
-# Client settings for the spark_batch runs on top of the engine's defaults (``--batch``).
-BATCH_SETTINGS: dict[str, Any] = {}
 LABELS = {"structured": "Spark Structured Streaming", "spark_batch": "streamloop spark_batch",
           "per_record": "streamloop per-record Python"}
 
@@ -138,8 +136,10 @@ class Child:
 
 
 class Bench:
-    def __init__(self, bootstrap: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, workdir: Path, batch: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
+        # Client settings for the spark_batch runs on top of the engine's defaults (``--batch``).
+        self.batch = batch or {}
         self.kafka = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
         self.workdir = workdir
         self.sss: tuple[Path, Path] | None = None
@@ -159,7 +159,7 @@ class Bench:
                 "spark.driver.bindAddress": "127.0.0.1", "num.stream.threads": 1, "commit.interval.ms": 1000,
                 "max.poll.records": 5000, "buffered.records.per.partition": 5000, "poll.ms": 20}
         if system == "spark_batch":
-            settings = {**BATCH_SETTINGS, **(settings or {})}
+            settings = {**self.batch, **(settings or {})}
         mode = "python" if system == "per_record" else "spark"
         return Child([sys.executable, "-m", "tests.support.spark_enrichment", "--bootstrap", self.bootstrap,
                       "--application-id", f"spark-bulk-{system}-{run}", "--source", source, "--sink", sink,
@@ -287,7 +287,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 # -- the run ---------------------------------------------------------------------------------------
 async def run(bootstrap: str, args: argparse.Namespace, workdir: Path) -> Figures:
-    bench = Bench(bootstrap, workdir)
+    bench = Bench(bootstrap, workdir, args.batch)
     figures = Figures()
     bench.sss = sss_environment()
     systems = [s for s in SYSTEMS if s in args.systems]
@@ -402,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = parser.parse_args(argv)
-    BATCH_SETTINGS.update(args.batch)
     args.sizes = args.sizes or ([5_000] if args.quick else [200_000, 1_000_000])
     args.rates = args.rates or [2_000, 20_000]
     args.seconds = args.seconds or (3.0 if args.quick else 15.0)

@@ -257,7 +257,7 @@ class BatchWindow:
             return
         for index in sorted(failures):
             raw = raws[index]
-            if self._paused_at_or_below(raw.offset):
+            if self._task.paused_below(raw):
                 return
             first, second = failures[index]
             if isinstance(first, str):  # (which part, the serde's error)
@@ -271,10 +271,6 @@ class BatchWindow:
                 error = SparkBatchError(stage.name, len(raws), second)
                 error.__cause__ = second
             await self._path.processing_failed(raw, stage.name, first, error)
-
-    def _paused_at_or_below(self, offset: int) -> bool:
-        paused = self._task.paused_at
-        return paused is not None and paused[0] == self._tp and offset > paused[1]
 
     async def _release(self) -> None:
         """Hand on the output of the finished batches at the head, in offset order, and move the

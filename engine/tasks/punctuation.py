@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.errors import ProcessingError, StreamsError
+from engine.ids import TaskId
 from engine.processors.context import TaskContext
 from engine.processors.punctuation import Schedule
-
-from .task_id import TaskId
 
 
 class Punctuations:

@@ -86,6 +86,19 @@ async def run_doubling(bootstrap: str, security: dict[str, object], names: Any) 
     assert sorted((INT.deserialize(r.key), JSON.deserialize(r.value)) for r in output) == sorted(expected)
 
 
+async def refused_at_start(bootstrap: str, security: dict[str, object],
+                           names: Any) -> tuple[AuthenticationError, KafkaStreams]:
+    """Start a client over ``security``: the start must fail within ``FAST`` s with an
+    ``AuthenticationError``. The error and the client, which the caller closes after its checks."""
+    streams = secure_streams(doubling_topology(names("input"), names("output")), bootstrap, names.app, security)
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError) as caught:
+        await streams.start_async()
+
+    assert time.monotonic() - started < FAST
+    return caught.value, streams
+
+
 async def test_a_pipeline_runs_over_sasl_plain(secure_broker: SecureKafkaBroker, names: Any) -> None:
     await run_doubling(secure_broker.bootstrap_of("SASL_PLAINTEXT"), sasl("PLAIN"), names)
 
@@ -136,17 +149,11 @@ async def test_a_pipeline_runs_with_the_documented_sasl_ssl_settings(
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 async def test_a_wrong_password_fails_start_at_once_naming_the_mechanism(
         secure_broker: SecureKafkaBroker, names: Any, mechanism: str) -> None:
-    streams = secure_streams(doubling_topology(names("input"), names("output")),
-                             secure_broker.bootstrap_of("SASL_PLAINTEXT"), names.app,
-                             sasl(mechanism, "not-the-password"))
-    started = time.monotonic()
-    with pytest.raises(AuthenticationError) as caught:
-        await streams.start_async()
-
-    assert time.monotonic() - started < FAST
-    assert caught.value.mechanism == mechanism
-    assert f"SASL {mechanism} login" in str(caught.value)
-    assert "not-the-password" not in str(caught.value)
+    error, streams = await refused_at_start(secure_broker.bootstrap_of("SASL_PLAINTEXT"),
+                                            sasl(mechanism, "not-the-password"), names)
+    assert error.mechanism == mechanism
+    assert f"SASL {mechanism} login" in str(error)
+    assert "not-the-password" not in str(error)
     assert streams.state is ClientState.CREATED
     streams.close()
 
@@ -154,15 +161,9 @@ async def test_a_wrong_password_fails_start_at_once_naming_the_mechanism(
 async def test_a_broker_certificate_from_an_untrusted_ca_fails_start_at_once(
         secure_broker: SecureKafkaBroker, names: Any) -> None:
     security = {**mutual_tls(secure_broker), "ssl.truststore.location": str(secure_broker.certificates.other_ca)}
-    streams = secure_streams(doubling_topology(names("input"), names("output")),
-                             secure_broker.bootstrap_of("SSL"), names.app, security)
-    started = time.monotonic()
-    with pytest.raises(AuthenticationError) as caught:
-        await streams.start_async()
-
-    assert time.monotonic() - started < FAST
-    assert caught.value.mechanism == "SSL"
-    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    error, streams = await refused_at_start(secure_broker.bootstrap_of("SSL"), security, names)
+    assert error.mechanism == "SSL"
+    assert "CERTIFICATE_VERIFY_FAILED" in str(error)
     streams.close()
 
 
@@ -205,13 +206,7 @@ async def test_a_pipeline_runs_over_sasl_oauthbearer(secure_broker: SecureKafkaB
 
 async def test_a_missing_client_certificate_fails_start_at_once(secure_broker: SecureKafkaBroker, names: Any) -> None:
     security = {"security.protocol": "SSL", "ssl.truststore.location": str(secure_broker.certificates.ca)}
-    streams = secure_streams(doubling_topology(names("input"), names("output")),
-                             secure_broker.bootstrap_of("SSL"), names.app, security)
-    started = time.monotonic()
-    with pytest.raises(AuthenticationError) as caught:
-        await streams.start_async()
-
-    assert time.monotonic() - started < FAST
-    assert caught.value.mechanism == "SSL"
-    assert "ssl.keystore.location" in str(caught.value)
+    error, streams = await refused_at_start(secure_broker.bootstrap_of("SSL"), security, names)
+    assert error.mechanism == "SSL"
+    assert "ssl.keystore.location" in str(error)
     streams.close()

@@ -39,11 +39,6 @@ FOUNDATION = ("engine.config", "engine.errors", "engine.records", "engine.serdes
               "engine.lifecycle", "engine.logcontext", "engine.ids", "engine.completed_offsets",
               "engine.loop_signal")
 
-# Runtime edges of a cycle that a split under way elsewhere removes; kept out of the cycle
-# checks until then. ``test_every_pending_edge_is_still_there`` fails once one is gone, so that
-# its entry is removed with it.
-PENDING: dict[tuple[str, str], str] = {}
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -135,7 +130,7 @@ def edges() -> tuple[Edge, ...]:
 
 
 def runtime_edges() -> list[Edge]:
-    return [e for e in edges() if e.kind != "typing" and (e.source, e.target) not in PENDING]
+    return [e for e in edges() if e.kind != "typing"]
 
 
 @dataclass(frozen=True)
@@ -290,12 +285,6 @@ def test_a_cycle_is_reported_by_its_edges() -> None:
     graph = _graph([(e.source, e.target, e) for e in (a_b, b_c, c_a)])
     assert find_cycles(graph) == [Cycle(["x.a", "x.b", "x.c"], ["x.a", "x.b", "x.c", "x.a"], [a_b, b_c, c_a])]
     assert find_cycles(_graph([(e.source, e.target, e) for e in (a_b, b_c)])) == []
-
-
-def test_every_pending_edge_is_still_there() -> None:
-    found = {(e.source, e.target) for e in edges()}
-    gone = [f"{source} -> {target}" for source, target in PENDING if (source, target) not in found]
-    assert not gone, f"remove from PENDING (the split removed them): {gone}"
 
 
 def test_an_import_is_told_by_when_it_runs() -> None:
