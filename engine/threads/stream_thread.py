@@ -10,6 +10,7 @@ about it (metadata, counters, lags) is ``engine.threads.view.ThreadView``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -236,6 +237,12 @@ class StreamThread:
             # Unwrapped here, on the loop, where anyio knows which exception is cancellation.
             self.error = unwrap(exc)
             raise
+        finally:
+            # aiokafka can lose track of a connection when a client's start fails half-way
+            # against a broker that is down (aio-libs/aiokafka#715). Collected now, while this
+            # thread's loop still runs, its __del__ closes the socket; collected after the loop
+            # closed, the socket stays open until the process ends. Once per thread, at its end.
+            gc.collect()
 
     def report_failure(self, error: BaseException) -> None:
         """Log the death and let the client's uncaught-exception handler decide (once).
