@@ -32,6 +32,8 @@ from engine.topology.topology import Topology
 from engine.transport.base import Transport
 
 _BACKOFF_CAP_S = 30.0
+# The states of a thread that sits in a finished rebalance (a generation of the group).
+_IN_A_GENERATION = frozenset({StreamThreadState.PARTITIONS_ASSIGNED, StreamThreadState.RUNNING})
 
 
 def _on_running_loop() -> bool:
@@ -104,7 +106,7 @@ class ClientThreads:
         return self._registry.resize_caches(self._config[cfg.CACHE_MAX_BYTES_BUFFERING])
 
     # -- start -------------------------------------------------------------------------
-    def create(self, at_runtime: bool = False) -> StreamThread:
+    def create(self) -> StreamThread:
         with self._registry.lock:
             thread = StreamThread(
                 index=self._registry.next_index(),
@@ -120,7 +122,7 @@ class ClientThreads:
                 clock=self._clock,
                 restore_listener=self.restore_listener,
                 spark=self._spark,
-                on_first_join=self._rejoin_others if at_runtime else None,
+                on_joining=self._rejoin_others,
             )
             self._registry.add(thread)
         return thread
@@ -146,7 +148,7 @@ class ClientThreads:
             if not self._state.state.is_running_or_rebalancing():
                 self._log.warning("Cannot add a stream thread in state %s", self._state.state.name)
                 return None
-            thread = self.create(at_runtime=True)
+            thread = self.create()
             share = self.resize_caches()
             self._log.info("Adding %s; %d live threads, cache size per thread %d",
                            thread.name, len(self._registry.alive()), share)
@@ -162,11 +164,12 @@ class ClientThreads:
         return None
 
     def _rejoin_others(self, joining: StreamThread) -> None:
-        """A thread added at runtime is about to join: the others rejoin now, so the rebalance
-        that gives it tasks completes at once instead of at their next heartbeat
-        (``heartbeat.interval.ms``, when the coordinator tells them)."""
+        """A thread is joining, or still waits in a rebalance: the others that sit in a finished
+        one rejoin now, so the rebalance completes at once instead of at their next heartbeat
+        (``heartbeat.interval.ms``, when the coordinator tells them). Threads still starting
+        join anyway; threads mid-join would absorb the request, so the joining one asks again."""
         for thread in self._registry.alive():
-            if thread is not joining and thread.state.state is not StreamThreadState.CREATED:
+            if thread is not joining and thread.state.state in _IN_A_GENERATION:
                 thread.rejoin()
 
     def remove(self, timeout: float | None) -> str | None:

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 # How often a thread reads its partitions' log end for the records-lag metric.
 LAG_REFRESH_MS = 1_000
+# How often a thread still waiting in a rebalance asks its siblings to rejoin (``on_joining``).
+JOIN_NUDGE_MS = 1_000
 
 
 class ThreadLoop:
@@ -55,6 +57,7 @@ class ThreadLoop:
         self._task_failure: BaseException | None = None
         self._failed_member = False
         self._next_lag_ms = 0
+        self._next_nudge_ms = 0
         config = self._config
         self._producer_settings = ProducerSettings(
             client_id=thread.producer_client_id,
@@ -223,7 +226,21 @@ class ThreadLoop:
                 await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
                 break
+            self._maybe_nudge_siblings()
             await self._maybe_measure_lag(consumer, manager)
+
+    def _maybe_nudge_siblings(self) -> None:
+        """Still in a rebalance after ``JOIN_NUDGE_MS``: ask the client's other threads again.
+
+        The broker completes a rebalance once every known member rejoined; a sibling that formed
+        a generation without this thread learns of the next rebalance only at its heartbeat."""
+        thread = self._thread
+        if thread.state.state is not StreamThreadState.PARTITIONS_REVOKED or thread.on_joining is None:
+            return
+        now = thread.clock.monotonic_ms()
+        if now >= self._next_nudge_ms:
+            self._next_nudge_ms = now + JOIN_NUDGE_MS
+            thread.on_joining(thread)
 
     async def _maybe_measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
         """Read the log end of the tasks' partitions, at most once a second.
@@ -350,8 +367,9 @@ class ThreadLoop:
         thread = self._thread
         first_join = thread.state.state is StreamThreadState.STARTING
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
-        if first_join and thread.on_first_join is not None:
-            thread.on_first_join(thread)
+        self._next_nudge_ms = thread.clock.monotonic_ms() + JOIN_NUDGE_MS
+        if first_join and thread.on_joining is not None:
+            thread.on_joining(thread)
         manager = thread.view.manager
         if manager is not None and revoked:
             self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))

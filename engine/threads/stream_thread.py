@@ -76,12 +76,14 @@ class StreamThread:
         clock: Clock = SYSTEM_CLOCK,
         restore_listener: StateRestoreListener | None = None,
         spark: SparkSessions | None = None,
-        on_first_join: Callable[[StreamThread], None] | None = None,
+        on_joining: Callable[[StreamThread], None] | None = None,
     ) -> None:
         self.index = index
-        # Called right before this thread's first JoinGroup (a thread added at runtime): the
-        # client asks its other threads to rejoin now, not at their next heartbeat.
-        self.on_first_join = on_first_join
+        # Called right before this thread's first JoinGroup, and again while it waits in a
+        # rebalance: the client asks its other threads to rejoin now. A member outside the
+        # rebalance hears of it only at its next heartbeat (``heartbeat.interval.ms``), and a
+        # request that reaches it while it is itself mid-join is absorbed by that join.
+        self.on_joining = on_joining
         self.on_shutdown_requested = on_shutdown_requested
         self.spark = spark
         self.name = f"{client_id}-StreamThread-{index}"

@@ -171,12 +171,48 @@ async def test_two_threads_failing_while_a_removal_runs_do_not_hang(
         await close(streams)
 
 
+# Heartbeats this far apart leave a member that missed a rebalance waiting far past the deadlines below.
+SLOW_HEARTBEATS = {"heartbeat_interval_ms": 30_000, "session_timeout_ms": 90_000}
+
+
+async def test_threads_started_together_share_the_tasks_without_waiting_for_a_heartbeat(
+        cluster: Cluster, names, topics: Topics) -> None:
+    """Threads started together (no initial rebalance delay on the test broker): one that joins after
+    the first has formed the group asks it to rejoin, and asks again while its join still waits
+    (a request made while the other is itself mid-join is absorbed by that join)."""
+    for _attempt in range(3):  # the race is a matter of timing: three starts, each within the limit
+        streams = new_streams(cluster, names, topics, num_stream_threads=3, **SLOW_HEARTBEATS)
+        started = time.monotonic()
+        await streams.start_async()
+        try:
+            await eventually_async(lambda s=streams: settled(s, 3), 20, "three threads sharing the tasks")
+            assert time.monotonic() - started < 20
+        finally:
+            await close(streams)
+
+
+async def test_two_threads_added_at_once_get_tasks_without_waiting_for_a_heartbeat(
+        cluster: Cluster, names, topics: Topics) -> None:
+    """Two additions at once: the second one's request to rejoin can reach the first thread while it
+    is mid-join for the first addition; the waiting thread asks again, not after 30 s."""
+    streams = new_streams(cluster, names, topics, num_stream_threads=1, **SLOW_HEARTBEATS)
+    await streams.start_async()
+    try:
+        await wait_settled(streams, 1)
+        started = time.monotonic()
+        assert await streams.add_stream_thread_async() is not None
+        assert await streams.add_stream_thread_async() is not None
+        await eventually_async(lambda: settled(streams, 3), 20, "three threads sharing the tasks")
+        assert time.monotonic() - started < 20
+    finally:
+        await close(streams)
+
+
 async def test_an_added_thread_gets_tasks_without_waiting_for_the_others_heartbeat(
         cluster: Cluster, names, topics: Topics) -> None:
     """The others learn of the rebalance from the new thread, not from the coordinator at their
     next heartbeat: with heartbeats 30 s apart the new thread still owns tasks well before that."""
-    streams = new_streams(cluster, names, topics, num_stream_threads=2, heartbeat_interval_ms=30_000,
-                          session_timeout_ms=90_000)
+    streams = new_streams(cluster, names, topics, num_stream_threads=2, **SLOW_HEARTBEATS)
     await streams.start_async()
     try:
         await wait_settled(streams, 2)
