@@ -46,7 +46,7 @@ from engine.spark.session import SparkSessions
 from engine.state.bytes_stores import require_rocksdict
 from engine.state.cleaner import StateDirCleaner
 from engine.state.directory import StateDirectoryLock
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
+from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
@@ -101,9 +101,7 @@ class KafkaStreams:
         self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
                                    CLIENT_TRANSITIONS, self.log)
         # Which instance owns which part of each store, from the assignments (queries across instances).
-        self._metadata = StreamsMetadataState(
-            HostInfo.build_from_endpoint(self.config[cfg.APPLICATION_SERVER]),
-            {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names})
+        self._metadata = StreamsMetadataState.for_topology(self.config[cfg.APPLICATION_SERVER], topology)
         self._threads = ClientThreads(
             config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
             transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,

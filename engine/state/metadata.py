@@ -25,13 +25,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.config import split_endpoint
 from engine.errors import ConfigError
 from engine.records import TopicPartition
 from engine.serdes import Serde
 from engine.transport.kafka.partitioner import key_hash
+
+if TYPE_CHECKING:
+    from engine.topology.topology import Topology
 
 __all__ = ["HostInfo", "HostPartitions", "KeyQueryMetadata", "StreamsMetadata", "StreamsMetadataState"]
 
@@ -125,6 +128,12 @@ class StreamsMetadataState:
         self._store_sources = {store: tuple(topics) for store, topics in store_sources.items()}
         self._lock = threading.Lock()
         self._snapshot = _Snapshot((), {}, None)
+
+    @classmethod
+    def for_topology(cls, endpoint: str, topology: Topology) -> StreamsMetadataState:
+        """The state of a client (or test driver) with ``application.server`` ``endpoint`` running ``topology``."""
+        return cls(HostInfo.build_from_endpoint(endpoint),
+                   {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names})
 
     # -- written by the assignors --------------------------------------------------------
     def on_change(self, active_by_host: HostPartitions, standby_by_host: HostPartitions) -> None:
