@@ -197,7 +197,10 @@ class StreamsAssignor:
         self._process_id = process_id
         self._thread_name = thread_name
         self._endpoint = endpoint
+        self._host = HostInfo.build_from_endpoint(endpoint)
         self._metadata = metadata
+        self.rejoin_for_endpoint = False
+        """Set when an assignment lacks this instance's endpoint; the stream thread then rejoins."""
         self.owned_tasks: list[TaskId] = []
         self.shutdown_requested = AssignorError.NONE
         self.assigned_tasks: list[TaskId] = []
@@ -234,3 +237,7 @@ class StreamsAssignor:
         self.error_code = info.error_code
         if self._metadata is not None:
             self._metadata.on_change(info.partitions_by_host, info.standby_partitions_by_host)
+        # As Kafka Streams' verifyHostInfo: a static member back with another application.server gets
+        # its old assignment without a rebalance, so no instance knows the new endpoint until it rejoins.
+        by_host = info.partitions_by_host
+        self.rejoin_for_endpoint = self._host is not None and bool(by_host) and self._host not in by_host

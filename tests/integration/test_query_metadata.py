@@ -20,6 +20,7 @@ from engine.records import TopicPartition
 from engine.serdes import StringSerde
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.testing import eventually_async
+from engine.transport import open_transport
 from engine.transport.kafka.partitioner import key_hash
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster
@@ -104,3 +105,32 @@ async def test_each_keys_metadata_names_the_instance_whose_store_holds_it(cluste
         await eventually_async(all_on_first, timeout=30, what="every key on the first instance")
     with pytest.raises(IllegalStateError, match="not running"):
         first.metadata_for_all_clients()
+
+
+async def test_a_static_member_back_with_another_endpoint_is_known_to_the_others(tmp_path) -> None:
+    """A static member that returns within session.timeout.ms gets its old assignment without a
+    rebalance; its new application.server is in no one's metadata until it rejoins, which it does
+    (Kafka Streams' StreamsPartitionAssignor.verifyHostInfo). On the memory broker only: it models
+    the static rejoin exactly; the assignor's side is the same on both transports."""
+    bootstrap = f"memory://query-static-{tmp_path.name}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    source, sink, app = "input", "counts", "static-app"
+    await cluster.create_topics({source: PARTITIONS, sink: PARTITIONS})
+    old, new, other = HostInfo("127.0.0.1", 1001), HostInfo("127.0.0.1", 1011), HostInfo("127.0.0.1", 1002)
+
+    def static(host: HostInfo, instance_id: str | None) -> KafkaStreams:
+        extra = {"group_instance_id": instance_id} if instance_id else {}
+        return make_streams(count_topology(source, sink, STORE, persistent=False), bootstrap, app,
+                            state_dir=str(tmp_path / str(host.port)), application_server=host.endpoint, **extra)
+
+    def hosts_seen(streams: KafkaStreams) -> set[HostInfo]:
+        return {m.host_info for m in streams.metadata_for_all_clients()}
+
+    async with static(other, None) as stays:
+        first = static(old, "query-static")
+        async with first:
+            await eventually_async(lambda: hosts_seen(stays) == {old, other}, timeout=30, what="both known")
+        # Closed without leaving the group (static); back at once with another endpoint.
+        async with static(new, "query-static") as back:
+            await eventually_async(lambda: hosts_seen(stays) == hosts_seen(back) == {new, other}, timeout=30,
+                                   what="the new endpoint known to both instances")

@@ -84,3 +84,16 @@ def test_on_assignment_updates_the_clients_metadata() -> None:
     assert {m.host_info: m.topic_partitions for m in state.all_metadata()} == by_host
     metadata = state.key_query_metadata_for_key(store, "k", StringSerde())
     assert metadata is not None and metadata.active_host == (A if metadata.partition == 0 else B)
+
+
+def test_an_assignment_without_this_instances_endpoint_asks_for_a_rejoin() -> None:
+    """As Kafka Streams' StreamsPartitionAssignor.verifyHostInfo (a static member back with a new endpoint)."""
+    def after(endpoint: str, by_host: dict[HostInfo, set[TopicPartition]]) -> bool:
+        assignor = StreamsAssignor(topology(), "p", "t", endpoint)
+        assignor.on_assignment(MemberAssignment((), AssignmentInfo([], partitions_by_host=by_host).encode()))
+        return assignor.rejoin_for_endpoint
+
+    assert after(A.endpoint, {B: {TopicPartition("in", 0)}})
+    assert not after(A.endpoint, {A: set(), B: {TopicPartition("in", 0)}})  # listed, even without partitions
+    assert not after(A.endpoint, {})  # no instance sets an endpoint
+    assert not after("", {B: {TopicPartition("in", 0)}})
