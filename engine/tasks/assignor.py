@@ -117,10 +117,16 @@ def partitions_by_host(
     The threads of one instance are members each, with the same endpoint: their partitions add up.
     """
     result: dict[HostInfo, set[TopicPartition]] = {}
+    processes: dict[HostInfo, set[str]] = {}
     for member, member_tasks in spread.items():
         host = HostInfo.build_from_endpoint(infos[member].endpoint)
         if host is not None:
             result.setdefault(host, set()).update(tp for t in member_tasks for tp in partitions_of[t])
+            processes.setdefault(host, set()).add(infos[member].process_id)
+    for host, ids in processes.items():
+        if len(ids) > 1:
+            log.warning("%d instances set application.server to %s: queries for their keys cannot tell them "
+                        "apart; give each instance its own", len(ids), host)
     return result
 
 

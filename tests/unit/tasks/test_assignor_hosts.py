@@ -97,3 +97,12 @@ def test_an_assignment_without_this_instances_endpoint_asks_for_a_rejoin() -> No
     assert not after(A.endpoint, {A: set(), B: {TopicPartition("in", 0)}})  # listed, even without partitions
     assert not after(A.endpoint, {})  # no instance sets an endpoint
     assert not after("", {B: {TopicPartition("in", 0)}})
+
+
+def test_two_instances_with_one_endpoint_are_warned_about(caplog) -> None:  # type: ignore[no-untyped-def]
+    topo = topology()
+    assignors = {m: StreamsAssignor(topo, f"process-{m}", m, A.endpoint) for m in ("x", "y")}
+    subscriptions = {m: MemberSubscription(m, ("in",), a.subscription_user_data(["in"])) for m, a in assignors.items()}
+    with caplog.at_level("WARNING", logger="engine.tasks.assignor"):
+        assignors["x"].assign(subscriptions, {"in": 2})
+    assert "2 instances set application.server to a.internal:8080" in caplog.text
