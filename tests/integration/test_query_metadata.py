@@ -8,13 +8,15 @@ Kafka Streams' ``QueryableStateIntegrationTest.shouldBeAbleToQueryDuringRebalanc
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import anyio
 import pytest
 
-from engine import ClientState, KafkaStreams
+from engine import ClientState, KafkaStreams, Materialized, StreamsBuilder, Topology
 from engine.errors import IllegalStateError
 from engine.records import TopicPartition
 from engine.serdes import StringSerde
@@ -134,3 +136,48 @@ async def test_a_static_member_back_with_another_endpoint_is_known_to_the_others
         async with static(new, "query-static") as back:
             await eventually_async(lambda: hosts_seen(stays) == hosts_seen(back) == {new, other}, timeout=30,
                                    what="the new endpoint known to both instances")
+
+
+async def test_a_new_instance_knows_nothing_until_its_first_assignment_the_others_keep_theirs(tmp_path) -> None:
+    """While an instance's first rebalance is under way its key metadata is NOT_AVAILABLE; an
+    instance already running keeps the previous assignment's metadata until the next one arrives
+    (Kafka Streams' StreamsMetadataState: NOT_AVAILABLE until initialized, as
+    StreamsMetadataStateTest.shouldReturnNotAvailableWhenClusterIsEmpty; onChange only on assignment).
+    The rebalance is held open by the running instance's thread, blocked in a record on the memory broker."""
+    bootstrap = f"memory://query-first-{tmp_path.name}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    source, sink, app = "input", "counts", "first-app"
+    await cluster.create_topics({source: PARTITIONS, sink: PARTITIONS})
+    a, b = HostInfo("127.0.0.1", 1001), HostInfo("127.0.0.1", 1002)
+    entered, release = threading.Event(), threading.Event()
+
+    def block_on(_key: str, value: str) -> None:
+        if value == "block":
+            entered.set()
+            release.wait(timeout=30)
+
+    def topology() -> Topology:
+        builder = StreamsBuilder()
+        stream = builder.stream(source, key_serde=STR, value_serde=STR).peek(block_on)
+        stream.group_by_key().count(materialized=Materialized(STORE, persistent=False))
+        return builder.build()
+
+    def start(host: HostInfo) -> KafkaStreams:
+        return make_streams(topology(), bootstrap, app, state_dir=str(tmp_path / str(host.port)),
+                            application_server=host.endpoint)
+
+    async with start(a) as first:
+        await eventually_async(lambda: settled({a: first}, source), timeout=30, what="the first alone")
+        await cluster.produce(source, [("k", "block")], STR, STR, partitions=PARTITIONS)
+        await anyio.to_thread.run_sync(entered.wait, 30)
+        try:
+            async with start(b) as second:
+                assert second.query_metadata_for_key(STORE, "k", STR) is KeyQueryMetadata.NOT_AVAILABLE
+                assert second.metadata_for_all_clients() == [] and second.metadata_for_store(STORE) == []
+                metadata = first.query_metadata_for_key(STORE, "k", STR)
+                assert metadata is not None and metadata.active_host == a  # the last assignment's
+                release.set()
+                await eventually_async(lambda: settled({a: first, b: second}, source), timeout=30,
+                                       what="both settled after the rebalance")
+        finally:
+            release.set()
