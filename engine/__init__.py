@@ -35,6 +35,7 @@ from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
 from engine.state import Materialized, Stores, TimeWindows, Windowed
+from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "DeserializationError",
     "HandledRecordError",
+    "HostInfo",
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
@@ -56,6 +58,7 @@ __all__ = [
     "KStream",
     "KTable",
     "KafkaStreams",
+    "KeyQueryMetadata",
     "Materialized",
     "Metric",
     "MissingExtraError",
@@ -77,6 +80,7 @@ __all__ = [
     "StreamsBuilder",
     "StreamsConfig",
     "StreamsError",
+    "StreamsMetadata",
     "StreamsTimeoutError",
     "TaskDetails",
     "TaskError",

@@ -41,10 +41,12 @@ from engine.errors import (
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
+from engine.serdes import Serde
 from engine.spark.session import SparkSessions
 from engine.state.bytes_stores import require_rocksdict
 from engine.state.cleaner import StateDirCleaner
 from engine.state.directory import StateDirectoryLock
+from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
@@ -98,10 +100,12 @@ class KafkaStreams:
         self._spark = SparkSessions(self.config, self.config[cfg.APPLICATION_ID])
         self._state = StateMachine(f"stream-client [{self.client_id}]", ClientState.CREATED,
                                    CLIENT_TRANSITIONS, self.log)
+        # Which instance owns which part of each store, from the assignments (queries across instances).
+        self._metadata = StreamsMetadataState.for_topology(self.config[cfg.APPLICATION_SERVER], topology)
         self._threads = ClientThreads(
             config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
             transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,
-            close_to_error=self._close_to_error)
+            close_to_error=self._close_to_error, metadata=self._metadata)
         self._user_listener: StateListener | None = None
         self._shutdown_thread: threading.Thread | None = None
         self._state.add_listener(self._notify_user)
@@ -154,6 +158,37 @@ class KafkaStreams:
         if self.topology.store_builder(name).type is StoreType.WINDOW:
             return ReadOnlyWindowStore(name, lambda: self._local_stores(name))
         return ReadOnlyKeyValueStore(name, lambda: self._local_stores(name))
+
+    def query_metadata_for_key(self, store_name: str, key: Any, key_serde: Serde) -> KeyQueryMetadata | None:
+        """Which instance's ``application.server`` to ask for ``key`` of store ``store_name``.
+
+        The key's partition is the default partitioner's on ``key_serde``'s bytes (where the producer
+        writes it), whether or not the store holds the key. ``KeyQueryMetadata.NOT_AVAILABLE`` until
+        this client's first assignment names an endpoint; None for a store the topology lacks.
+        Raises ``IllegalStateError`` unless RUNNING or REBALANCING. Safe from any thread.
+        """
+        self._check_queryable()
+        return self._metadata.key_query_metadata_for_key(store_name, key, key_serde)
+
+    def metadata_for_all_clients(self) -> list[StreamsMetadata]:
+        """Every instance of the application that set ``application.server``: its endpoint, stores, partitions."""
+        self._check_queryable()
+        return self._metadata.all_metadata()
+
+    def metadata_for_store(self, store_name: str) -> list[StreamsMetadata]:
+        """The instances that hold a part of ``store_name`` (empty for a store the topology lacks)."""
+        self._check_queryable()
+        return self._metadata.all_metadata_for_store(store_name)
+
+    # Kafka Streams' current names.
+    metadata_for_all_streams_clients = metadata_for_all_clients
+    streams_metadata_for_store = metadata_for_store
+
+    def _check_queryable(self) -> None:
+        if self.state is ClientState.CREATED:
+            raise IllegalStateError("KafkaStreams has not been started, you can retry after calling start()")
+        if not self.state.is_running_or_rebalancing():
+            raise IllegalStateError(f"KafkaStreams is not running. State is {self.state.name}.")
 
     def _local_stores(self, name: str) -> list[StateStore]:
         return [s for t in self._threads.snapshot() if t.is_alive for s in t.local_stores(name)]

@@ -152,6 +152,29 @@ def _secret(value: Any) -> str | None:
     return None if isinstance(value, str) and value.strip() else "expected a non-empty string (value not shown)"
 
 
+_ENDPOINT = re.compile(r"\[([0-9A-Fa-f:.%]+)\]:([0-9]{1,5})|([A-Za-z0-9_.%-]+):([0-9]{1,5})")
+
+
+def split_endpoint(value: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host in brackets) as ``(host, port)``; ``ValueError`` saying why not."""
+    match = _ENDPOINT.fullmatch(value.strip())
+    port = int(match.group(2) or match.group(4)) if match else 0
+    if match is None or not 0 < port < 65536:
+        raise ValueError(f"expected host:port (where other instances reach this one for interactive queries, "
+                         f"e.g. 'app-1.internal:8080'; a port 1-65535), got {value!r}")
+    return match.group(1) or match.group(3), port
+
+
+def _endpoint(value: Any) -> str | None:
+    if not value.strip():
+        return None  # unset: this instance publishes no endpoint
+    try:
+        split_endpoint(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 MEMORY_SCHEME = "memory://"
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?")
 
@@ -167,6 +190,7 @@ def check_bootstrap_servers(value: Any) -> str | None:
 
 
 APPLICATION_ID = "application.id"
+APPLICATION_SERVER = "application.server"
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 CLIENT_ID = "client.id"
 NUM_STREAM_THREADS = "num.stream.threads"
@@ -262,6 +286,11 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(APPLICATION_ID, str, None,
               "The consumer group and the prefix of internal topics and client ids. Required.",
               _non_empty),
+    ConfigKey(APPLICATION_SERVER, str, "",
+              "host:port where this instance answers interactive queries (your service's endpoint). Every "
+              "instance learns the endpoints of all and which partitions of each store they own, for "
+              "query_metadata_for_key() and metadata_for_all_clients(); empty: this instance publishes none.",
+              _endpoint),
     ConfigKey(BOOTSTRAP_SERVERS, str, None,
               "host:port[,host:port] of the Kafka cluster, or memory://[name] for the embedded broker. Required.",
               check_bootstrap_servers),

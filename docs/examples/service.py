@@ -11,6 +11,12 @@ clean stop finishes the records in progress and commits them before the service 
   interactive query of the table ``numbers-by-parity`` (kept in a changelog, so it
   survives restarts); 503 while the client cannot answer queries.
 
+Run as several instances (each with its own ``--port``), each sets ``application.server`` to
+its own address, and ``/count/{parity}`` asks the instance that owns the key: the client's
+``query_metadata_for_key`` names it, and a request for a key another instance owns is sent on
+to it over HTTP (once: a forwarded request is answered where it lands). The header
+``X-Served-By`` names the instance whose store answered.
+
 The topology reads JSON ``{"n": int}`` values from the input topic and writes
 ``{"n": n, "squared": n * n}`` to the output topic, keys unchanged. A record that is not
 JSON fails the stream thread (the default handler), so the client goes to ERROR and
@@ -19,6 +25,11 @@ JSON fails the stream thread (the default handler), so the client goes to ERROR 
 Run it (``--create-topics`` makes the two topics first)::
 
     python docs/examples/service.py --bootstrap memory://demo --create-topics --port 8080
+
+and a second instance next to it, on a Kafka cluster (memory:// brokers live in one process)::
+
+    python docs/examples/service.py --bootstrap localhost:9092 --create-topics --port 8080
+    python docs/examples/service.py --bootstrap localhost:9092 --port 8081
 """
 
 from __future__ import annotations
@@ -28,9 +39,20 @@ import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from engine import ClientState, InvalidStateStoreError, KafkaStreams, Materialized, StreamsBuilder, Topology
+from engine import (
+    ClientState,
+    HostInfo,
+    IllegalStateError,
+    InvalidStateStoreError,
+    KafkaStreams,
+    KeyQueryMetadata,
+    Materialized,
+    StreamsBuilder,
+    Topology,
+)
 from engine.serdes import JsonSerde, StringSerde
 from engine.transport import open_transport
 
@@ -58,24 +80,31 @@ def build_topology(source: str, sink: str, counter: ProcessedCounter) -> Topolog
             .peek(counter.add)
             .to(sink, key_serde=StringSerde(), value_serde=JsonSerde()))
     (numbers.group_by(lambda _key, value: "even" if value["n"] % 2 == 0 else "odd", key_serde=StringSerde())
-            .count(materialized=Materialized("numbers-by-parity", persistent=False)))
+            .count(materialized=Materialized(STORE, persistent=False)))
     return builder.build()
 
 
+STORE = "numbers-by-parity"
 STREAMS = web.AppKey("streams", KafkaStreams)
 COUNTER = web.AppKey("counter", ProcessedCounter)
+PEERS = web.AppKey("peers", aiohttp.ClientSession)
+SELF = web.AppKey("self", str)  # this instance's application.server, "" when it runs alone
 
 
 def make_app(config: Mapping[str, Any], source: str, sink: str) -> web.Application:
     """The service: its client is made and started when the app starts, closed when it stops."""
     app = web.Application()
     app[COUNTER] = ProcessedCounter()
+    app[SELF] = config.get("application.server", "")
 
     async def streams_lifespan(app: web.Application) -> AsyncIterator[None]:
         streams = KafkaStreams(build_topology(source, sink, app[COUNTER]), config)
         app[STREAMS] = streams
-        async with streams:  # start_async() now, close_async() at shutdown: the loop never blocks
-            yield
+        # For queries sent on to the instance that owns the key; short, so a gone peer costs little.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as peers:
+            app[PEERS] = peers
+            async with streams:  # start_async() now, close_async() at shutdown: the loop never blocks
+                yield
 
     app.cleanup_ctx.append(streams_lifespan)
     app.router.add_get("/health", health)
@@ -96,12 +125,34 @@ async def processed(request: web.Request) -> web.Response:
 
 async def count(request: web.Request) -> web.Response:
     parity = request.match_info["parity"]
+    streams, me = request.app[STREAMS], request.app[SELF]
+    if me and "forwarded" not in request.query:
+        try:
+            metadata = streams.query_metadata_for_key(STORE, parity, StringSerde())
+        except IllegalStateError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        if metadata is None or metadata == KeyQueryMetadata.NOT_AVAILABLE:
+            return web.json_response({"error": "the owner of the key is not known yet"}, status=503)
+        if metadata.active_host != HostInfo.build_from_endpoint(me):
+            return await forward(request, metadata.active_host)
     try:
         # A read-only view over this instance's tasks; reads are quick and never block the loop.
-        store = request.app[STREAMS].store("numbers-by-parity")
+        store = streams.store(STORE)
     except InvalidStateStoreError as exc:
         return web.json_response({"error": str(exc)}, status=503)
-    return web.json_response({"parity": parity, "count": store.get(parity) or 0})
+    return web.json_response({"parity": parity, "count": store.get(parity) or 0}, headers={"X-Served-By": me})
+
+
+async def forward(request: web.Request, owner: HostInfo) -> web.Response:
+    """The same request to the instance that owns the key, marked so that it answers it itself."""
+    url = f"http://{owner.endpoint}{request.path}"
+    try:
+        async with request.app[PEERS].get(url, params={"forwarded": "1"}) as answer:
+            body = await answer.json()
+            served_by = answer.headers.get("X-Served-By", "")
+            return web.json_response(body, status=answer.status, headers={"X-Served-By": served_by})
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return web.json_response({"error": f"the owner {owner.endpoint} did not answer: {exc!r}"}, status=503)
 
 
 async def create_topics(bootstrap: str, topics: Mapping[str, int]) -> None:
@@ -122,7 +173,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--create-topics", action="store_true")
     args = parser.parse_args()
-    config = {"application.id": args.application_id, "bootstrap.servers": args.bootstrap}
+    # Where the other instances send queries for the keys this one owns (it listens on loopback).
+    config = {"application.id": args.application_id, "bootstrap.servers": args.bootstrap,
+              "application.server": f"127.0.0.1:{args.port}"}
     app = make_app(config, args.source, args.sink)
     if args.create_topics:
         async def topics_first(_app: web.Application) -> None:

@@ -7,6 +7,11 @@ that owner is under its fair share (sticky: adding a thread moves only the
 tasks it takes over), then gives the rest to the least loaded members. The
 loads differ by at most one.
 
+Each member's metadata also carries its instance's ``application.server`` endpoint; the leader
+answers every member with the partitions each endpoint's tasks own (Kafka Streams'
+``partitionsByHost``), which the member hands to its client's ``StreamsMetadataState`` for
+queries across instances.
+
 The member metadata also carries a shutdown request (KIP-671
 SHUTDOWN_APPLICATION): if any member asks, the leader answers every member with
 no tasks and the error code, and every instance shuts down.
@@ -18,17 +23,21 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import orjson
 
 from engine.ids import TaskId
 from engine.records import TopicPartition
+from engine.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription
 
 log = logging.getLogger(__name__)
 
-_VERSION = 1
+# 2: the endpoint in the subscription and the partitions by host in the assignment (optional
+# fields: a member of version 1 reads the tasks and ignores them).
+_VERSION = 2
 
 
 class AssignorError(IntEnum):
@@ -43,11 +52,13 @@ class SubscriptionInfo:
     thread: str
     previous_tasks: list[TaskId] = field(default_factory=list)
     error_code: AssignorError = AssignorError.NONE
+    endpoint: str = ""
+    """The instance's ``application.server``; empty when unset."""
 
     def encode(self) -> bytes:
         return orjson.dumps({
             "v": _VERSION, "process": self.process_id, "thread": self.thread,
-            "prev": [str(t) for t in self.previous_tasks], "err": int(self.error_code),
+            "prev": [str(t) for t in self.previous_tasks], "err": int(self.error_code), "ep": self.endpoint,
         })
 
     @classmethod
@@ -56,23 +67,67 @@ class SubscriptionInfo:
             return cls("", "")
         raw = orjson.loads(data)
         return cls(raw.get("process", ""), raw.get("thread", ""),
-                   [TaskId.parse(t) for t in raw.get("prev", [])], AssignorError(raw.get("err", 0)))
+                   [TaskId.parse(t) for t in raw.get("prev", [])], AssignorError(raw.get("err", 0)),
+                   raw.get("ep", ""))
 
 
 @dataclass
 class AssignmentInfo:
     tasks: list[TaskId]
     error_code: AssignorError = AssignorError.NONE
+    partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
+    standby_partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code)})
+        return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
+                             "hosts": _encode_hosts(self.partitions_by_host),
+                             "standby_hosts": _encode_hosts(self.standby_partitions_by_host)})
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentInfo:
         if not data:
             return cls([])
         raw = orjson.loads(data)
-        return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)))
+        return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)),
+                   _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])))
+
+
+def _encode_hosts(by_host: HostPartitions) -> list[Any]:
+    """``[[host, port, {topic: [partition, ...]}], ...]``: each topic name once per host, not per partition."""
+    encoded = []
+    for host in sorted(by_host):
+        topics: dict[str, list[int]] = {}
+        for tp in sorted(by_host[host]):
+            topics.setdefault(tp.topic, []).append(tp.partition)
+        encoded.append([host.host, host.port, topics])
+    return encoded
+
+
+def _decode_hosts(raw: list[Any]) -> dict[HostInfo, set[TopicPartition]]:
+    return {HostInfo(host, port): {TopicPartition(t, p) for t, parts in topics.items() for p in parts}
+            for host, port, topics in raw}
+
+
+def partitions_by_host(
+    spread: Mapping[str, Sequence[TaskId]], infos: Mapping[str, SubscriptionInfo],
+    partitions_of: Mapping[TaskId, Sequence[TopicPartition]],
+) -> dict[HostInfo, set[TopicPartition]]:
+    """The partitions of the tasks each endpoint's members got; members without an endpoint are left out.
+
+    The threads of one instance are members each, with the same endpoint: their partitions add up.
+    """
+    result: dict[HostInfo, set[TopicPartition]] = {}
+    processes: dict[HostInfo, set[str]] = {}
+    for member, member_tasks in spread.items():
+        host = HostInfo.build_from_endpoint(infos[member].endpoint)
+        if host is not None:
+            result.setdefault(host, set()).update(tp for t in member_tasks for tp in partitions_of[t])
+            processes.setdefault(host, set()).add(infos[member].process_id)
+    for host, ids in processes.items():
+        if len(ids) > 1:
+            log.warning("%d instances set application.server to %s: queries for their keys cannot tell them "
+                        "apart; give each instance its own", len(ids), host)
+    return result
 
 
 def tasks_for(topology: Topology, partitions_per_topic: Mapping[str, int]) -> dict[TaskId, list[TopicPartition]]:
@@ -142,10 +197,16 @@ class StreamsAssignor:
 
     name = "streamloop"
 
-    def __init__(self, topology: Topology, process_id: str, thread_name: str) -> None:
+    def __init__(self, topology: Topology, process_id: str, thread_name: str, endpoint: str = "",
+                 metadata: StreamsMetadataState | None = None) -> None:
         self._topology = topology
         self._process_id = process_id
         self._thread_name = thread_name
+        self._endpoint = endpoint
+        self._host = HostInfo.build_from_endpoint(endpoint)
+        self._metadata = metadata
+        self.rejoin_for_endpoint = False
+        """Set when an assignment lacks this instance's endpoint; the stream thread then rejoins."""
         self.owned_tasks: list[TaskId] = []
         self.shutdown_requested = AssignorError.NONE
         self.assigned_tasks: list[TaskId] = []
@@ -153,7 +214,7 @@ class StreamsAssignor:
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
         return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
-                                self.shutdown_requested).encode()
+                                self.shutdown_requested, self._endpoint).encode()
 
     def assign(
         self,
@@ -168,10 +229,11 @@ class StreamsAssignor:
             return {m: MemberAssignment((), error) for m in members}
         tasks = tasks_for(self._topology, partitions_per_topic)
         spread = balance(sorted(tasks), members, {m: infos[m].previous_tasks for m in members})
+        by_host = partitions_by_host(spread, infos, tasks)
         result = {}
         for member, member_tasks in spread.items():
             tps = tuple(tp for t in member_tasks for tp in tasks[t])
-            result[member] = MemberAssignment(tps, AssignmentInfo(member_tasks).encode())
+            result[member] = MemberAssignment(tps, AssignmentInfo(member_tasks, partitions_by_host=by_host).encode())
         log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
         return result
 
@@ -179,3 +241,9 @@ class StreamsAssignor:
         info = AssignmentInfo.decode(assignment.user_data)
         self.assigned_tasks = info.tasks
         self.error_code = info.error_code
+        if self._metadata is not None:
+            self._metadata.on_change(info.partitions_by_host, info.standby_partitions_by_host)
+        # As Kafka Streams' verifyHostInfo: a static member back with another application.server gets
+        # its old assignment without a rebalance, so no instance knows the new endpoint until it rejoins.
+        by_host = info.partitions_by_host
+        self.rejoin_for_endpoint = self._host is not None and bool(by_host) and self._host not in by_host

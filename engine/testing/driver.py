@@ -50,6 +50,7 @@ from engine.processors.nodes import SourceNode
 from engine.records import Headers, Record, TopicPartition
 from engine.serdes import Serde, as_serde
 from engine.state.cache import ThreadCache
+from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
@@ -157,6 +158,10 @@ class TopologyTestDriver:
         self._all_partitions = [TopicPartition(t, p) for t in topology.source_topics
                                 for p in range(len(self._log(t).partitions))]
         self._assign(self._all_partitions)
+        # The one instance owns every partition; as for a client, only an endpoint makes it known.
+        self._metadata = StreamsMetadataState.for_topology(self.config[cfg.APPLICATION_SERVER], topology)
+        if self.config[cfg.APPLICATION_SERVER]:
+            self._metadata.on_change({self._metadata.this_host: set(self._all_partitions)}, {})
 
     # -- topics ---------------------------------------------------------------------------
     def create_input_topic(self, topic: str, key_serde: Serde | type | None = None,
@@ -278,6 +283,17 @@ class TopologyTestDriver:
         if kind is StoreType.WINDOW:
             return ReadOnlyWindowStore(name, instances)
         return ReadOnlyKeyValueStore(name, instances)
+
+    def query_metadata_for_key(self, store_name: str, key: Any, key_serde: Serde) -> KeyQueryMetadata | None:
+        """As ``KafkaStreams.query_metadata_for_key``, this driver being the only instance (the key's
+        partition follows ``partitions``); ``NOT_AVAILABLE`` unless ``application.server`` is set."""
+        self._check_open()
+        return self._metadata.key_query_metadata_for_key(store_name, key, key_serde)
+
+    def metadata_for_all_clients(self) -> list[StreamsMetadata]:
+        """As ``KafkaStreams.metadata_for_all_clients``: this driver, if ``application.server`` is set."""
+        self._check_open()
+        return self._metadata.all_metadata()
 
     # -- faults -----------------------------------------------------------------------------
     def inject_timeouts(self, task_id: TaskId | str, times: int = 1) -> None:

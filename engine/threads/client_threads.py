@@ -23,6 +23,7 @@ from engine.errors import StreamsTimeoutError
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.spark.session import SparkSessions
+from engine.state.metadata import StreamsMetadataState
 from engine.state.restore import StateRestoreListener
 from engine.threads.registry import ThreadRegistry
 from engine.threads.states import StreamThreadState
@@ -60,8 +61,10 @@ class ClientThreads:
 
     def __init__(self, *, config: StreamsConfig, client_id: str, process_id: str, topology: Topology,
                  transport: Transport, clock: Clock, spark: SparkSessions, state: StateMachine[ClientState],
-                 log: LogContext, close_to_error: Callable[[], None]) -> None:
+                 log: LogContext, close_to_error: Callable[[], None],
+                 metadata: StreamsMetadataState | None = None) -> None:
         self._config = config
+        self._metadata = metadata
         self._client_id = client_id
         self._process_id = process_id
         self._topology = topology
@@ -123,6 +126,7 @@ class ClientThreads:
                 restore_listener=self.restore_listener,
                 spark=self._spark,
                 on_joining=self._rejoin_others,
+                metadata=self._metadata,
             )
             self._registry.add(thread)
         return thread

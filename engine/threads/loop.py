@@ -226,6 +226,11 @@ class ThreadLoop:
                 await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
                 break
+            if assignor.rejoin_for_endpoint:
+                assignor.rejoin_for_endpoint = False
+                self._log.info("The group's assignment lacks this instance's application.server: rejoining "
+                               "so that every instance learns it")
+                consumer.request_rejoin()
             self._maybe_nudge_siblings()
             await self._maybe_measure_lag(consumer, manager)
 

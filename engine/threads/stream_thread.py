@@ -26,6 +26,7 @@ from engine.lifecycle import StateMachine
 from engine.logcontext import thread_log
 from engine.metrics import SensorSettings, ThreadSensors
 from engine.state.cache import ThreadCache
+from engine.state.metadata import StreamsMetadataState
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.tasks.assignor import AssignorError, StreamsAssignor
@@ -77,6 +78,7 @@ class StreamThread:
         restore_listener: StateRestoreListener | None = None,
         spark: SparkSessions | None = None,
         on_joining: Callable[[StreamThread], None] | None = None,
+        metadata: StreamsMetadataState | None = None,
     ) -> None:
         self.index = index
         # Called right before this thread's first JoinGroup, and again while it waits in a
@@ -105,7 +107,8 @@ class StreamThread:
         # The record cache of this thread's tasks' stores: its share of cache.max.bytes.buffering.
         self.cache = ThreadCache(cache_size)
         self.error: BaseException | None = None
-        self.assignor = StreamsAssignor(topology, process_id, self.name)
+        # The client's metadata of queries across instances: each assignment updates it.
+        self.assignor = StreamsAssignor(topology, process_id, self.name, config[cfg.APPLICATION_SERVER], metadata)
         self.consumer_client_id = f"{self.name}-consumer"
         self.producer_client_id = f"{self.name}-producer"
         self.view = ThreadView(self.name)

@@ -12,7 +12,7 @@ import importlib.util
 import socket
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,11 +45,17 @@ def load_example() -> ModuleType:
     return module
 
 
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    """The app as a real HTTP server on a free loopback port; yields its base URL."""
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free loopback port (known before the app that serves on it is made)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@asynccontextmanager
+async def serving(app: web.Application, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """The app as a real HTTP server on a free loopback port (or ``sock``'s); yields its base URL."""
+    sock = sock or loopback_socket()
     port = sock.getsockname()[1]
     runner = web.AppRunner(app)
     await runner.setup()  # runs the lifespan: the client starts here
@@ -147,3 +153,47 @@ async def test_service_serves_health_while_records_flow_and_a_restart_loses_noth
 async def get_processed(session: aiohttp.ClientSession, url: str) -> bool:
     status, body = await get(session, f"{url}/processed")
     return status == 200 and body["processed"] > 0
+
+
+async def test_two_instances_send_each_query_to_the_instance_that_owns_the_key(cluster: Cluster, names,
+                                                                               tmp_path: Path) -> None:
+    """Each instance sets application.server to its own address; /count/{parity} asked of either
+    instance is answered by the store of the instance its query metadata names, over one HTTP hop."""
+    service = load_example()
+    source, sink = names("numbers"), names("squares")
+    await cluster.create_topics({source: PARTITIONS, sink: PARTITIONS})
+    total = 60
+    await produce(cluster, source, range(total))
+    sockets = [loopback_socket(), loopback_socket()]
+    endpoints = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in sockets]
+    apps = [service.make_app(streams_config(cluster.bootstrap, names.app, application_server=endpoint,
+                                            state_dir=str(tmp_path / endpoint)), source, sink)
+            for endpoint in endpoints]
+
+    async with aiohttp.ClientSession() as session, AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(serving(app, sock)) for app, sock in zip(apps, sockets, strict=True)]
+        instances = [app[service.STREAMS] for app in apps]
+
+        def both_own_a_part() -> bool:
+            return all(s.state.name == "RUNNING" and
+                       sorted(str(m.host_info) for m in s.metadata_for_all_clients()) == sorted(endpoints)
+                       for s in instances)
+
+        await eventually_async(both_own_a_part, timeout=60, what="both instances own partitions")
+        answers: list[tuple[str, str, str]] = []  # (asked, parity, served by)
+
+        async def all_counted() -> bool:
+            answers.clear()
+            for url, asked in zip(urls, endpoints, strict=True):
+                for parity in ("even", "odd"):
+                    async with session.get(f"{url}/count/{parity}") as response:
+                        if (response.status, await response.json()) != (200, {"parity": parity, "count": total // 2}):
+                            return False
+                        answers.append((asked, parity, response.headers["X-Served-By"]))
+            return True
+
+        await eventually_async(all_counted, timeout=30, what="both instances answer both counts")
+        for _asked, parity, served_by in answers:
+            owner = instances[0].query_metadata_for_key(service.STORE, parity, STR)
+            assert owner is not None and served_by == owner.active_host.endpoint
+        assert any(asked != served_by for asked, _parity, served_by in answers)  # some went one hop on
