@@ -43,9 +43,11 @@ docs: $(STAMP)
 test: kafka check
 	$(BIN)/python -m pytest -q
 
-# The long fault runs (a Spark worker killed mid-job, ...), left out of `make test`.
+# The long fault runs (a Spark worker killed mid-job, ...), left out of `make test`, and the
+# costly property tests with three times their examples.
 test-slow: kafka $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+	STREAMLOOP_EXAMPLES_SCALE=3 $(BIN)/python -m pytest -q tests/properties
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit tests/properties

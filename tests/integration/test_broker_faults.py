@@ -45,7 +45,8 @@ async def test_a_broker_bounce_shorter_than_the_deadlines_loses_nothing_and_no_t
         assert figures["duplicates"] == 0
 
 
-@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+# The exactly-once run waits out its transaction timeouts too (about 35 s): `make test-slow` runs it.
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, pytest.param(EXACTLY_ONCE, marks=pytest.mark.slow)])
 async def test_a_broker_down_longer_than_task_timeout_fails_the_thread_with_task_timeout_error(
         broker: KafkaBroker, guarantee: str) -> None:
     figures = await broker_faults.outage_past_task_timeout(broker, guarantee=guarantee, task_timeout_ms=4_000)

@@ -56,7 +56,7 @@ async def test_output_leaves_in_offset_order_per_partition_with_batches_of_sever
 
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(enrich, max_records=7, max_batches_in_flight=3)
+            .spark_batch(enrich, max_records=20, max_batches_in_flight=3)
             .to(sink, key_serde=INT, value_serde=JSON))
     async with make_client(builder, cluster, names.app, num_stream_threads=1):
         output = [JSON.deserialize(r.value) for r in await cluster.read(sink, 400, timeout=WAIT)]
@@ -64,7 +64,7 @@ async def test_output_leaves_in_offset_order_per_partition_with_batches_of_sever
             await eventually_async(lambda p=p: _is(committed(cluster, source, names.app, p), 100), WAIT,
                                    f"partition {p} committed to its end")
     assert len(windows) >= 4 and all(isinstance(w, BatchWindow) for w in windows)
-    assert max(sizes) == 7  # batches fill to max_records
+    assert max(sizes) == 20  # batches fill to max_records
     for p in range(4):
         assert [v["i"] for v in output if v["p"] == p] == list(range(p, 400, 4))  # offset order, no gap
     assert all(v["tier"] == f"tier-{v['p']}" for v in output)

@@ -27,6 +27,7 @@ from engine.transport import open_transport
 from handlers import StreamThreadExceptionResponse as Response
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
+from tests.support.examples import examples
 
 INT, JSON = IntegerSerde(), JsonSerde()
 PARTITIONS = 3
@@ -144,7 +145,7 @@ async def scenario(threads: int, responses: list[Response]) -> None:
         assert await streams.close_async(timeout=DEADLINE)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(threads=st.integers(1, 3), responses=st.lists(st.sampled_from(list(Response)), min_size=1, max_size=5))
 def test_each_failure_leaves_the_threads_state_and_metric_the_answer_implies(
         threads: int, responses: list[Response]) -> None:

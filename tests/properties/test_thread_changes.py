@@ -27,6 +27,7 @@ from engine.transport import open_transport
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
+from tests.support.examples import examples
 
 INT, JSON = IntegerSerde(), JsonSerde()
 Response = StreamThreadExceptionResponse
@@ -202,7 +203,7 @@ class ThreadChanges(RuleBasedStateMachine):
 
 
 ThreadChanges.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=25, deadline=None,
+    max_examples=examples(20), stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_thread_changes = ThreadChanges.TestCase
