@@ -88,7 +88,7 @@ class MemoryRegistry:
             for pattern, verb, handler in _ROUTES:
                 match = pattern.fullmatch(path)
                 if match and verb == method:
-                    return handler(self, *(unquote(g) for g in match.groups()), body or {})
+                    return getattr(self, handler)(*(unquote(g) for g in match.groups()), body or {})
         raise RegistryHttpError(404, 404, f"No such endpoint: {method} /{path}")
 
     def _register(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -147,11 +147,12 @@ class MemoryRegistry:
         return sorted(self._subjects)
 
 
-_ROUTES: list[tuple[re.Pattern[str], str, Any]] = [
-    (re.compile(r"subjects/([^/]+)/versions"), "POST", MemoryRegistry._register),
-    (re.compile(r"subjects/([^/]+)/versions"), "GET", MemoryRegistry._versions),
-    (re.compile(r"subjects/([^/]+)/versions/([^/]+)"), "GET", MemoryRegistry._version),
-    (re.compile(r"subjects/([^/]+)"), "POST", MemoryRegistry._lookup),
-    (re.compile(r"subjects"), "GET", MemoryRegistry._subject_list),
-    (re.compile(r"schemas/ids/(\d+)"), "GET", MemoryRegistry._by_schema_id),
+# Path, verb, and the name of the method that answers (looked up on the instance).
+_ROUTES: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"subjects/([^/]+)/versions"), "POST", "_register"),
+    (re.compile(r"subjects/([^/]+)/versions"), "GET", "_versions"),
+    (re.compile(r"subjects/([^/]+)/versions/([^/]+)"), "GET", "_version"),
+    (re.compile(r"subjects/([^/]+)"), "POST", "_lookup"),
+    (re.compile(r"subjects"), "GET", "_subject_list"),
+    (re.compile(r"schemas/ids/(\d+)"), "GET", "_by_schema_id"),
 ]

@@ -29,9 +29,6 @@ from tests.support.schema_registry import HttpSchemaRegistry
 from tests.unit.serdes_registry.confluent import confluent
 from tests.unit.serdes_registry.protos import Money, Order, OrderLine, Refund
 
-# confluent-kafka's client imports authlib's httpx integration, which warns that it is deprecated.
-pytestmark = pytest.mark.filterwarnings("ignore:The httpx module is deprecated")
-
 ORDER = orjson.dumps({
     "type": "record", "name": "Order", "namespace": "shop",
     "fields": [
