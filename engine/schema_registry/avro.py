@@ -87,5 +87,8 @@ class AvroSerde(RegistrySerde):
         self._writers[schema_id] = schemas
         return schemas
 
+    def _settings(self) -> tuple[object, ...]:
+        return (*super()._settings(), self._schema)
+
     def __repr__(self) -> str:
         return f"AvroSerde({self.record_name or 'reader'}, {self._what()})"

@@ -82,5 +82,8 @@ class JsonSchemaSerde(RegistrySerde):
         self._readers[schema_id] = validator
         return validator
 
+    def _settings(self) -> tuple[object, ...]:
+        return (*super()._settings(), self._schema, self.validate)
+
     def __repr__(self) -> str:
         return f"JsonSchemaSerde({self.record_name or 'reader'}, {self._what()})"

@@ -63,7 +63,6 @@ class MemoryRegistry:
         self._by_id: dict[int, _SchemaKey] = {}
         self._subjects: dict[str, list[int]] = {}  # subject -> schema id of version 1, 2, ...
         self._next_id = itertools.count(1)
-        self.requests = 0
 
     @classmethod
     def named(cls, scope: str) -> MemoryRegistry:
@@ -82,7 +81,6 @@ class MemoryRegistry:
 
     def handle(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
         """The JSON answer to ``method path`` (the query string dropped); errors raise RegistryHttpError."""
-        self.requests += 1
         path = path.split("?", 1)[0].strip("/")
         with self._lock:
             for pattern, verb, handler in _ROUTES:

@@ -106,5 +106,8 @@ class ProtobufSerde(RegistrySerde):
         except DecodeError as exc:
             raise WireFormatError(f"The record is not a valid {self.record_name}: {exc}") from exc
 
+    def _settings(self) -> tuple[object, ...]:
+        return (*super()._settings(), self.message_type)
+
     def __repr__(self) -> str:
         return f"ProtobufSerde({self.record_name}, {self._what()})"

@@ -53,5 +53,17 @@ class RegistrySerde:
         """The id the serde writes with, once it wrote a record (None before)."""
         return self._schema_id
 
+    def _settings(self) -> tuple[object, ...]:
+        """What decides the bytes the serde writes and how it reads: equal settings, equal serdes."""
+        return (self.registry, self.topic, self.is_key, self.subject_name_strategy, self.auto_register_schemas)
+
+    def __eq__(self, other: object) -> bool:
+        # As the core serdes: equal when they write the same bytes, so that a merge of two
+        # streams read with equal serdes still knows its serde.
+        return type(other) is type(self) and other._settings() == self._settings()
+
+    def __hash__(self) -> int:
+        return hash((type(self), *self._settings()))
+
     def _what(self) -> str:
         return f"topic={self.topic!r}, is_key={self.is_key}, {self.subject_name_strategy!r}, {self.registry!r}"
