@@ -44,7 +44,6 @@ class AvroSerde(RegistrySerde):
                          auto_register_schemas=auto_register_schemas)
         self._schema: RegistrySchema | None = None
         self._parsed: Any = None
-        self.record_name: str | None = None
         if schema is not None:
             text = _as_text(schema)
             self._schema = RegistrySchema(text, "AVRO")
@@ -58,13 +57,16 @@ class AvroSerde(RegistrySerde):
     def serialize(self, value: Any) -> bytes | None:
         if value is None:
             return None
-        if self._schema is None:
-            raise TypeError("This AvroSerde has no schema, so it only reads: pass schema= to write")
-        header = self._writer_header(self._schema, self.record_name)
+        header = self._writer_header()
         out = io.BytesIO()
         out.write(header)
         fastavro.schemaless_writer(out, self._parsed, value)
         return out.getvalue()
+
+    def _registry_schema(self) -> RegistrySchema:
+        if self._schema is None:
+            raise TypeError("This AvroSerde has no schema, so it only reads: pass schema= to write")
+        return self._schema
 
     def deserialize(self, data: bytes | None) -> Any:
         if data is None:

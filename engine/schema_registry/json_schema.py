@@ -42,7 +42,6 @@ class JsonSchemaSerde(RegistrySerde):
         self.validate = validate
         self._schema: RegistrySchema | None = None
         self._validator: Any = None
-        self.record_name: str | None = None
         if schema is not None:
             text = schema if isinstance(schema, str) else orjson.dumps(schema).decode()
             parsed = orjson.loads(text)
@@ -54,11 +53,15 @@ class JsonSchemaSerde(RegistrySerde):
     def serialize(self, value: Any) -> bytes | None:
         if value is None:
             return None
-        if self._schema is None:
-            raise TypeError("This JsonSchemaSerde has no schema, so it only reads: pass schema= to write")
+        header = self._writer_header()
         if self.validate:
             self._validator.validate(value)
-        return self._writer_header(self._schema, self.record_name) + orjson.dumps(value)
+        return header + orjson.dumps(value)
+
+    def _registry_schema(self) -> RegistrySchema:
+        if self._schema is None:
+            raise TypeError("This JsonSchemaSerde has no schema, so it only reads: pass schema= to write")
+        return self._schema
 
     def deserialize(self, data: bytes | None) -> Any:
         if data is None:

@@ -54,7 +54,7 @@ class ProtobufSerde(RegistrySerde):
         if not (isinstance(message_type, type) and issubclass(message_type, Message)):
             raise TypeError(f"message_type must be a generated Protobuf message class, got {message_type!r}")
         self.message_type = message_type
-        self.record_name: str = message_type.DESCRIPTOR.full_name
+        self.record_name = message_type.DESCRIPTOR.full_name
         self.indexes = message_indexes(message_type.DESCRIPTOR)
         self._index_bytes = encode_message_indexes(self.indexes)
         self._schema: RegistrySchema | None = None  # with its references, known at the first write
@@ -66,11 +66,14 @@ class ProtobufSerde(RegistrySerde):
         if not isinstance(value, self.message_type):
             raise TypeError(f"ProtobufSerde({self.record_name}) expects {self.message_type.__name__}, "
                             f"got {type(value).__name__}")
-        if self._schema is None:
-            self._schema = _file_schema(self.message_type.DESCRIPTOR.file,
-                                        self._references(self.message_type.DESCRIPTOR.file))
         body: bytes = value.SerializeToString()
-        return self._writer_header(self._schema, self.record_name) + self._index_bytes + body
+        return self._writer_header() + self._index_bytes + body
+
+    def _registry_schema(self) -> RegistrySchema:
+        if self._schema is None:
+            file = self.message_type.DESCRIPTOR.file
+            self._schema = _file_schema(file, self._references(file))
+        return self._schema
 
     def _references(self, file: Any) -> tuple[SchemaReference, ...]:
         """Register (or look up) the files ``file`` imports, depth first, as Confluent's serializer does."""

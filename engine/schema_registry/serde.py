@@ -10,6 +10,8 @@ of each id.
 
 from __future__ import annotations
 
+import anyio
+
 from engine.schema_registry.client import RegistrySchema, SchemaRegistryClient
 from engine.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy, as_strategy
 from engine.schema_registry.wire import frame
@@ -29,6 +31,7 @@ class RegistrySerde:
         self.is_key = is_key
         self.subject_name_strategy = as_strategy(subject_name_strategy or TopicNameStrategy)
         self.auto_register_schemas = auto_register_schemas
+        self.record_name: str | None = None  # the subject strategies' record name (set by each serde)
         self._header: bytes | None = None
         self._schema_id: int | None = None
 
@@ -36,17 +39,34 @@ class RegistrySerde:
         """The subject this serde writes under (per its strategy, topic and key-or-value)."""
         return self.subject_name_strategy(self.topic, self.is_key, record_name)
 
-    def _writer_header(self, schema: RegistrySchema, record_name: str | None) -> bytes:
+    def _registry_schema(self) -> RegistrySchema:
+        """The schema the serde writes with, as the registry holds it (each serde says)."""
+        raise NotImplementedError
+
+    def _writer_header(self) -> bytes:
         """The frame header of the serde's schema: the registry is asked on the first call only."""
         header = self._header
         if header is None:
-            subject = self.subject(record_name)
+            schema = self._registry_schema()
+            subject = self.subject(self.record_name)
             if self.auto_register_schemas:
                 self._schema_id = self.registry.register(subject, schema)
             else:
                 self._schema_id = self.registry.lookup(subject, schema).schema_id
             header = self._header = frame(self._schema_id, b"")
         return header
+
+    def prepare(self) -> int:
+        """Register (or look up) the serde's schema now and return its id, rather than at the first
+        record: then no record waits for the registry, and a registry that cannot be reached or a
+        schema that is not registered is found before the application starts."""
+        self._writer_header()
+        assert self._schema_id is not None
+        return self._schema_id
+
+    async def aprepare(self, limiter: anyio.CapacityLimiter | None = None) -> int:
+        """``prepare`` on a worker thread, for code on an event loop."""
+        return await anyio.to_thread.run_sync(self.prepare, limiter=limiter)
 
     @property
     def schema_id(self) -> int | None:

@@ -178,3 +178,41 @@ def test_property_mixed_writer_versions_read_as_avro_resolution_says(records: li
         assert [v1.deserialize(d) for d in data] == [model_read(value, USER_V1) for value, _ in sent]
     finally:
         MemoryRegistry.reset(scope)
+
+
+def test_prepare_asks_the_registry_before_any_record(client: SchemaRegistryClient) -> None:
+    serdes = [AvroSerde(client, USER_V1, topic="users"), ProtobufSerde(client, Order, topic="orders"),
+              JsonSchemaSerde(client, ORDER_JSON, topic="orders-json")]
+    ids = [serde.prepare() for serde in serdes]
+    assert ids == [serde.schema_id for serde in serdes] and len(set(ids)) == 3
+    asked = client.requests
+    serdes[0].serialize({"name": "a", "age": 1})
+    serdes[1].serialize(Order(id=1))
+    serdes[2].serialize({"id": 1})
+    assert client.requests == asked
+    with pytest.raises(SchemaNotRegisteredError):
+        AvroSerde(client, USER_V2, topic="users", auto_register_schemas=False).prepare()
+    with pytest.raises(TypeError, match="only reads"):
+        AvroSerde(client).prepare()
+
+
+def test_aprepare_runs_off_the_loop(client: SchemaRegistryClient) -> None:
+    import threading
+
+    import anyio
+
+    serde = AvroSerde(client, USER_V1, topic="users")
+    seen: list[threading.Thread] = []
+    register = client.register
+
+    def recording(*args: Any) -> int:
+        seen.append(threading.current_thread())
+        return register(*args)
+
+    client.register = recording  # type: ignore[method-assign]
+
+    async def main() -> tuple[int, threading.Thread]:
+        return await serde.aprepare(anyio.CapacityLimiter(1)), threading.current_thread()
+
+    schema_id, loop_thread = anyio.run(main)
+    assert schema_id == serde.schema_id and seen and loop_thread not in seen
