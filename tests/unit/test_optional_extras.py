@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("module", "hidden", "package", "extra"), [
     ("engine.prometheus", "prometheus_client", "prometheus-client", "prometheus"),
     ("engine.console.monitor", "aiomonitor", "aiomonitor", "monitor"),
+    ("engine.schema_registry.avro", "fastavro", "fastavro", "schema-registry"),
+    ("engine.schema_registry.protobuf", "google.protobuf.message", "protobuf", "schema-registry"),
+    ("engine.schema_registry.json_schema", "jsonschema", "jsonschema", "schema-registry"),
 ])
 def test_a_missing_extra_is_a_typed_error_naming_the_package(
         monkeypatch: pytest.MonkeyPatch, module: str, hidden: str, package: str, extra: str) -> None:
@@ -101,7 +104,7 @@ def test_rocksdict_prometheus_and_aiomonitor_are_separate_extras() -> None:
 
 def test_make_test_installs_every_extra_but_the_benchmark_peers() -> None:
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-    installed = re.search(r"pip install --quiet -e '\.\[([a-z,]+)\]'", (ROOT / "Makefile").read_text())
+    installed = re.search(r"pip install --quiet -e '\.\[([a-z,-]+)\]'", (ROOT / "Makefile").read_text())
 
     assert installed is not None
     assert set(installed.group(1).split(",")) == extras - {"bench"}

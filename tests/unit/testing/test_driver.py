@@ -481,3 +481,18 @@ def test_a_failed_processor_names_the_processing_handler_setting_and_its_value()
     message = str(caught.value)
     assert "processing.exception.handler is handlers.processing.LogAndFailProcessingExceptionHandler" in message
     assert "answered FAIL" in message
+
+
+def test_a_crash_after_a_commit_restores_the_store_from_its_changelog() -> None:
+    """The changelog holds every update (no cache) and the input is committed, so after the crash
+    the store can only come back from the changelog: the driver's reader must restore it."""
+    with TopologyTestDriver(counting_topology(), {"commit.interval.ms": 1_000,
+                                                  "cache.max.bytes.buffering": 0}) as driver:
+        words = driver.create_input_topic("words", STR, STR)
+        for word in "aab":
+            words.pipe_input(word, word)
+        driver.advance_wall_clock_time(1_000)
+        assert driver.committed("words") == 3
+        driver.crash()
+        store = driver.get_key_value_store("counts")
+        assert (store.get("a"), store.get("b")) == (2, 1)
