@@ -11,7 +11,7 @@ closed needs no delete); a time limit forwards them.
 
 The buffer is a key-value store with a changelog holding the table store's own
 key and value bytes plus the buffer and record times; its in-memory time order
-is rebuilt from the store when the task starts (after restoring) and after a
+is rebuilt from the store at the first record (after restoring) and after a
 retried record's writes were undone.
 """
 
@@ -67,7 +67,8 @@ class SuppressProcessor(BaseProcessor):
         self._encode_key, self._decode_key = _codec(table)
         self._value_serde = table.value_serde
         self.buffer.undo_listener = self._stale
-        self._load()
+        # Loaded at the first record: a task restores its stores after its processors' init.
+        self._loaded = False
 
     def _stale(self) -> None:
         self._loaded = False

@@ -142,6 +142,10 @@ class DriverReader:
                 self._positions[tp] = start + len(records)
         return fetched
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        """The log's end: a restore asks once it reached the end ListOffsets gave."""
+        return len(self._log_of(partition.topic).partitions[partition.partition])
+
     async def close(self, leave_group: bool = True) -> None:
         self._positions = {}
 

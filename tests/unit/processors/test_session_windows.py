@@ -83,14 +83,18 @@ def test_a_record_whose_session_closed_is_dropped() -> None:
 
 
 def test_sessions_are_restored_from_their_changelog_and_keep_merging() -> None:
-    with TopologyTestDriver(session_topology(SessionWindows.of_inactivity_gap_with_no_grace(50)).build(),
-                            NO_CACHE) as driver:
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(50))
+            .count(materialized=Materialized("sessions", persistent=False)))  # in memory: restored in full
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
         source = driver.create_input_topic("in", STR, STR)
         source.pipe_input("a", "x", 0)
         source.pipe_input("a", "x", 10)
         driver.rebalance(driver.task_ids[0])
         source.pipe_input("a", "x", 40)
         assert driver.get_session_store("sessions").fetch("a") == [(Windowed("a", 0, 40), 3)]
+        assert sum(t.state_manager.restored for t in driver._manager.tasks.values() if t.state_manager) == 3
 
 
 def test_the_session_changelog_is_compacted_and_deleted_after_the_retention() -> None:

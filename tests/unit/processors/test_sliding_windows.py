@@ -95,7 +95,8 @@ def test_late_records_are_dropped_and_closed_windows_not_updated() -> None:
 def test_counts_are_queryable_and_restored() -> None:
     builder = StreamsBuilder()
     (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
-            .windowed_by(SlidingWindows.of_time_difference_with_no_grace(10)).count(materialized="counts"))
+            .windowed_by(SlidingWindows.of_time_difference_with_no_grace(10))
+            .count(materialized=Materialized("counts", persistent=False)))  # in memory: restored in full
     with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
         source = driver.create_input_topic("in", STR, STR)
         for timestamp in (10, 15):
