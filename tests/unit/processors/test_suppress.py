@@ -137,3 +137,15 @@ def test_until_window_closes_needs_a_windowed_table_and_a_strict_buffer() -> Non
     with pytest.raises(TopologyError, match="never emits early"):
         Suppressed.until_window_closes(BufferConfig.max_records(3))
     assert Suppressed.until_window_closes(BufferConfig.max_records(3).shut_down_when_full()).final_results
+
+
+def test_a_named_suppression_names_its_processor_and_its_changelogged_buffer() -> None:
+    """As Kafka Streams: ``Suppressed.with_name(n)`` names the processor ``n`` and the buffer ``n-store``."""
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(5)).count(materialized="s")
+            .suppress(FINAL.with_name("final")).to_stream())
+    topology = builder.build()
+    assert "Processor: final (stores: [s, final-store])" in topology.describe()
+    topology.set_application_id("app")
+    assert topology.internal_topics({"in": 3})["app-final-store-changelog"] == (3, {"cleanup.policy": "compact"})
