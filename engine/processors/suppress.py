@@ -28,7 +28,9 @@ from engine.records import Record
 from engine.state.session_windows import SessionStore
 from engine.state.store import KeyValueStore, WindowStore
 
-_HEAD = struct.Struct(">qqB")  # buffer time, record timestamp, 1 if a value follows
+_HEAD = struct.Struct(">qqBH")  # buffer time, record timestamp, 1 if there is a value, header count
+_HEADER = struct.Struct(">HI")  # a header's name length and value length
+_NO_DATA = 0xFFFFFFFF
 _ENTRY_OVERHEAD = 24
 
 
@@ -103,9 +105,15 @@ class SuppressProcessor(BaseProcessor):
             old = self.buffer.get(key)
             self._bytes -= len(key) + len(old) + _ENTRY_OVERHEAD
         value = record.value
-        entry = _HEAD.pack(buffer_time, record.timestamp, value is not None)
+        headers = tuple(record.headers)
+        parts = [_HEAD.pack(buffer_time, record.timestamp, value is not None, len(headers))]
+        for name, data in headers:
+            raw_name = name.encode()
+            # A header without a value (Kafka allows it) is marked by the largest length.
+            parts += [_HEADER.pack(len(raw_name), _NO_DATA if data is None else len(data)), raw_name, data or b""]
         if value is not None:
-            entry += self._value_serde.serialize(value)
+            parts.append(self._value_serde.serialize(value))
+        entry = b"".join(parts)
         self.buffer.put(key, entry)
         self._bytes += len(key) + len(entry) + _ENTRY_OVERHEAD
         self._enforce()
@@ -135,9 +143,22 @@ class SuppressProcessor(BaseProcessor):
         entry = self.buffer.get(key)
         self.buffer.put(key, None)
         self._bytes -= len(key) + len(entry) + _ENTRY_OVERHEAD
-        _, timestamp, has_value = _HEAD.unpack_from(entry)
+        _, timestamp, has_value, count = _HEAD.unpack_from(entry)
         if not has_value and self.final_results:
             return  # a final result of nothing: the window's earlier values were never emitted
-        value = self._value_serde.deserialize(entry[_HEAD.size:]) if has_value else None
+        at = _HEAD.size
+        headers: list[tuple[str, Any]] = []
+        for _ in range(count):
+            name_size, data_size = _HEADER.unpack_from(entry, at)
+            at += _HEADER.size
+            name = entry[at:at + name_size].decode()
+            at += name_size
+            if data_size == _NO_DATA:
+                headers.append((name, None))
+                continue
+            headers.append((name, entry[at:at + data_size]))
+            at += data_size
+        value = self._value_serde.deserialize(entry[at:]) if has_value else None
         self.emitted += 1
-        self.context.forward(Record(self._decode_key(key), value, timestamp))
+        # As Kafka Streams: the key's latest update goes out with its own timestamp and headers.
+        self.context.forward(Record(self._decode_key(key), value, timestamp, tuple(headers)))

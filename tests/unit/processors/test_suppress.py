@@ -16,8 +16,11 @@ from engine import (
     TimeWindows,
     TopologyError,
 )
-from engine.processors.suppress import BufferFullError
-from engine.serdes import LongSerde, StringSerde
+from engine.processors.suppress import BufferFullError, SuppressProcessor
+from engine.records import Record
+from engine.serdes import BytesSerde, LongSerde, StringSerde
+from engine.state.bytes_stores import InMemoryBytesStore
+from engine.state.store import KeyValueStore
 from engine.testing import TopologyTestDriver
 
 STR, LONG = StringSerde(), LongSerde()
@@ -149,3 +152,28 @@ def test_a_named_suppression_names_its_processor_and_its_changelogged_buffer() -
     assert "Processor: final (stores: [s, final-store])" in topology.describe()
     topology.set_application_id("app")
     assert topology.internal_topics({"in": 3})["app-final-store-changelog"] == (3, {"cleanup.policy": "compact"})
+
+
+def test_an_emitted_update_keeps_its_headers() -> None:
+    """``KTableSuppressProcessor`` forwards the buffered record with its own context: headers too
+    (the DSL's tables forward none yet, so the processor is driven directly here)."""
+    def kv_store(name: str, key_serde: Any, value_serde: Any) -> KeyValueStore:
+        return KeyValueStore(name, InMemoryBytesStore(name), key_serde, value_serde, None, None, name,
+                             lambda: 0, lambda: None)
+
+    stores = {"buffer": kv_store("buffer", BytesSerde(), BytesSerde()), "table": kv_store("table", STR, STR)}
+    forwarded: list[Record] = []
+
+    class Context:
+        def get_state_store(self, name: str) -> Any:
+            return stores[name]
+
+        def forward(self, record: Record, to: str | None = None) -> None:
+            forwarded.append(record)
+
+    processor = SuppressProcessor("buffer", "table", False, 1, None, None, False)
+    processor.init(Context())  # type: ignore[arg-type]  # the two calls the processor makes
+    headers = (("trace", b"t-1"), ("empty", b""), ("none", None))
+    processor.process(Record("k1", "v1", 0, headers))  # type: ignore[arg-type]  # Kafka allows a null header
+    processor.process(Record("k2", "v2", 1))
+    assert forwarded == [Record("k1", "v1", 0, headers)]  # type: ignore[arg-type]  # as above
