@@ -34,17 +34,20 @@ from engine.errors import (
 from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
-from engine.state import Materialized, Stores, TimeWindows, Windowed
+from engine.state import Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.suppressed import BufferConfig, Suppressed
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
+from engine.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream
 
 __all__ = [
     "AuthenticationError",
     "BaseProcessor",
     "BranchedKStream",
+    "BufferConfig",
     "ClientState",
     "CommitFailedError",
     "ConfigError",
@@ -72,6 +75,10 @@ __all__ = [
     "PunctuationType",
     "Record",
     "SerializationError",
+    "SessionWindowedKStream",
+    "SessionWindows",
+    "SlidingWindowedKStream",
+    "SlidingWindows",
     "StartupTimeoutError",
     "StateDirectoryError",
     "StateStoreError",
@@ -82,6 +89,7 @@ __all__ = [
     "StreamsError",
     "StreamsMetadata",
     "StreamsTimeoutError",
+    "Suppressed",
     "TaskDetails",
     "TaskError",
     "TaskId",

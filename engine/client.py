@@ -49,6 +49,7 @@ from engine.state.directory import StateDirectoryLock
 from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
+from engine.state.session_windows import ReadOnlySessionStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
 from engine.threads.client_threads import ClientThreads
@@ -145,7 +146,7 @@ class KafkaStreams:
         self._threads.restore_listener = listener
 
     # -- interactive queries -------------------------------------------------------------
-    def store(self, name: str) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
+    def store(self, name: str) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore | ReadOnlySessionStore:
         """A read-only view of store ``name`` over all of this client's tasks (safe from any thread).
 
         Raises ``InvalidStateStoreError`` for a name the topology lacks or a client
@@ -157,6 +158,8 @@ class KafkaStreams:
             raise InvalidStateStoreError(name, f"cannot be queried while the client is {self.state.name}")
         if self.topology.store_builder(name).type is StoreType.WINDOW:
             return ReadOnlyWindowStore(name, lambda: self._local_stores(name))
+        if self.topology.store_builder(name).type is StoreType.SESSION:
+            return ReadOnlySessionStore(name, lambda: self._local_stores(name))
         return ReadOnlyKeyValueStore(name, lambda: self._local_stores(name))
 
     def query_metadata_for_key(self, store_name: str, key: Any, key_serde: Serde) -> KeyQueryMetadata | None:

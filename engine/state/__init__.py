@@ -2,6 +2,8 @@
 
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
+from engine.state.session_windows import ReadOnlySessionStore, SessionStore, SessionWindows
+from engine.state.sliding_windows import SlidingWindows
 from engine.state.store import KeyValueStore, StateStore, WindowStore
 from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
 from engine.state.windows import TimeWindows, Windowed
@@ -10,7 +12,11 @@ __all__ = [
     "KeyValueStore",
     "Materialized",
     "ReadOnlyKeyValueStore",
+    "ReadOnlySessionStore",
     "ReadOnlyWindowStore",
+    "SessionStore",
+    "SessionWindows",
+    "SlidingWindows",
     "StateRestoreListener",
     "StateStore",
     "StoreBuilder",

@@ -62,6 +62,9 @@ class StateStore:
         self._timestamp = timestamp
         self._source = source
         self._listener: FlushListener | None = None
+        # Called after a retried record's update of this store was undone (see ``Journal``): a
+        # processor that keeps an index of the store in memory reloads it.
+        self.undo_listener: Callable[[], None] | None = None
         self.writes = 0
         self.open = True
         # Set by the task manager while a record runs: the first write of each key records
@@ -113,7 +116,7 @@ class StateStore:
             if key_object.__class__ not in self._exact_keys:
                 key_object = self._decode_key(key)
             if value_object.__class__ not in self._exact_values:
-                value_object = self.value_serde.deserialize(value)
+                value_object = self._decode_value(value)
             listener(key_object, value_object, timestamp)
 
     def _flushed(self, entries: list[tuple[bytes, CacheEntry]]) -> None:
@@ -122,6 +125,10 @@ class StateStore:
 
     def _decode_key(self, key: bytes) -> Any:
         return self.key_serde.deserialize(key)
+
+    def _decode_value(self, value: bytes | None) -> Any:
+        """A stored value as the user's object (a store that adds to the bytes strips it here)."""
+        return self.value_serde.deserialize(value)
 
     # -- undo (a record to retry) ----------------------------------------------------
     def _before(self, key: bytes) -> tuple[CacheEntry | None, bytes | None]:
@@ -145,6 +152,8 @@ class StateStore:
                 cache.discard(ns, key)
             else:
                 cache.put(ns, key, cached)
+        if self.undo_listener is not None:
+            self.undo_listener()
 
     def _key(self, key: Any) -> bytes:
         if key is self._last_key and key.__class__ in _IMMUTABLE_KEYS:
@@ -193,6 +202,10 @@ class StateStore:
 
     def flush(self) -> None:
         self.inner.flush()
+
+    def expire(self) -> int:
+        """Drop entries past the store's retention (windowed stores); caller: the task, at a commit."""
+        return 0
 
     def close(self) -> None:
         if not self.open:
@@ -340,7 +353,7 @@ class WindowStore(StateStore):
     def fetch(self, key: Any, window_start: int) -> Any:
         """The value of ``key`` in the window starting at ``window_start`` (None if none)."""
         self._check_open()
-        return self.value_serde.deserialize(self._get(self._composite(key, window_start)))
+        return self._decode_value(self._get(self._composite(key, window_start)))
 
     def fetch_range(self, key: Any, time_from: int, time_to: int) -> Iterator[tuple[int, Any]]:
         """``(window_start, value)`` of ``key``'s windows starting within ``[time_from, time_to]``."""
@@ -350,7 +363,7 @@ class WindowStore(StateStore):
         high = raw_key + _START.pack(max(time_to, 0))
         for stored, value in self._range(low, high):
             if len(stored) == len(raw_key) + 8:
-                yield _START.unpack(stored[-8:])[0], self.value_serde.deserialize(value)
+                yield _START.unpack(stored[-8:])[0], self._decode_value(value)
 
     def fetch_all(self, time_from: int, time_to: int) -> Iterator[tuple[Windowed, Any]]:
         """Every ``(Windowed(key, start, end), value)`` with a start within ``[time_from, time_to]``."""
@@ -358,7 +371,7 @@ class WindowStore(StateStore):
         for stored, value in self._range(None, None):
             start = _START.unpack(stored[-8:])[0]
             if time_from <= start <= time_to:
-                yield self._decode_key(stored), self.value_serde.deserialize(value)
+                yield self._decode_key(stored), self._decode_value(value)
 
     def all(self) -> Iterator[tuple[Windowed, Any]]:
         return self.fetch_all(0, 2**63 - 1)

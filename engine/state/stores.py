@@ -22,6 +22,7 @@ _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 class StoreType(Enum):
     KEY_VALUE = "key-value"
     WINDOW = "window"
+    SESSION = "session"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class StoreSupplier:
     type: StoreType = StoreType.KEY_VALUE
     retention_ms: int | None = None
     window_size_ms: int | None = None
+    # A window store whose values carry the largest record timestamp of their window (sliding windows).
+    timestamped: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBByt
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Append, Changelogger, changelog_topic
 from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
+from engine.state.session_windows import SessionStore
+from engine.state.sliding_windows import TimestampedWindowStore
 from engine.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from engine.state.stores import StoreBuilder, StoreType
 from engine.transport.base import Consumer
@@ -99,10 +101,12 @@ class TaskStateManager:
         value_serde = builder.value_serde or default_value_serde
         args = (name, inner, builder.key_serde or default_key_serde, value_serde, changelog,
                 cache if builder.caching else None, f"{self.task_id}/{name}", timestamp, source)
+        supplier = builder.supplier
         if builder.type is StoreType.WINDOW:
-            supplier = builder.supplier
-            return WindowStore(*args, window_size_ms=supplier.window_size_ms or 1,
-                               retention_ms=supplier.retention_ms or 1)
+            kind = TimestampedWindowStore if supplier.timestamped else WindowStore
+            return kind(*args, window_size_ms=supplier.window_size_ms or 1, retention_ms=supplier.retention_ms or 1)
+        if builder.type is StoreType.SESSION:
+            return SessionStore(*args, retention_ms=supplier.retention_ms or 1)
         return KeyValueStore(*args)
 
     @property
@@ -203,8 +207,7 @@ class TaskStateManager:
         flushed = 0
         for store in self.stores.values():
             flushed += store.flush_cache()
-            if isinstance(store, WindowStore):
-                store.expire()
+            store.expire()
         return flushed
 
     async def write_checkpoint(self, end_offsets: Mapping[TopicPartition, int]) -> None:

@@ -52,6 +52,7 @@ from engine.serdes import Serde, as_serde
 from engine.state.cache import ThreadCache
 from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from engine.state.session_windows import ReadOnlySessionStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
 from engine.tasks import wiring
@@ -269,7 +270,11 @@ class TopologyTestDriver:
         """The window store ``name`` over all tasks (read-only)."""
         return self._store(name, StoreType.WINDOW)  # type: ignore[return-value]  # a WINDOW store is this kind
 
-    def _store(self, name: str, kind: StoreType) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore:
+    def get_session_store(self, name: str) -> ReadOnlySessionStore:
+        """The session store ``name`` over all tasks (read-only)."""
+        return self._store(name, StoreType.SESSION)  # type: ignore[return-value]  # a SESSION store is this kind
+
+    def _store(self, name: str, kind: StoreType) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore | ReadOnlySessionStore:
         self._check_open()
         if name not in self.topology.store_names:
             raise InvalidStateStoreError(name, f"is not in the topology (stores: {self.topology.store_names})")
@@ -282,6 +287,8 @@ class TopologyTestDriver:
                     and t.state.state not in (TaskState.CREATED, TaskState.RESTORING)]
         if kind is StoreType.WINDOW:
             return ReadOnlyWindowStore(name, instances)
+        if kind is StoreType.SESSION:
+            return ReadOnlySessionStore(name, instances)
         return ReadOnlyKeyValueStore(name, instances)
 
     def query_metadata_for_key(self, store_name: str, key: Any, key_serde: Serde) -> KeyQueryMetadata | None:

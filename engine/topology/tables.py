@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from engine.errors import TopologyError
 from engine.processors.stateful import (
@@ -21,8 +21,12 @@ from engine.processors.stateful import (
     WindowedAggregateProcessor,
 )
 from engine.serdes import LongSerde, Serde, as_serde
+from engine.state.session_windows import SessionWindows
+from engine.state.sliding_windows import SlidingWindows
 from engine.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from engine.state.windows import TimeWindows
+from engine.topology.suppressed import Suppressed, suppress_table
+from engine.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
 
 if TYPE_CHECKING:
     from engine.topology.builder import KStream, StreamsBuilder
@@ -66,9 +70,19 @@ class KGroupedStream:
         """``aggregator(key, value, aggregate)`` over each key's values, starting from ``initializer()``."""
         return self._aggregate("aggregate", initializer, aggregator, materialized, name, None)
 
-    def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream:
+    @overload
+    def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream: ...
+    @overload
+    def windowed_by(self, windows: SessionWindows) -> SessionWindowedKStream: ...
+    @overload
+    def windowed_by(self, windows: SlidingWindows) -> SlidingWindowedKStream: ...
+
+    def windowed_by(self, windows: TimeWindows | SessionWindows | SlidingWindows,
+                    ) -> TimeWindowedKStream | SessionWindowedKStream | SlidingWindowedKStream:
+        if isinstance(windows, (SessionWindows, SlidingWindows)):
+            return windowed_stream(self, windows)
         if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"windowed_by() needs TimeWindows, got {windows!r}")
+            raise TopologyError(f"windowed_by() needs TimeWindows, SessionWindows or SlidingWindows, got {windows!r}")
         return TimeWindowedKStream(self, windows)
 
     def _aggregate(self, what: str, initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any],
@@ -82,11 +96,18 @@ class KGroupedStream:
 
     def _table(self, store: str, materialized: Materialized | str | None, value_serde: Serde | None,
                supplier: Callable[[], Any], prefix: str, name: str | None,
-               windows: TimeWindows | None = None) -> KTable:
+               windows: TimeWindows | SessionWindows | SlidingWindows | None = None,
+               store_supplier: Callable[[bool | None], StoreSupplier] | None = None) -> KTable:
+        """``store_supplier(persistent)``: the store of windows other than ``TimeWindows``."""
         builder = self._builder
         spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
-        supplier_spec = StoreSupplier(store, spec.persistent) if windows is None else StoreSupplier(
-            store, spec.persistent, StoreType.WINDOW, windows.retention_ms, windows.size_ms)
+        if store_supplier is not None:
+            supplier_spec = store_supplier(spec.persistent)
+        elif isinstance(windows, TimeWindows):
+            supplier_spec = StoreSupplier(store, spec.persistent, StoreType.WINDOW, windows.retention_ms,
+                                          windows.size_ms)
+        else:
+            supplier_spec = StoreSupplier(store, spec.persistent)
         store_builder = StoreBuilder(
             supplier_spec,
             _serde(spec.key_serde, f"key serde of store '{store}'") or self._key_serde,
@@ -96,8 +117,10 @@ class KGroupedStream:
         builder._topology.add_processor(node, supplier, self._node)
         builder._topology.add_state_store(store_builder, node)
         if windows is not None:
-            return KTable(builder, node, store, None, store_builder.value_serde,
-                          key_kind="Windowed (a windowed table's keys)")
+            table = KTable(builder, node, store, None, store_builder.value_serde,
+                           key_kind="Windowed (a windowed table's keys)")
+            table._windows = windows
+            return table
         return KTable(builder, node, store, store_builder.key_serde, store_builder.value_serde)
 
 
@@ -146,6 +169,13 @@ class KTable:
         self._key_serde = key_serde
         self._value_serde = value_serde
         self._key_kind = key_kind  # as on KStream: known never to be bytes, with no serde known
+
+    # The windows of a windowed aggregation's table (``suppress`` closes windows by their grace).
+    _windows: TimeWindows | SessionWindows | SlidingWindows | None = None
+
+    def suppress(self, suppressed: Suppressed, *, name: str | None = None) -> KTable:
+        """Hold the table's updates back (``Suppressed.until_window_closes``/``until_time_limit``)."""
+        return suppress_table(self, suppressed, name)
 
     def to_stream(self, *, name: str | None = None) -> KStream:
         """The table's updates as a stream (coalesced per key while the record cache holds them)."""

@@ -235,7 +235,7 @@ class Topology:
             if not builder.logging:
                 continue
             sub = self.subtopology_of_store(name)
-            windowed = builder.type is StoreType.WINDOW
+            windowed = builder.type in (StoreType.WINDOW, StoreType.SESSION)
             result[changelog_topic(self.application_id, name)] = (
                 tasks[sub.id], topic_configs(windowed, builder.supplier.retention_ms))
         return result

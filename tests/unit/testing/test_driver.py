@@ -387,6 +387,25 @@ def test_stores_are_queryable_and_survive_a_crash_and_a_rebalance() -> None:
             driver.get_window_store("counts")
 
 
+def test_in_memory_session_stores_are_queried_and_restored_after_a_rebalance() -> None:
+    from engine import Materialized, SessionWindows, Windowed
+    from engine.errors import InvalidStateStoreError
+
+    builder = StreamsBuilder()
+    (builder.stream("words", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(10))
+            .count(materialized=Materialized("sessions", persistent=False)))
+    with TopologyTestDriver(builder.build()) as driver:
+        words = driver.create_input_topic("words", STR, STR)
+        words.pipe_input("a", "a", 0)
+        words.pipe_input("a", "a", 5)
+        driver.rebalance(driver.task_ids[0])  # an in-memory store comes back from its changelog only
+        words.pipe_input("a", "a", 12)
+        assert driver.get_session_store("sessions").fetch("a") == [(Windowed("a", 0, 12), 3)]
+        with pytest.raises(InvalidStateStoreError, match="is a session store"):
+            driver.get_window_store("sessions")
+
+
 def test_a_closed_driver_refuses_calls() -> None:
     driver = TopologyTestDriver(doubling())
     source = driver.create_input_topic("in", STR, INT)

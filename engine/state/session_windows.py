@@ -1,0 +1,162 @@
+"""Session windows: per key, records closer than an inactivity gap fall into one session.
+
+A session is ``[start, end]`` with both ends inclusive: the first and the last
+record timestamp in it. A record within the gap of existing sessions merges them
+into one (Kafka Streams' ``SessionWindows``). The session store keeps one entry
+per session, keyed ``key bytes + end + start`` (8 bytes big-endian each) so that a
+key's sessions are adjacent and ordered by end, which is what a merge looks up.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import TopologyError
+from engine.state.store import StateStore
+from engine.state.windows import Windowed
+
+_TIMES = struct.Struct(">qq")
+_MAX = 2**63 - 1
+
+
+def _millis(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TopologyError(f"{what} must be an int >= {minimum} ms, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Sessions split by ``inactivity_gap_ms`` of silence; ``grace_ms`` admits out-of-order records."""
+
+    inactivity_gap_ms: int
+    grace_ms: int
+
+    @classmethod
+    def of_inactivity_gap_with_no_grace(cls, inactivity_gap_ms: int) -> SessionWindows:
+        return cls.of_inactivity_gap_and_grace(inactivity_gap_ms, 0)
+
+    @classmethod
+    def of_inactivity_gap_and_grace(cls, inactivity_gap_ms: int, grace_ms: int) -> SessionWindows:
+        return cls(_millis(inactivity_gap_ms, "Session inactivity gap", 1), _millis(grace_ms, "Session grace", 0))
+
+    @property
+    def retention_ms(self) -> int:
+        """How long a session stays in its store after its end: until it is closed, plus one gap in
+        which a record at the close time may still merge with it."""
+        return 2 * self.inactivity_gap_ms + self.grace_ms
+
+    @property
+    def close_after_ms(self) -> int:
+        """A session is closed once stream time passes its end by this much (gap + grace, as Kafka
+        Streams' ``KStreamSessionWindowAggregate`` and its suppression count it)."""
+        return self.inactivity_gap_ms + self.grace_ms
+
+
+class SessionStore(StateStore):
+    """A task's session store (Kafka Streams' ``SessionStore``): values per ``Windowed(key, start, end)``."""
+
+    def __init__(self, *args: Any, retention_ms: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retention_ms = retention_ms
+        self.observed_time = -1
+        self._expired_at = -1
+
+    def put(self, session: Windowed, value: Any) -> None:
+        """Store ``value`` for the session; ``None`` removes it."""
+        if session.end > self.observed_time:
+            self.observed_time = session.end
+        self._write(self._composite(session), None if value is None else self.value_serde.serialize(value))
+
+    def remove(self, session: Windowed) -> None:
+        self.put(session, None)
+
+    def fetch_session(self, key: Any, start: int, end: int) -> Any:
+        """The value of ``key``'s session ``[start, end]`` (None if there is none)."""
+        self._check_open()
+        return self._decode_value(self._get(self._composite(Windowed(key, start, end))))
+
+    def find_sessions(self, key: Any, earliest_end: int, latest_start: int) -> list[tuple[Windowed, Any]]:
+        """``key``'s sessions ending at or after ``earliest_end`` and starting at or before ``latest_start``,
+        by end time."""
+        self._check_open()
+        raw = self._key(key)
+        low = raw + _TIMES.pack(max(earliest_end, 0), 0)
+        high = raw + _TIMES.pack(_MAX, _MAX)
+        found = []
+        for stored, value in self._range(low, high):
+            # Another key whose bytes start with this key's has a different length (see WindowStore).
+            if len(stored) != len(raw) + 16:
+                continue
+            end, start = _TIMES.unpack(stored[-16:])
+            if start <= latest_start:
+                found.append((Windowed(key, start, end), self._decode_value(value)))
+        return found
+
+    def fetch(self, key: Any) -> list[tuple[Windowed, Any]]:
+        """Every session of ``key``, by end time."""
+        return self.find_sessions(key, 0, _MAX)
+
+    def all(self) -> Iterator[tuple[Windowed, Any]]:
+        self._check_open()
+        for stored, value in self._range(None, None):
+            yield self._decode_key(stored), self._decode_value(value)
+
+    def expire(self) -> int:
+        """Drop sessions that ended more than the retention before the latest session end."""
+        horizon = self.observed_time - self.retention_ms
+        if horizon <= 0 or self.observed_time - self._expired_at < self.retention_ms:
+            return 0
+        self._expired_at = self.observed_time
+        stale = [k for k, _ in self._range(None, None) if _TIMES.unpack(k[-16:])[0] < horizon]
+        for key in stale:
+            self.inner.put(key, None)
+        return len(stale)
+
+    def _decode_key(self, key: bytes) -> Windowed:
+        end, start = _TIMES.unpack(key[-16:])
+        return Windowed(self.key_serde.deserialize(key[:-16]), start, end)
+
+    def _composite(self, session: Windowed) -> bytes:
+        if session.start < 0 or session.end < session.start:
+            raise ValueError(f"State store '{self.name}': session [{session.start}, {session.end}] is not valid")
+        return self._key(session.key) + _TIMES.pack(session.end, session.start)
+
+
+class ReadOnlySessionStore:
+    """Interactive queries of a session store over all of this client's (or driver's) tasks."""
+
+    def __init__(self, name: str, stores: Callable[[], list[StateStore]]) -> None:
+        self.name = name
+        self._stores = stores
+
+    def _instances(self) -> list[SessionStore]:
+        return [s for s in self._stores() if isinstance(s, SessionStore) and s.open]
+
+    def fetch(self, key: Any) -> list[tuple[Windowed, Any]]:
+        """Every session of ``key`` (a key lives in one task), by end time."""
+        for store in self._instances():
+            sessions = store.fetch(key)
+            if sessions:
+                return sessions
+        return []
+
+    def fetch_session(self, key: Any, start: int, end: int) -> Any:
+        for store in self._instances():
+            value = store.fetch_session(key, start, end)
+            if value is not None:
+                return value
+        return None
+
+    def find_sessions(self, key: Any, earliest_end: int, latest_start: int) -> list[tuple[Windowed, Any]]:
+        for store in self._instances():
+            sessions = store.find_sessions(key, earliest_end, latest_start)
+            if sessions:
+                return sessions
+        return []
+
+    def all(self) -> list[tuple[Windowed, Any]]:
+        return [item for store in self._instances() for item in store.all()]

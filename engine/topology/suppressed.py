@@ -1,0 +1,132 @@
+"""``KTable.suppress``: hold a table's updates back and emit only the latest per key, later.
+
+``Suppressed.until_window_closes(BufferConfig.unbounded())`` on a windowed table
+emits each window once, with its final value, when stream time passes its end
+plus the grace period (for sessions: plus the inactivity gap), as Kafka Streams
+does. ``Suppressed.until_time_limit(ms, buffer)`` emits a key's latest value once
+stream time is ``ms`` past its first buffered update. The buffer is a store with
+a changelog, so what it holds survives a restart or a moved task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from engine.errors import TopologyError
+from engine.processors.suppress import SuppressProcessor
+from engine.serdes import BytesSerde
+from engine.state.session_windows import SessionWindows
+from engine.state.sliding_windows import SlidingWindows
+from engine.state.stores import StoreBuilder, StoreSupplier, check_store_name
+from engine.state.windows import TimeWindows
+
+if TYPE_CHECKING:
+    from engine.topology.tables import KTable
+
+
+def _limit(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TopologyError(f"{what} must be an int > 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    """How much a suppression buffer may hold, and what happens when it is full: emit the oldest
+    entries early, or stop the application (``shut_down_when_full``)."""
+
+    records_limit: int | None = None
+    bytes_limit: int | None = None
+    shut_down: bool = False
+
+    @classmethod
+    def unbounded(cls) -> BufferConfig:
+        return cls(None, None, True)
+
+    @classmethod
+    def max_records(cls, records: int) -> BufferConfig:
+        return cls(_limit(records, "BufferConfig.max_records"), None, False)
+
+    @classmethod
+    def max_bytes(cls, size: int) -> BufferConfig:
+        return cls(None, _limit(size, "BufferConfig.max_bytes"), False)
+
+    def with_max_records(self, records: int) -> BufferConfig:
+        return replace(self, records_limit=_limit(records, "BufferConfig.with_max_records"))
+
+    def with_max_bytes(self, size: int) -> BufferConfig:
+        return replace(self, bytes_limit=_limit(size, "BufferConfig.with_max_bytes"))
+
+    def emit_early_when_full(self) -> BufferConfig:
+        return replace(self, shut_down=False)
+
+    def shut_down_when_full(self) -> BufferConfig:
+        return replace(self, shut_down=True)
+
+    @property
+    def strict(self) -> bool:
+        """Never emits early: what a final result needs."""
+        return self.shut_down or (self.records_limit is None and self.bytes_limit is None)
+
+
+def unbounded() -> BufferConfig:
+    return BufferConfig.unbounded()
+
+
+@dataclass(frozen=True)
+class Suppressed:
+    final_results: bool
+    time_limit_ms: int
+    buffer: BufferConfig
+    name: str | None = None
+
+    @classmethod
+    def until_window_closes(cls, buffer: BufferConfig) -> Suppressed:
+        """Only each window's final result, once the window closes (a windowed table only)."""
+        if not isinstance(buffer, BufferConfig) or not buffer.strict:
+            raise TopologyError("until_window_closes() needs a buffer that never emits early: "
+                                "BufferConfig.unbounded() or ....shut_down_when_full()")
+        return cls(True, 0, buffer)
+
+    @classmethod
+    def until_time_limit(cls, time_limit_ms: int, buffer: BufferConfig) -> Suppressed:
+        """A key's latest value once stream time is ``time_limit_ms`` past its first held update."""
+        if isinstance(time_limit_ms, bool) or not isinstance(time_limit_ms, int) or time_limit_ms < 0:
+            raise TopologyError(f"until_time_limit() needs an int >= 0 ms, got {time_limit_ms!r}")
+        if not isinstance(buffer, BufferConfig):
+            raise TopologyError(f"until_time_limit() needs a BufferConfig, got {buffer!r}")
+        return cls(False, time_limit_ms, buffer)
+
+    def with_name(self, name: str) -> Suppressed:
+        return replace(self, name=check_store_name(name))
+
+
+def _close_after(windows: TimeWindows | SessionWindows | SlidingWindows) -> int:
+    if isinstance(windows, TimeWindows):
+        return windows.grace_ms
+    return windows.close_after_ms
+
+
+def suppress_table(table: KTable, suppressed: Suppressed, name: str | None) -> KTable:
+    if not isinstance(suppressed, Suppressed):
+        raise TopologyError(f"suppress() needs a Suppressed, got {suppressed!r}")
+    windows = table._windows
+    if suppressed.final_results and windows is None:
+        raise TopologyError("Suppressed.until_window_closes() needs a windowed table (from windowed_by(...))")
+    builder = table._builder
+    node = builder._name(name or suppressed.name, "KTABLE-SUPPRESS")
+    given = name or suppressed.name
+    store = f"{given}-store" if given is not None else builder._name(None, "KTABLE-SUPPRESS-STATE-STORE")
+    upstream = table.queryable_store_name
+    delay = _close_after(windows) if suppressed.final_results and windows is not None else suppressed.time_limit_ms
+    final, config = suppressed.final_results, suppressed.buffer
+    builder._topology.add_processor(
+        node, lambda: SuppressProcessor(store, upstream, final, delay, config.records_limit, config.bytes_limit,
+                                        config.shut_down),
+        table._node, stores=[upstream])
+    # The buffer holds the table store's own key and value bytes (see SuppressProcessor).
+    builder._topology.add_state_store(StoreBuilder(StoreSupplier(store, False), BytesSerde(), BytesSerde()), node)
+    result = type(table)(builder, node, upstream, table._key_serde, table._value_serde, table._key_kind)
+    result._windows = windows
+    return result

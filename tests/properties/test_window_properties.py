@@ -1,0 +1,160 @@
+"""For drawn records with out-of-order timestamps, session counts, sliding-window counts and
+suppressed final results equal small pure-Python models of Kafka Streams' semantics.
+
+The models say what the windows *are* (sessions: the records' timestamps linked by gaps of at most
+the inactivity gap; sliding windows: each record's left window and, when a later record is near,
+its right window) rather than how the processors find them; lateness is the only part simulated
+record by record, since what is late depends on the order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import BufferConfig, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, TimeWindows
+from engine.serdes import LongSerde, StringSerde
+from engine.testing import TopologyTestDriver
+
+STR, LONG = StringSerde(), LongSerde()
+NO_CACHE = {"cache.max.bytes.buffering": 0}
+KEYS = st.sampled_from(["a", "b", "c"])
+
+
+def clusters(timestamps: list[int], gap: int) -> list[list[int]]:
+    """Timestamps split where two neighbours are more than ``gap`` apart: the sessions they make."""
+    result: list[list[int]] = []
+    for t in sorted(timestamps):
+        if result and t - result[-1][-1] <= gap:
+            result[-1].append(t)
+        else:
+            result.append([t])
+    return result
+
+
+def session_model(records: list[tuple[str, int]], gap: int, grace: int) -> dict[tuple[str, int, int], int]:
+    """``(key, start, end) -> count``. A record is late when the session it would join ends before
+    stream time - gap - grace (``KStreamSessionWindowAggregateProcessorTest``)."""
+    accepted: dict[str, list[int]] = defaultdict(list)
+    stream_time = -1
+    for key, t in records:
+        stream_time = max(stream_time, t)
+        joined = next(c for c in clusters([*accepted[key], t], gap) if t in c)
+        if max(joined) >= stream_time - gap - grace:
+            accepted[key].append(t)
+    return {(key, c[0], c[-1]): len(c) for key, ts in accepted.items() for c in clusters(ts, gap)}
+
+
+def sliding_model(records: list[tuple[str, int]], diff: int) -> dict[tuple[str, int], tuple[int, int]]:
+    """``(key, start) -> (count, largest timestamp)`` with no record late (``KStreamSlidingWindowAggregateTest``):
+    each record's left window (``[0, diff]`` for the early ones), and its right window when a later
+    record falls within ``diff`` of it; each holds the records within its inclusive bounds."""
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for key, t in records:
+        by_key[key].append(t)
+    result = {}
+    for key, ts in by_key.items():
+        starts = {max(t - diff, 0) for t in ts} | {t + 1 for t in ts if any(t < u <= t + diff for u in ts)}
+        for start in starts:
+            inside = [u for u in ts if start <= u <= start + diff]
+            result[(key, start)] = (len(inside), max(inside))
+    return result
+
+
+def suppressed_model(records: list[tuple[str, int]], size: int, grace: int) -> list[tuple[str, int, int]]:
+    """``(key, window start, count)`` in the order a final-results suppression emits them: a window
+    once, when stream time reaches its end + grace, oldest end first (``SuppressScenarioTest``)."""
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    emitted: list[tuple[str, int, int]] = []
+    done: set[tuple[int, str]] = set()
+    stream_time = -1
+    for key, t in records:
+        stream_time = max(stream_time, t)
+        start = t - t % size
+        if start + size <= stream_time - grace:
+            continue  # late: its window closed
+        counts[(start, key)] += 1
+        for start_, key_ in sorted(w for w in counts if w not in done and w[0] + size <= stream_time - grace):
+            done.add((start_, key_))
+            emitted.append((key_, start_, counts[(start_, key_)]))
+    return emitted
+
+
+def records_within(span: int) -> st.SearchStrategy[list[tuple[str, int]]]:
+    return st.lists(st.tuples(KEYS, st.integers(0, span)), min_size=1, max_size=25)
+
+
+@st.composite
+def session_case(draw: st.DrawFn) -> tuple[int, int, list[tuple[str, int]]]:
+    gap, grace = draw(st.integers(1, 15)), draw(st.integers(0, 15))
+    # Within the store's retention (2 gaps + grace): no session expires while records may merge.
+    return gap, grace, draw(records_within(2 * gap + grace))
+
+
+@settings(max_examples=40)
+@given(session_case())
+def test_session_counts_equal_the_model(case: tuple[int, int, list[tuple[str, int]]]) -> None:
+    gap, grace, records = case
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_and_grace(gap, grace)).count(materialized="s")
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}/{w.end}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for key, t in records:
+            source.pipe_input(key, "v", t)
+        expected = session_model(records, gap, grace)
+        assert {(w.key, w.start, w.end): n for w, n in driver.get_session_store("s").all()} == expected
+        # The table's updates, tombstones applied, leave the same sessions.
+        table: dict[tuple[str, int, int], int] = {}
+        for key, n in driver.create_output_topic("out", STR, LONG).read_key_values():
+            k, start, end = key.split("/")
+            if n is None:
+                del table[(k, int(start), int(end))]
+            else:
+                table[(k, int(start), int(end))] = n
+        assert table == expected
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 20), records_within(60))
+def test_sliding_counts_equal_the_model(diff: int, records: list[tuple[str, int]]) -> None:
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SlidingWindows.of_time_difference_and_grace(diff, 1000)).count(materialized="w")
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for key, t in records:
+            source.pipe_input(key, "v", t)
+        expected = sliding_model(records, diff)
+        assert {(w.key, w.start): n for w, n in driver.get_window_store("w").all()} == {
+            k: n for k, (n, _) in expected.items()}
+        last: dict[tuple[str, int], tuple[int, int]] = {}
+        for record in driver.create_output_topic("out", STR, LONG).read_records():
+            key, start = record.key.split("/")
+            last[(key, int(start))] = (record.value, record.timestamp)
+        assert last == expected
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 10), st.integers(0, 5), records_within(40), st.integers(0, 24), KEYS)
+def test_suppressed_final_counts_equal_the_model(size: int, grace: int, records: list[tuple[str, int]],
+                                                 closing: int, key: str) -> None:
+    # The last record brings stream time exactly to a window's end + grace: the boundary case.
+    t = records[closing % len(records)][1]
+    records = [*records, (key, t - t % size + size + grace)]
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(TimeWindows.of_size_and_grace(size, grace)).count(materialized="c")
+            .suppress(Suppressed.until_window_closes(BufferConfig.unbounded()))
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for key, t in records:
+            source.pipe_input(key, "v", t)
+        got = [(k.split("/")[0], int(k.split("/")[1]), n)
+               for k, n in driver.create_output_topic("out", STR, LONG).read_key_values()]
+        assert got == suppressed_model(records, size, grace)

@@ -1,0 +1,113 @@
+"""Session-windowed aggregations through the test driver: merging, tombstones, lateness, queries,
+restore (Kafka Streams' ``KStreamSessionWindowAggregateProcessorTest``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import Materialized, SessionWindows, StreamsBuilder, TopologyError, Windowed
+from engine.serdes import JsonSerde, LongSerde, StringSerde
+from engine.testing import TopologyTestDriver
+
+STR, LONG, JSON = StringSerde(), LongSerde(), JsonSerde()
+NO_CACHE = {"cache.max.bytes.buffering": 0}
+
+
+def session_topology(windows: SessionWindows, how: str = "count") -> StreamsBuilder:
+    builder = StreamsBuilder()
+    grouped = builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+    windowed = grouped.windowed_by(windows)
+    if how == "count":
+        table = windowed.count(materialized="sessions")
+        serde: Any = LONG
+    elif how == "aggregate":
+        table = windowed.aggregate(lambda: "", lambda _k, v, agg: agg + v, lambda _k, a, b: a + b,
+                                   materialized=Materialized("sessions", value_serde=STR))
+        serde = STR
+    else:
+        table = windowed.reduce(lambda a, b: a + b, materialized="sessions")
+        serde = STR
+    (table.to_stream().map(lambda w, v: (f"{w.key}@{w.start}-{w.end}", v))
+          .to("out", key_serde=STR, value_serde=serde))
+    return builder
+
+
+def test_sessions_merge_and_merged_away_sessions_go_downstream_as_tombstones() -> None:
+    """As ``shouldRemoveMergedSessionsFromStateStore``/``shouldHandleMultipleSessionsAndMerging``: a
+    record within the gap of sessions merges them; each merged session is deleted (a tombstone)
+    before the merged session is forwarded, with the session end as the record timestamp."""
+    with TopologyTestDriver(session_topology(SessionWindows.of_inactivity_gap_with_no_grace(50)).build(),
+                            NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        out = driver.create_output_topic("out", STR, LONG)
+        source.pipe_input("a", "x", 0)
+        source.pipe_input("a", "x", 30)
+        source.pipe_input("a", "x", 100)
+        assert [(r.key, r.value, r.timestamp) for r in out.read_records()] == [
+            ("a@0-0", 1, 0), ("a@0-0", None, 0), ("a@0-30", 2, 30), ("a@100-100", 1, 100)]
+        source.pipe_input("a", "x", 70)  # out of order: bridges [0, 30] and [100, 100]
+        assert out.read_key_values() == [("a@0-30", None), ("a@100-100", None), ("a@0-100", 4)]
+        store = driver.get_session_store("sessions")
+        assert store.fetch("a") == [(Windowed("a", 0, 100), 4)]
+        assert store.fetch_session("a", 0, 100) == 4
+        assert store.fetch("b") == []
+
+
+def test_aggregate_merges_with_the_merger_and_reduce_with_the_reducer() -> None:
+    """``shouldMergeSessions``: the merged session's aggregate is the merger over the merged ones,
+    then the aggregator with the new record."""
+    for how in ("aggregate", "reduce"):
+        with TopologyTestDriver(session_topology(SessionWindows.of_inactivity_gap_with_no_grace(10), how).build(),
+                                NO_CACHE) as driver:
+            source = driver.create_input_topic("in", STR, STR)
+            for value, timestamp in [("a", 0), ("c", 20), ("b", 10)]:
+                source.pipe_input("k", value, timestamp)
+            assert driver.get_session_store("sessions").fetch("k") == [(Windowed("k", 0, 20), "acb")], how
+
+
+def test_a_record_whose_session_closed_is_dropped() -> None:
+    """``shouldLogAndMeterWhenSkippingLateRecordWithNonzeroGrace``: late when the merged session ends
+    before stream time - gap - grace; with grace, a record that late still merges."""
+    windows = SessionWindows.of_inactivity_gap_and_grace(10, 20)
+    with TopologyTestDriver(session_topology(windows).build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        out = driver.create_output_topic("out", STR, LONG)
+        source.pipe_input("a", "x", 100)
+        source.pipe_input("b", "x", 70)   # close time 100 - 30 = 70: [70, 70] still open
+        source.pipe_input("b", "x", 69)   # merges with [70, 70]: ends at 70, still open
+        source.pipe_input("c", "x", 69)   # alone, [69, 69] ends before 70: late
+        assert out.read_key_values() == [("a@100-100", 1), ("b@70-70", 1), ("b@70-70", None), ("b@69-70", 2)]
+        assert driver.get_session_store("sessions").fetch("c") == []
+
+
+def test_sessions_are_restored_from_their_changelog_and_keep_merging() -> None:
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(50))
+            .count(materialized=Materialized("sessions", persistent=False)))  # in memory: restored in full
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        source.pipe_input("a", "x", 0)
+        source.pipe_input("a", "x", 10)
+        driver.rebalance(driver.task_ids[0])
+        source.pipe_input("a", "x", 40)
+        assert driver.get_session_store("sessions").fetch("a") == [(Windowed("a", 0, 40), 3)]
+        assert sum(t.state_manager.restored for t in driver._manager.tasks.values() if t.state_manager) == 3
+
+
+def test_the_session_changelog_is_compacted_and_deleted_after_the_retention() -> None:
+    topology = session_topology(SessionWindows.of_inactivity_gap_and_grace(50, 5)).build()
+    topology.set_application_id("app")
+    partitions, config = topology.internal_topics({"in": 2})["app-sessions-changelog"]
+    assert partitions == 2
+    assert config["cleanup.policy"] == "compact,delete"
+    assert int(config["retention.ms"]) > 105
+
+
+def test_session_windows_check_their_arguments() -> None:
+    with pytest.raises(TopologyError):
+        SessionWindows.of_inactivity_gap_with_no_grace(0)
+    with pytest.raises(TopologyError):
+        SessionWindows.of_inactivity_gap_and_grace(10, -1)
