@@ -89,6 +89,8 @@ class Topology:
         self._subtopologies: list[SubTopology] | None = None
         self._stores: dict[str, StoreBuilder] = {}
         self.application_id: str | None = None
+        # Joins whose inputs must be co-partitioned: (operation, nodes); see engine.topology.copartition.
+        self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:
