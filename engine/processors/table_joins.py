@@ -1,4 +1,4 @@
-"""Table–table joins (Kafka Streams' KTableKTableInnerJoin, LeftJoin, RightJoin and OuterJoin).
+"""Table-table joins (Kafka Streams' KTableKTableInnerJoin, LeftJoin, RightJoin and OuterJoin).
 
 A join is two processors, one per side: an update of one side is joined with the other
 side's current value for the key, read through that side's ``TableView``. Both forward
@@ -31,7 +31,7 @@ JOIN_KINDS = ("inner", "left", "outer")
 
 
 class TableJoinProcessor(BaseProcessor):
-    """One side of a table–table join: ``joiner(left_value, right_value)`` for this side's updates."""
+    """One side of a table-table join: ``joiner(left_value, right_value)`` for this side's updates."""
 
     send_old_values = False  # set when a table operation downstream needs the results' old values
 

@@ -101,6 +101,8 @@ class TableRegroupProcessor(BaseProcessor):
 
     def _send(self, record: Record, value: Any, kind: bytes) -> None:
         pair = self.selector(record.key, value)
+        if pair is None:
+            return  # as Kafka Streams: a row the selector maps to nothing is in no group
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise TypeError(f"group_by() selector must return a (key, value) tuple, got {pair!r}")
         self.context.forward(Record(pair[0], pair[1], record.timestamp, ((CHANGE_HEADER, kind),)))

@@ -133,6 +133,10 @@ class DriverReader:
     async def position(self, partition: TopicPartition) -> int:
         return self._positions[TopicPartition(*partition)]
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        # Restoring asks for it once it reached the end ListOffsets gave (engine.state.restore).
+        return len(self._log_of(partition.topic).partitions[partition.partition])
+
     async def poll(self, timeout_ms: int, max_records: int | None = None) -> dict[TopicPartition, list[FetchedRecord]]:
         fetched = {}
         for tp, start in self._positions.items():

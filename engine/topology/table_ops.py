@@ -1,5 +1,5 @@
 """The bodies of ``KTable``'s own operations: ``filter``/``filter_not``, ``map_values`` and the
-table–table joins (``KTable`` keeps thin methods that call these).
+table-table joins (``KTable`` keeps thin methods that call these).
 
 A table operation needs the value each update of its parent replaces (Kafka Streams'
 ``enableSendingOldValues``): ``send_old_values`` switches the parent's processors to
