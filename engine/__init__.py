@@ -37,6 +37,7 @@ from engine.records import Record, TopicPartition
 from engine.state import Materialized, Stores, TimeWindows, Windowed
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.grouped_table import KGroupedTable
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
 
@@ -53,6 +54,7 @@ __all__ = [
     "InternalTopicError",
     "InvalidStateStoreError",
     "KGroupedStream",
+    "KGroupedTable",
     "KStream",
     "KTable",
     "KafkaStreams",
