@@ -258,3 +258,29 @@ def test_a_join_runs_both_tables_in_one_task_and_group_by_repartitions(builder: 
     subs = list(sub_topologies(builder))
     assert subs[0] == ("left", "right")
     assert len(subs) == 2 and subs[1][0].endswith("-repartition")
+
+
+def test_materialized_join_and_filter_stores_are_restored(builder: StreamsBuilder) -> None:
+    """Stores of materialized table operations are changelogged like an aggregation's: after a crash
+    and a rebalance the restored stores hold the rows, and the next update's old value (a delete
+    of a row that passed) is right."""
+    left, right = table(builder, "left"), table(builder, "right")
+    joined = left.join(right, joined_sum, materialized=Materialized("joined", value_serde=JSON))
+    joined.filter(lambda _k, v: v > 10, materialized=Materialized("big", value_serde=JSON)).to_stream().to("big")
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        lt, rt = driver.create_input_topic("left", STR, JSON), driver.create_input_topic("right", STR, JSON)
+        for key in ("a", "b"):
+            lt.pipe_input(key, 5)
+            rt.pipe_input(key, 10)
+        driver.crash()
+        driver.rebalance(driver.task_ids[0])
+        assert dict(driver.get_key_value_store("joined").all()) == {"a": 15, "b": 15}
+        assert dict(driver.get_key_value_store("big").all()) == {"a": 15, "b": 15}
+        lt.pipe_input("a", 0)
+        assert dict(driver.get_key_value_store("big").all()) == {"b": 15}
+        assert driver.create_output_topic("big", STR, JSON).read_key_values() == [
+            ("a", 15), ("b", 15), ("a", None)]
+
+
+def joined_sum(left: int, right: int) -> int:
+    return left + right
