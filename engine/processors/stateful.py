@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.change import ChangeRecord
+from engine.processors.change import ChangeRecord, TableView
 from engine.records import Record
 from engine.state.store import KeyValueStore, WindowStore
 from engine.state.windows import TimeWindows
@@ -128,21 +128,28 @@ class TableSourceProcessor(_TableProcessor):
 
 
 class StreamTableJoinProcessor(BaseProcessor):
-    """Joins each stream record with the table's current value for its key (inner or left join)."""
+    """Joins each stream record with the table's current value for its key (inner or left join).
 
-    def __init__(self, store_name: str, joiner: Callable[[Any, Any], Any], left: bool) -> None:
+    ``view`` reads a table that keeps no store of its own (an unmaterialized filter or
+    ``map_values``) through its parent's; ``store_name`` then names that parent's store.
+    """
+
+    def __init__(self, store_name: str, joiner: Callable[[Any, Any], Any], left: bool,
+                 view: TableView | None = None) -> None:
         self.store_name = store_name
         self.joiner = joiner
         self.left = left
+        self.view = view
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.store: KeyValueStore = context.get_state_store(self.store_name)
+        self._get = self.store.get if self.view is None else self.view.make(context)
 
     def process(self, record: Record) -> None:
         if record.key is None:
             return
-        other = self.store.get(record.key)
+        other = self._get(record.key)
         if other is None and not self.left:
             return
         self.context.forward(Record(record.key, self.joiner(record.value, other), record.timestamp,

@@ -225,12 +225,16 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
                                      (stream._key_serde is not None, stream._value_serde is not None), None)
     builder = stream._builder
     node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
-    store = table.queryable_store_name
+    store, view = table.queryable_store_name, None
     if store is None:
-        raise TopologyError(f"A stream can only join a table with a store: materialize '{table._node}' "
-                            "(materialized=...) to join it")
-    builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left), stream._node,
-                                    stores=[store])
+        # A filter, map_values or join without a store: read through its parents', applied on the fly.
+        view = table._view
+        if view is None:
+            raise TopologyError(f"join() needs a key-value table; '{table._node}' has no store to read")
+        store = view.stores[0]
+    stores = [store] if view is None else list(view.stores)
+    builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left, view),
+                                    stream._node, stores=stores)
     return builder._stream_at(node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
 
 

@@ -233,9 +233,20 @@ def test_joins_check_their_inputs(builder: StreamsBuilder) -> None:
         left.join(windowed, joined)
     with pytest.raises(TopologyError, match="needs a KTable"):
         left.join(builder.stream("t"), joined)  # type: ignore[arg-type]
-    unmaterialized = left.filter(lambda _k, _v: True)
-    with pytest.raises(TopologyError, match="materialize"):
-        builder.stream("u").join(unmaterialized, joined)
+
+
+def test_a_stream_joins_unmaterialized_table_operations(builder: StreamsBuilder) -> None:
+    """KStreamKTableJoin reads the table through its value getter: a filter, map_values or join
+    without a store of its own is read from its parents' stores with the operation applied."""
+    users = table(builder, "users").filter(lambda _k, v: v != "banned").map_values(str.upper)
+    profiles = users.left_join(table(builder, "ages"), joined)
+    builder.stream("clicks", key_serde=STR, value_serde=JSON).left_join(profiles, joined).to("out")
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        driver.create_input_topic("users", STR, JSON).pipe_records([("a", "ada"), ("b", "banned"), ("d", "dan")])
+        driver.create_input_topic("ages", STR, JSON).pipe_records([("a", 36), ("b", 50)])
+        driver.create_input_topic("clicks", STR, JSON).pipe_records([("a", 1), ("b", 2), ("c", 3), ("d", 4)])
+        assert driver.create_output_topic("out", STR, JSON).read_key_values() == [
+            ("a", [1, ["ADA", 36]]), ("b", [2, None]), ("c", [3, None]), ("d", [4, ["DAN", None]])]
 
 
 def test_join_inputs_must_be_copartitioned(builder: StreamsBuilder) -> None:
