@@ -6,7 +6,8 @@ Each gets its parent table's updates with the values they replace (``ChangeRecor
 forwards its own the same way. A filter forwards a delete for a key only when the key's
 previous value passed (KTableFilterTest with old values sent): a key that never passed
 stays unseen downstream. A regrouped update is sent through the repartition topic as a
-subtraction from the group of the old value, then an addition to the group of the new one.
+subtraction from the group of the old value and an addition to the group of the new one: one
+record when both are the same group (Kafka Streams >= 3.5, KIP-904), else two, subtraction first.
 """
 
 from __future__ import annotations
@@ -16,18 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.processors.api import BaseProcessor
-from engine.processors.change import ChangeRecord, old_value_of
+from engine.processors.change import ChangeRecord, TableChange, old_value_of
 from engine.processors.stateful import _TableProcessor
 from engine.records import Record
 
 log = logging.getLogger(__name__)
-
-# Marks a record of a regrouped table's repartition topic as the value to subtract from its
-# group ("-") or to add to it ("+"); the values themselves use the repartition topic's serde.
-CHANGE_HEADER = "streamloop.table.change"
-SUBTRACT = b"-"
-ADD = b"+"
-
 
 def _passes(predicate: Callable[[Any, Any], Any], negate: bool, key: Any, value: Any) -> Any:
     return value if value is not None and bool(predicate(key, value)) != negate else None
@@ -86,52 +80,49 @@ class MaterializedTableOpProcessor(_TableProcessor):
 
 
 class TableRegroupProcessor(BaseProcessor):
-    """Maps each update to its group: ``selector(key, value) -> (group_key, group_value)`` for the old
-    value (subtract) and the new one (add), in that order, for the repartition topic."""
+    """Maps each update to its groups with ``selector(key, value) -> (group_key, group_value)``:
+    one ``TableChange`` when the old and the new value are in the same group, else a subtraction
+    for the old value's group and then an addition for the new one's (KTableRepartitionMap)."""
 
     def __init__(self, selector: Callable[[Any, Any], Any]) -> None:
         self.selector = selector
 
     def process(self, record: Record) -> None:
-        old = old_value_of(record)
+        old_value = old_value_of(record)
+        old = None if old_value is None else self._group(record.key, old_value)
+        new = None if record.value is None else self._group(record.key, record.value)
+        ts = record.timestamp
+        if old is not None and new is not None and old[0] == new[0]:
+            self.context.forward(Record(new[0], TableChange(new[1], old[1]), ts))
+            return
         if old is not None:
-            self._send(record, old, SUBTRACT)
-        if record.value is not None:
-            self._send(record, record.value, ADD)
+            self.context.forward(Record(old[0], TableChange(None, old[1]), ts))
+        if new is not None:
+            self.context.forward(Record(new[0], TableChange(new[1], None), ts))
 
-    def _send(self, record: Record, value: Any, kind: bytes) -> None:
-        pair = self.selector(record.key, value)
+    def _group(self, key: Any, value: Any) -> tuple[Any, Any] | None:
+        pair = self.selector(key, value)
         if pair is None:
-            return  # as Kafka Streams: a row the selector maps to nothing is in no group
+            return None  # as Kafka Streams: a row the selector maps to nothing is in no group
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise TypeError(f"group_by() selector must return a (key, value) tuple, got {pair!r}")
-        self.context.forward(Record(pair[0], pair[1], record.timestamp, ((CHANGE_HEADER, kind),)))
-
-
-def _change_kind(record: Record) -> bytes | None:
-    for name, value in record.headers:
-        if name == CHANGE_HEADER:
-            return value
-    return None
+        return pair
 
 
 class _RegroupedTableProcessor(_TableProcessor):
+    """KTableAggregate/KTableReduce: subtract the old value (when the group has an aggregate), then
+    add the new one, and store the result once."""
+
     def process(self, record: Record) -> None:
-        if record.key is None or record.value is None:
-            self._drop(record, "it has no key" if record.key is None else "it has no value")
-            return
-        kind = _change_kind(record)
-        if kind not in (ADD, SUBTRACT):
-            self._drop(record, f"it is not a table update (header {CHANGE_HEADER!r} is {kind!r})")
+        change = record.value
+        if record.key is None or not isinstance(change, TableChange):
+            self._drop(record, "it has no key" if record.key is None else "it is not a table update")
             return
         old = self.store.get(record.key)
-        if kind == SUBTRACT:
-            if old is None:
-                return  # as Kafka Streams: nothing to subtract from
-            new = self.subtract(record.key, record.value, old)
-        else:
-            new = self.add(record.key, record.value, old)
-        self.store.put(record.key, new)
+        aggregate = old if change.old is None or old is None else self.subtract(record.key, change.old, old)
+        if change.new is not None:
+            aggregate = self.add(record.key, change.new, aggregate)
+        self.store.put(record.key, aggregate)
 
     def add(self, key: Any, value: Any, aggregate: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -3,8 +3,8 @@ subtractor (Kafka Streams' KGroupedTable).
 
 Each update of the table is mapped by ``selector(key, value) -> (group_key, group_value)``
 twice: its old value is subtracted from the old value's group, then its new value added to
-the new value's group. Both go through a repartition topic so that all rows of a group meet
-in one task; a header says which of the two each record is. A group whose rows are all
+the new value's group (in one record when that is the same group, KIP-904). They go through
+a repartition topic so that all rows of a group meet in one task. A group whose rows are all
 gone keeps the aggregate the subtractor left (0 for ``count()``), as in Kafka Streams.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from engine.processors.change import ChangeSerde
 from engine.processors.table_ops import TableAggregateProcessor, TableReduceProcessor, TableRegroupProcessor
 from engine.serdes import LongSerde, Serde, as_serde
 from engine.state.stores import Materialized
@@ -32,7 +33,9 @@ def group_table(table: KTable, selector: Callable[[Any, Any], Any], key_serde: S
     builder._topology.add_processor(node, lambda: TableRegroupProcessor(selector), table._node)
     ks = None if key_serde is None else as_serde(key_serde, "key serde of group_by()")
     vs = None if value_serde is None else as_serde(value_serde, "value serde of group_by()")
-    repartitioned = builder._stream_at(node, key_changed=True)._repartition(ks, vs, (False, False), "group_by()")
+    # Values go as TableChange (added and subtracted value), written with the grouping's value serde.
+    repartitioned = builder._stream_at(node, key_changed=True)._repartition(ks, ChangeSerde(vs), (False, False),
+                                                                            "group_by()")
     return KGroupedTable(builder, repartitioned._node, ks, vs, type(table))
 
 

@@ -407,12 +407,12 @@ class Topology:
             if isinstance(node, SourceNode):
                 node.topics = spec.topics  # internal topics are renamed after the factory was made
                 node.key_serde = spec.key_serde or default_key_serde
-                node.value_serde = spec.value_serde or default_value_serde
+                node.value_serde = _with_default(spec.value_serde, default_value_serde)
             elif isinstance(node, SinkNode):
                 if spec.sink_topic is not None:
                     node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
-                node.value_serde = spec.value_serde or default_value_serde
+                node.value_serde = _with_default(spec.value_serde, default_value_serde)
                 node.origins = (_origin(spec.key_serde, spec.inherited[0]),
                                 _origin(spec.value_serde, spec.inherited[1]))
                 node.serde_call = spec.serde_call
@@ -485,6 +485,15 @@ class Topology:
 
     def spec(self, name: str) -> NodeSpec:
         return self._specs[name]
+
+
+def _with_default(serde: Serde | None, default: Serde) -> Serde:
+    """``serde``, else ``default``; a serde that wraps one it may lack (a regrouped table's
+    ``ChangeSerde``) gets ``default`` as that one."""
+    if serde is None:
+        return default
+    complete = getattr(serde, "with_default", None)
+    return serde if complete is None else complete(default)
 
 
 def _origin(serde: Serde | None, inherited: bool) -> str:

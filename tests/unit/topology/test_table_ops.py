@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.errors import TopologyError
+from engine.processors.change import ChangeSerde, TableChange
 from engine.serdes import JsonSerde, LongSerde, StringSerde
 from engine.state import Materialized, TimeWindows
 from engine.testing import TopologyTestDriver
@@ -117,8 +118,7 @@ def test_aggregate_subtracts_from_the_old_group_and_adds_to_the_new(builder: Str
 
 def test_aggregate_removes_old_before_adding_new(builder: StreamsBuilder) -> None:
     """KTableAggregateTest.testRemoveOldBeforeAddNew: within a group the old value is subtracted
-    before the new one is added. Unlike Kafka Streams >= 3.5 (KIP-904), which sends both in one
-    record, the intermediate aggregate is forwarded too when the cache does not coalesce it."""
+    before the new one is added, in one step (KIP-904): no intermediate aggregate is forwarded."""
     (builder.table("input", key_serde=STR, value_serde=STR)
         .group_by(lambda k, _v: (k[0], k[1]), key_serde=STR, value_serde=STR)
         .aggregate(lambda: "", lambda _k, v, agg: agg + v, lambda _k, v, agg: agg.replace(v, ""),
@@ -129,7 +129,7 @@ def test_aggregate_removes_old_before_adding_new(builder: StreamsBuilder) -> Non
         for key, value in [("11", "A"), ("12", "B"), ("11", None), ("12", "C")]:
             topic.pipe_input(key, value)
         assert driver.create_output_topic("out", STR, STR).read_key_values() == [
-            ("1", "1"), ("1", "12"), ("1", "2"), ("1", ""), ("1", "2")]
+            ("1", "1"), ("1", "12"), ("1", "2"), ("1", "2")]
 
 
 def test_count_and_reduce_per_group(builder: StreamsBuilder) -> None:
@@ -295,3 +295,22 @@ def test_materialized_join_and_filter_stores_are_restored(builder: StreamsBuilde
 
 def joined_sum(left: int, right: int) -> int:
     return left + right
+
+
+@pytest.mark.parametrize("change", [TableChange("", None), TableChange(None, ""), TableChange("new", "old"),
+                                    TableChange(None, None)])
+def test_a_table_change_goes_through_its_serde_unchanged(change: TableChange) -> None:
+    serde = ChangeSerde(None).with_default(STR)
+    assert serde.deserialize(serde.serialize(change)) == change
+    assert serde.serialize(None) is None and serde.deserialize(None) is None
+
+
+def test_group_by_without_serdes_writes_the_repartition_topic_with_the_defaults(builder: StreamsBuilder) -> None:
+    table(builder, "input").group_by(lambda k, v: (v["team"], k)).aggregate(
+        list, lambda _k, v, agg: sorted([*agg, v]), lambda _k, v, agg: [x for x in agg if x != v],
+        materialized="teams")
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:  # default serdes: strings, JSON
+        topic = driver.create_input_topic("input", STR, JSON)
+        for key, team in [("ada", "red"), ("bob", "red"), ("ada", "blue")]:
+            topic.pipe_input(key, {"team": team})
+        assert dict(driver.get_key_value_store("teams").all()) == {"red": ["bob"], "blue": ["ada"]}
