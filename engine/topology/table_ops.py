@@ -35,6 +35,7 @@ def plain_function(fn: Any, what: str) -> None:
     if inspect.iscoroutinefunction(fn):
         raise TopologyError(f"{what} must be a plain function: a store update cannot wait (got async {fn!r})")
 
+
 class _OldValuesFactory:
     """Wraps a table node's factory so that its processor forwards old values (set before ``init``)."""
 
@@ -52,6 +53,7 @@ class _OldValuesFactory:
 
 
 def send_old_values(table: KTable) -> None:
+    """Make the nodes that forward ``table``'s updates send the values they replace too."""
     topology = table._builder._topology
     for node in table._change_nodes:
         spec = topology.spec(node)
