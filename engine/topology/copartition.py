@@ -25,18 +25,8 @@ def add_copartition_group(topology: Topology, what: str, nodes: Sequence[str]) -
 
 def source_topics_of(topology: Topology, node: str) -> list[str]:
     """The user topics (not repartition topics) whose records reach ``node``."""
-    topics: list[str] = []
-    pending, seen = [node], set()
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        spec = topology.spec(name)
-        if not spec.internal:
-            topics.extend(t for t in spec.topics if t not in topics)
-        pending.extend(spec.parents)
-    return topics
+    internal = set(topology.repartition_topics())
+    return [t for t in _all_source_topics(topology, node) if t not in internal]
 
 
 def check_copartition_groups(topology: Topology, partition_counts: Mapping[str, int]) -> None:
@@ -49,3 +39,35 @@ def check_copartition_groups(topology: Topology, partition_counts: Mapping[str, 
             raise TopologyError(
                 f"{what} needs co-partitioned inputs, but its topics have different partition counts: {listed}. "
                 "Give them the same number of partitions (or repartition one side through a topic that has it)")
+
+
+def repartition_counts(topology: Topology, partition_counts: Mapping[str, int]) -> dict[str, int]:
+    """Partition counts for the repartition topics a join reads: those of the user topics joined
+    with them, so that a key is in the same partition on both sides (repartition topics not
+    joined with a user topic take their writer's count, which ``internal_topics`` decides)."""
+    internal = set(topology.repartition_topics())
+    forced: dict[str, int] = {}
+    for _what, nodes in topology.copartition_groups:
+        users = {partition_counts[t] for node in nodes for t in source_topics_of(topology, node)
+                 if t in partition_counts}
+        if len(users) != 1:
+            continue  # none to follow, or a mismatch check_copartition_groups reports
+        count = users.pop()
+        for node in nodes:
+            for topic in _all_source_topics(topology, node):
+                if topic in internal:
+                    forced[topic] = count
+    return forced
+
+
+def _all_source_topics(topology: Topology, node: str) -> list[str]:
+    topics: list[str] = []
+    pending, seen = [node], set()
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            spec = topology.spec(name)
+            topics.extend(spec.topics)
+            pending.extend(spec.parents)
+    return topics

@@ -21,6 +21,7 @@ from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, 
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
+from engine.topology.copartition import repartition_counts
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -222,6 +223,7 @@ class Topology:
         counts = dict(source_partitions)
         result: dict[str, tuple[int, dict[str, str]]] = {}
         repartition = set(self.repartition_topics())
+        joined = repartition_counts(self, source_partitions)
         tasks: dict[int, int] = {}
         for sub in self.subtopologies:
             known = [counts[t] for t in sub.source_topics if t in counts]
@@ -231,7 +233,8 @@ class Topology:
             tasks[sub.id] = max(known)
             for topic in sub.sink_topics:
                 if topic in repartition:
-                    counts[topic] = max(counts.get(topic, 0), tasks[sub.id])
+                    # One a join reads has the partitions of the topic it is joined with.
+                    counts[topic] = joined.get(topic) or max(counts.get(topic, 0), tasks[sub.id])
                     result[topic] = (counts[topic], {"cleanup.policy": "delete"})
         for name, builder in self._stores.items():
             if not builder.logging:

@@ -361,3 +361,18 @@ def test_left_join_sends_old_values(builder: StreamsBuilder) -> None:
         assert step("t1", [(k, None) for k in keys]) == [
             ("0", None, "XXXX0+null"), ("1", None, "XXXX1+null"), ("2", None, "XXXX2+YY2"),
             ("3", None, "XXXX3+YY3")]
+
+
+def test_a_repartition_topic_a_join_reads_gets_the_partitions_of_the_joined_topic(builder: StreamsBuilder) -> None:
+    """As Kafka Streams' CopartitionedTopicsEnforcer: a regrouped table (read from a repartition
+    topic) joined with a table of a 2-partition topic gets a 2-partition repartition topic, even
+    though the topic it was regrouped from has 4."""
+    counts = table(builder, "orders").group_by(lambda _k, v: (v["user"], 1)).count()
+    counts.join(table(builder, "users"), joined).to_stream().to("out")
+    table(builder, "other").group_by(lambda _k, v: (v, 1)).count()  # joined with nothing: keeps 4
+    topology = builder.build()
+    topology.set_application_id("app")
+    partitions = {t: n for t, (n, _) in topology.internal_topics({"orders": 4, "users": 2, "other": 4}).items()
+                  if t.endswith("-repartition")}
+    assert sorted(partitions.values()) == [2, 4]
+    check_copartition_groups(topology, {"orders": 4, "users": 2})  # orders is not read by the join
