@@ -38,6 +38,7 @@ from engine.state import Materialized, SessionWindows, SlidingWindows, Stores, T
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.grouped_table import KGroupedTable
 from engine.topology.suppressed import BufferConfig, Suppressed
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
@@ -58,6 +59,7 @@ __all__ = [
     "InternalTopicError",
     "InvalidStateStoreError",
     "KGroupedStream",
+    "KGroupedTable",
     "KStream",
     "KTable",
     "KafkaStreams",

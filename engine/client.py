@@ -55,6 +55,7 @@ from engine.state.stores import StoreType
 from engine.threads.client_threads import ClientThreads
 from engine.threads.states import StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
+from engine.topology.copartition import check_copartition_groups
 from engine.topology.topology import Topology
 from engine.transport import open_transport
 from handlers.responses import StreamThreadExceptionResponse
@@ -287,6 +288,7 @@ class KafkaStreams:
             await admin.start()
             try:
                 existing = await admin.partition_counts(source + sink)
+                check_copartition_groups(self.topology, existing)  # before creating anything for it
                 if all(t in existing for t in source) and (internal or self.topology.store_names):
                     wanted = self.topology.internal_topics(existing)
                     # aiokafka cannot ask for the broker's default (-1): unset means 1.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.processors.api import BaseProcessor, ProcessorContext
+from engine.processors.change import ChangeRecord, TableView
 from engine.records import Record
 from engine.state.store import KeyValueStore, WindowStore
 from engine.state.windows import TimeWindows
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 class _TableProcessor(BaseProcessor):
     """Forwards whatever goes down from its store: the table's changelog stream."""
 
+    # Set (before ``init``) when a table operation downstream needs the value each update
+    # replaces (see engine.processors.change): updates then go on as ``ChangeRecord``s.
+    send_old_values = False
+
     def __init__(self, store_name: str) -> None:
         self.store_name = store_name
         self.dropped = 0
@@ -31,10 +36,16 @@ class _TableProcessor(BaseProcessor):
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.store: Any = context.get_state_store(self.store_name)
-        self.store.set_flush_listener(self._forward)
+        if self.send_old_values:
+            self.store.set_flush_listener(self._forward_change, old_values=True)
+        else:
+            self.store.set_flush_listener(self._forward)
 
     def _forward(self, key: Any, value: Any, timestamp: int) -> None:
         self.context.forward(Record(key, value, timestamp))
+
+    def _forward_change(self, key: Any, value: Any, timestamp: int, old: Any) -> None:
+        self.context.forward(ChangeRecord(key, value, timestamp, old_value=old))
 
     def _drop(self, record: Record, why: str) -> None:
         self.dropped += 1
@@ -117,21 +128,28 @@ class TableSourceProcessor(_TableProcessor):
 
 
 class StreamTableJoinProcessor(BaseProcessor):
-    """Joins each stream record with the table's current value for its key (inner or left join)."""
+    """Joins each stream record with the table's current value for its key (inner or left join).
 
-    def __init__(self, store_name: str, joiner: Callable[[Any, Any], Any], left: bool) -> None:
+    ``view`` reads a table that keeps no store of its own (an unmaterialized filter or
+    ``map_values``) through its parent's; ``store_name`` then names that parent's store.
+    """
+
+    def __init__(self, store_name: str, joiner: Callable[[Any, Any], Any], left: bool,
+                 view: TableView | None = None) -> None:
         self.store_name = store_name
         self.joiner = joiner
         self.left = left
+        self.view = view
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.store: KeyValueStore = context.get_state_store(self.store_name)
+        self._get = self.store.get if self.view is None else self.view.make(context)
 
     def process(self, record: Record) -> None:
         if record.key is None:
             return
-        other = self.store.get(record.key)
+        other = self._get(record.key)
         if other is None and not self.left:
             return
         self.context.forward(Record(record.key, self.joiner(record.value, other), record.timestamp,

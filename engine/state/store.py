@@ -61,7 +61,9 @@ class StateStore:
         self._ns: NamedCache | None = cache.namespace(cache_name, self._flushed) if cache is not None else None
         self._timestamp = timestamp
         self._source = source
-        self._listener: FlushListener | None = None
+        self._listener: Callable[..., None] | None = None
+        # Whether the listener also gets the value each update replaces (``set_flush_listener``).
+        self._old_values = False
         # Called after a retried record's update of this store was undone (see ``Journal``): a
         # processor that keeps an index of the store in memory reloads it.
         self.undo_listener: Callable[[], None] | None = None
@@ -86,9 +88,15 @@ class StateStore:
     def caching(self) -> bool:
         return self._ns is not None
 
-    def set_flush_listener(self, listener: FlushListener) -> None:
-        """``listener(key, value, timestamp)`` for each update as it goes down (a table forwards it)."""
+    def set_flush_listener(self, listener: Callable[..., None], *, old_values: bool = False) -> None:
+        """``listener(key, value, timestamp)`` for each update as it goes down (a table forwards it).
+
+        With ``old_values``, ``listener(key, value, timestamp, old)``: ``old`` is the value the update
+        replaces in the bytes store, which with a cache is the one forwarded last (Kafka Streams'
+        ``sendOldValues``, which a table operation downstream such as a filter or a join needs).
+        """
         self._listener = listener
+        self._old_values = old_values
 
     # -- the write path ------------------------------------------------------------
     def _write(self, key: bytes, value: bytes | None, key_object: Any = _NO_KEY,
@@ -105,11 +113,12 @@ class StateStore:
 
     def _down(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None,
               key_object: Any = _NO_KEY, value_object: Any = _NO_KEY) -> None:
+        listener = self._listener
+        old = self.inner.get(key) if self._old_values else None
         self.inner.put(key, value)
         if self.changelog is not None:
             self.changelog.log(key, value, timestamp, source)
         self.writes += 1
-        listener = self._listener
         if listener is not None:
             # What goes down is forwarded as the objects written when decoding the bytes would give
             # them back unchanged (see ``_EXACT``); otherwise decoded, as a cache flush always is.
@@ -117,7 +126,10 @@ class StateStore:
                 key_object = self._decode_key(key)
             if value_object.__class__ not in self._exact_values:
                 value_object = self._decode_value(value)
-            listener(key_object, value_object, timestamp)
+            if self._old_values:
+                listener(key_object, value_object, timestamp, self._decode_value(old))
+            else:
+                listener(key_object, value_object, timestamp)
 
     def _flushed(self, entries: list[tuple[bytes, CacheEntry]]) -> None:
         for key, entry in entries:

@@ -119,6 +119,11 @@ def suppress_table(table: KTable, suppressed: Suppressed, name: str | None) -> K
     given = name or suppressed.name
     store = f"{given}-store" if given is not None else builder._name(None, "KTABLE-SUPPRESS-STATE-STORE")
     upstream = table.queryable_store_name
+    if upstream is None:
+        # The buffer keeps the table store's own bytes; a filter, map_values or join without
+        # ``materialized=`` has no store of its own.
+        raise TopologyError("suppress() needs a table with a store: give the operation before it "
+                            "materialized=\"<store name>\"")
     delay = _close_after(windows) if suppressed.final_results and windows is not None else suppressed.time_limit_ms
     final, config = suppressed.final_results, suppressed.buffer
     builder._topology.add_processor(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, overload
 
 from engine.errors import TopologyError
+from engine.processors.change import TableView
 from engine.processors.stateful import (
     AggregateProcessor,
     ReduceProcessor,
@@ -25,7 +26,9 @@ from engine.state.session_windows import SessionWindows
 from engine.state.sliding_windows import SlidingWindows
 from engine.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from engine.state.windows import TimeWindows
+from engine.topology.grouped_table import KGroupedTable, group_table
 from engine.topology.suppressed import Suppressed, suppress_table
+from engine.topology.table_ops import filter_table, join_tables, map_table_values
 from engine.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
 
 if TYPE_CHECKING:
@@ -159,9 +162,10 @@ class TimeWindowedKStream:
 
 
 class KTable:
-    """A table: the latest value per key, kept in the store ``queryable_store_name``."""
+    """A table: the latest value per key, kept in the store ``queryable_store_name`` (None for a
+    filter, ``map_values`` or join that was not materialized)."""
 
-    def __init__(self, builder: StreamsBuilder, node: str, store: str, key_serde: Serde | None = None,
+    def __init__(self, builder: StreamsBuilder, node: str, store: str | None, key_serde: Serde | None = None,
                  value_serde: Serde | None = None, key_kind: str | None = None) -> None:
         self._builder = builder
         self._node = node
@@ -169,6 +173,46 @@ class KTable:
         self._key_serde = key_serde
         self._value_serde = value_serde
         self._key_kind = key_kind  # as on KStream: known never to be bytes, with no serde known
+        # How a join reads this table by key (None: it cannot, as a windowed table), and the nodes
+        # that forward its updates, to switch to sending old values (engine.topology.table_ops).
+        self._view: TableView | None = TableView.of_store(store) if store is not None and key_kind is None else None
+        self._change_nodes: tuple[str, ...] = (node,)
+
+    # -- the table's own operations (bodies in engine.topology.table_ops / grouped_table) -----
+    def filter(self, predicate: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
+               name: str | None = None) -> KTable:
+        """The rows for which ``predicate(key, value)`` is true; a row that stops passing is deleted."""
+        return filter_table(self, predicate, False, materialized, name)
+
+    def filter_not(self, predicate: Callable[[Any, Any], Any], *,
+                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """The rows for which ``predicate(key, value)`` is false."""
+        return filter_table(self, predicate, True, materialized, name)
+
+    def map_values(self, mapper: Callable[[Any], Any], *, materialized: Materialized | str | None = None,
+                   name: str | None = None) -> KTable:
+        """Each row's value replaced by ``mapper(value)``; deletes stay deletes."""
+        return map_table_values(self, mapper, materialized, name)
+
+    def group_by(self, selector: Callable[[Any, Any], Any], *, key_serde: Serde | type | None = None,
+                 value_serde: Serde | type | None = None, name: str | None = None) -> KGroupedTable:
+        """Rows regrouped by ``selector(key, value) -> (new_key, new_value)``, through a repartition topic."""
+        return group_table(self, selector, key_serde, value_serde, name)
+
+    def join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
+             materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """``joiner(value, other_value)`` for the keys both tables have (inputs co-partitioned)."""
+        return join_tables(self, other, joiner, "inner", materialized, name)
+
+    def left_join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
+                  materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """As ``join``, for every key of this table (``other_value`` None where ``other`` lacks it)."""
+        return join_tables(self, other, joiner, "left", materialized, name)
+
+    def outer_join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
+                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """As ``join``, for every key of either table (None for the side that lacks it)."""
+        return join_tables(self, other, joiner, "outer", materialized, name)
 
     # The windows of a windowed aggregation's table (``suppress`` closes windows by their grace).
     _windows: TimeWindows | SessionWindows | SlidingWindows | None = None
@@ -211,9 +255,16 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
                                      (stream._key_serde is not None, stream._value_serde is not None), None)
     builder = stream._builder
     node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
-    store = table.queryable_store_name
-    builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left), stream._node,
-                                    stores=[store])
+    store, view = table.queryable_store_name, None
+    if store is None:
+        # A filter, map_values or join without a store: read through its parents', applied on the fly.
+        view = table._view
+        if view is None:
+            raise TopologyError(f"join() needs a key-value table; '{table._node}' has no store to read")
+        store = view.stores[0]
+    stores = [store] if view is None else list(view.stores)
+    builder._topology.add_processor(node, lambda: StreamTableJoinProcessor(store, joiner, left, view),
+                                    stream._node, stores=stores)
     return builder._stream_at(node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
 
 

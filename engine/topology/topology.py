@@ -21,6 +21,7 @@ from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, 
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
+from engine.topology.copartition import repartition_counts
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -89,6 +90,8 @@ class Topology:
         self._subtopologies: list[SubTopology] | None = None
         self._stores: dict[str, StoreBuilder] = {}
         self.application_id: str | None = None
+        # Joins whose inputs must be co-partitioned: (operation, nodes); see engine.topology.copartition.
+        self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:
@@ -220,6 +223,7 @@ class Topology:
         counts = dict(source_partitions)
         result: dict[str, tuple[int, dict[str, str]]] = {}
         repartition = set(self.repartition_topics())
+        joined = repartition_counts(self, source_partitions)
         tasks: dict[int, int] = {}
         for sub in self.subtopologies:
             known = [counts[t] for t in sub.source_topics if t in counts]
@@ -229,7 +233,8 @@ class Topology:
             tasks[sub.id] = max(known)
             for topic in sub.sink_topics:
                 if topic in repartition:
-                    counts[topic] = max(counts.get(topic, 0), tasks[sub.id])
+                    # One a join reads has the partitions of the topic it is joined with.
+                    counts[topic] = joined.get(topic) or max(counts.get(topic, 0), tasks[sub.id])
                     result[topic] = (counts[topic], {"cleanup.policy": "delete"})
         for name, builder in self._stores.items():
             if not builder.logging:
@@ -405,12 +410,12 @@ class Topology:
             if isinstance(node, SourceNode):
                 node.topics = spec.topics  # internal topics are renamed after the factory was made
                 node.key_serde = spec.key_serde or default_key_serde
-                node.value_serde = spec.value_serde or default_value_serde
+                node.value_serde = _with_default(spec.value_serde, default_value_serde)
             elif isinstance(node, SinkNode):
                 if spec.sink_topic is not None:
                     node.topic = spec.sink_topic
                 node.key_serde = spec.key_serde or default_key_serde
-                node.value_serde = spec.value_serde or default_value_serde
+                node.value_serde = _with_default(spec.value_serde, default_value_serde)
                 node.origins = (_origin(spec.key_serde, spec.inherited[0]),
                                 _origin(spec.value_serde, spec.inherited[1]))
                 node.serde_call = spec.serde_call
@@ -483,6 +488,15 @@ class Topology:
 
     def spec(self, name: str) -> NodeSpec:
         return self._specs[name]
+
+
+def _with_default(serde: Serde | None, default: Serde) -> Serde:
+    """``serde``, else ``default``; a serde that wraps one it may lack (a regrouped table's
+    ``ChangeSerde``) gets ``default`` as that one."""
+    if serde is None:
+        return default
+    complete = getattr(serde, "with_default", None)
+    return serde if complete is None else complete(default)
 
 
 def _origin(serde: Serde | None, inherited: bool) -> str:
