@@ -34,9 +34,10 @@ from engine.errors import (
 from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
-from engine.state import Materialized, Stores, TimeWindows, Windowed
+from engine.state import JoinWindows, Materialized, Stores, TimeWindows, Windowed
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.joins import StreamJoined
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
 
@@ -52,6 +53,7 @@ __all__ = [
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
+    "JoinWindows",
     "KGroupedStream",
     "KStream",
     "KTable",
@@ -73,6 +75,7 @@ __all__ = [
     "StateDirectoryError",
     "StateStoreError",
     "Stores",
+    "StreamJoined",
     "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",

@@ -34,6 +34,8 @@ class StoreSupplier:
     type: StoreType = StoreType.KEY_VALUE
     retention_ms: int | None = None
     window_size_ms: int | None = None
+    # Window stores only: keep every record of a key and timestamp (a stream-stream join's sides).
+    retain_duplicates: bool = False
 
 
 @dataclass(frozen=True)
