@@ -142,6 +142,10 @@ class DriverReader:
                 self._positions[tp] = start + len(records)
         return fetched
 
+    def fetched_end(self, partition: TopicPartition) -> int | None:
+        """The log's end: what a fetch would report (restoring a changelog asks it at its end)."""
+        return len(self._log_of(partition.topic).partitions[partition.partition])
+
     async def close(self, leave_group: bool = True) -> None:
         self._positions = {}
 

@@ -111,6 +111,7 @@ def stream_stream_join(this: KStream, other: KStream, joiner: Callable[[Any, Any
     topology.add_processor(other_name, lambda: StreamJoinProcessor(
         False, left_store, right_store, outer_store, windows, joiner, right_outer, shared), other._node,
         stores=stores)
+    topology.copartition_sources(topology.sources_upstream(this._node) + topology.sources_upstream(other._node))
     topology.add_node(merge_name, lambda: PeekNode(merge_name, _ignore), this_name, other_name)
     # The joined values are new: no value serde is known for them; the key stays.
     return builder._stream_at(merge_name, False, key_serde)

@@ -21,6 +21,7 @@ from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, 
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
+from engine.topology.copartition import enforce_copartitioning
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -89,6 +90,8 @@ class Topology:
         self._subtopologies: list[SubTopology] | None = None
         self._stores: dict[str, StoreBuilder] = {}
         self.application_id: str | None = None
+        # Source nodes whose topics must be co-partitioned (the sides of a join).
+        self._copartitioned: list[tuple[str, ...]] = []
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:
@@ -188,6 +191,24 @@ class Topology:
                 return sub
         raise TopologyError(f"State store '{store}' is not used by any processor")
 
+    def copartition_sources(self, source_nodes: Iterable[str]) -> None:
+        """The topics of these source nodes are joined: equal partition counts (see engine.topology.copartition)."""
+        self._copartitioned.append(tuple(source_nodes))
+
+    def sources_upstream(self, node: str) -> list[str]:
+        """The source nodes whose records reach ``node``."""
+        pending, seen, found = [node], set(), []
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            spec = self._specs[name]
+            if spec.kind is NodeKind.SOURCE:
+                found.append(name)
+            pending.extend(spec.parents)
+        return found
+
     # -- internal topics ------------------------------------------------------------
     def set_application_id(self, application_id: str) -> None:
         """Name the internal topics after the application (done by ``KafkaStreams``)."""
@@ -221,7 +242,10 @@ class Topology:
         result: dict[str, tuple[int, dict[str, str]]] = {}
         repartition = set(self.repartition_topics())
         tasks: dict[int, int] = {}
+        groups = [tuple(t for n in nodes for t in self._specs[n].topics) for nodes in self._copartitioned]
         for sub in self.subtopologies:
+            enforce_copartitioning([g for g in groups if set(g) <= set(sub.source_topics)], counts, repartition,
+                                   result)
             known = [counts[t] for t in sub.source_topics if t in counts]
             if not known:
                 raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
