@@ -23,6 +23,7 @@ from engine.processors.stream_joins import SharedTime, StreamJoinProcessor
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.join_windows import JoinWindows
 from engine.state.stores import StoreBuilder, StoreSupplier, StoreType, check_store_name
+from engine.topology.topology import NodeKind, Topology
 
 if TYPE_CHECKING:
     from engine.topology.builder import KStream
@@ -111,7 +112,7 @@ def stream_stream_join(this: KStream, other: KStream, joiner: Callable[[Any, Any
     topology.add_processor(other_name, lambda: StreamJoinProcessor(
         False, left_store, right_store, outer_store, windows, joiner, right_outer, shared), other._node,
         stores=stores)
-    topology.copartition_sources(topology.sources_upstream(this._node) + topology.sources_upstream(other._node))
+    topology.copartition_sources(_sources_upstream(topology, this._node) + _sources_upstream(topology, other._node))
     topology.add_node(merge_name, lambda: PeekNode(merge_name, _ignore), this_name, other_name)
     # The joined values are new: no value serde is known for them; the key stays.
     return builder._stream_at(merge_name, False, key_serde)
@@ -119,6 +120,20 @@ def stream_stream_join(this: KStream, other: KStream, joiner: Callable[[Any, Any
 
 def _processor_name(builder: Any, name: str | None, suffix: str, prefix: str) -> str:
     return builder._name(None if name is None else f"{name}-{suffix}", prefix)  # type: ignore[no-any-return]
+
+
+def _sources_upstream(topology: Topology, node: str) -> list[str]:
+    """The source nodes whose records reach ``node``."""
+    pending, seen, found = [node], set(), []
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            spec = topology.spec(name)
+            if spec.kind is NodeKind.SOURCE:
+                found.append(name)
+            pending.extend(spec.parents)
+    return found
 
 
 def _serde(value: Serde | type | None, what: str) -> Serde | None:

@@ -195,20 +195,6 @@ class Topology:
         """The topics of these source nodes are joined: equal partition counts (see engine.topology.copartition)."""
         self._copartitioned.append(tuple(source_nodes))
 
-    def sources_upstream(self, node: str) -> list[str]:
-        """The source nodes whose records reach ``node``."""
-        pending, seen, found = [node], set(), []
-        while pending:
-            name = pending.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            spec = self._specs[name]
-            if spec.kind is NodeKind.SOURCE:
-                found.append(name)
-            pending.extend(spec.parents)
-        return found
-
     # -- internal topics ------------------------------------------------------------
     def set_application_id(self, application_id: str) -> None:
         """Name the internal topics after the application (done by ``KafkaStreams``)."""
