@@ -34,11 +34,12 @@ from engine.errors import (
 from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
-from engine.state import Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
+from engine.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.grouped_table import KGroupedTable
+from engine.topology.joins import StreamJoined
 from engine.topology.suppressed import BufferConfig, Suppressed
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
@@ -58,6 +59,7 @@ __all__ = [
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
+    "JoinWindows",
     "KGroupedStream",
     "KGroupedTable",
     "KStream",
@@ -85,6 +87,7 @@ __all__ = [
     "StateDirectoryError",
     "StateStoreError",
     "Stores",
+    "StreamJoined",
     "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",

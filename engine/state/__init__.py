@@ -1,5 +1,6 @@
 """State stores: what tables are made of, with changelogs, the record cache and queries."""
 
+from engine.state.join_windows import JoinWindows
 from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
 from engine.state.restore import StateRestoreListener
 from engine.state.session_windows import ReadOnlySessionStore, SessionStore, SessionWindows
@@ -9,6 +10,7 @@ from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplie
 from engine.state.windows import TimeWindows, Windowed
 
 __all__ = [
+    "JoinWindows",
     "KeyValueStore",
     "Materialized",
     "ReadOnlyKeyValueStore",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import shutil
+import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -56,30 +57,31 @@ class InMemoryBytesStore:
     def __init__(self, name: str) -> None:
         self.name = name
         self._data: dict[bytes, bytes] = {}
-        # Sorted keys with the key-set version they were made at; rebuilt by the first range
-        # after the key set changed. A reader on another thread may store a stale pair: the
-        # version check makes the next range ignore it.
-        self._version = 0
-        self._sorted: tuple[int, list[bytes]] = (0, [])
+        # The keys in order, kept sorted as keys come and go (a join or windowed store ranges
+        # after nearly every put: sorting on each range made that quadratic). Only the writing
+        # thread reads this list in place; a reader on another thread copies it first.
+        self._keys: list[bytes] = []
+        self._writer: int | None = None
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
     def put(self, key: bytes, value: bytes | None) -> None:
+        self._writer = threading.get_ident()
         if value is None:
             if self._data.pop(key, None) is not None:
-                self._version += 1
+                keys = self._keys
+                del keys[bisect.bisect_left(keys, key)]
             return
         if key not in self._data:
-            self._version += 1
+            bisect.insort(self._keys, key)
         self._data[key] = value
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        version, keys = self._sorted
-        if version != self._version:
-            version = self._version
-            keys = sorted(self._data)
-            self._sorted = (version, keys)
+        keys = self._keys
+        if threading.get_ident() != self._writer:
+            # One C-level copy (atomic under the GIL): the writer may insert while this reads.
+            keys = list(keys)
         start = 0 if low is None else bisect.bisect_left(keys, low)
         stop = len(keys) if high is None else bisect.bisect_right(keys, high)
         data = self._data
@@ -102,7 +104,7 @@ class InMemoryBytesStore:
 
     def wipe(self) -> None:
         self._data = {}
-        self._version += 1
+        self._keys = []
 
 
 def require_rocksdict(store: str) -> None:
@@ -152,6 +154,10 @@ class RocksDBBytesStore:
         # never mutated after a batch, so a reader on another thread sees the old or the new.
         self._pending: dict[bytes, bytes | None] = {}
         self._pending_bytes = 0
+        # The pending keys in order, for ranges on the writing thread (a join's fetch after each
+        # put would otherwise sort all pending writes); other threads sort a copy of the dict.
+        self._pending_keys: list[bytes] = []
+        self._writer: int | None = None
 
     def open(self) -> None:
         """Open the database; raises ``StoreLockedError`` while another task instance still has it."""
@@ -176,6 +182,9 @@ class RocksDBBytesStore:
         return self._db.get(key)  # type: ignore[no-any-return]  # rocksdict returns Any; we store bytes
 
     def put(self, key: bytes, value: bytes | None) -> None:
+        self._writer = threading.get_ident()
+        if key not in self._pending:
+            bisect.insort(self._pending_keys, key)
         self._pending[key] = value
         # Overwrites count again: a bound on memory, not an exact size.
         self._pending_bytes += len(key) + (len(value) if value is not None else 0)
@@ -195,12 +204,19 @@ class RocksDBBytesStore:
         self._db.write(batch, self._write_options)
         # Only now: a reader on another thread finds each key in the old dict or in RocksDB.
         self._pending = {}
+        self._pending_keys = []
         self._pending_bytes = 0
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        # One C-level copy (atomic under the GIL), so the stream thread may write meanwhile.
-        pending = sorted((k, v) for k, v in list(self._pending.items())
-                         if (low is None or k >= low) and (high is None or k <= high))
+        if threading.get_ident() == self._writer:
+            keys, data = self._pending_keys, self._pending
+            start = 0 if low is None else bisect.bisect_left(keys, low)
+            stop = len(keys) if high is None else bisect.bisect_right(keys, high)
+            pending = [(k, data[k]) for k in keys[start:stop]]
+        else:
+            # One C-level copy (atomic under the GIL), so the stream thread may write meanwhile.
+            pending = sorted((k, v) for k, v in list(self._pending.items())
+                             if (low is None or k >= low) and (high is None or k <= high))
         if not pending:
             yield from self._stored_range(low, high)
             return
@@ -251,11 +267,13 @@ class RocksDBBytesStore:
                 self._write_pending()
             finally:
                 self._pending = {}
+                self._pending_keys = []
                 self._pending_bytes = 0
                 self._db.close()
 
     def wipe(self) -> None:
         self._pending = {}
+        self._pending_keys = []
         self._pending_bytes = 0
         self.close()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -37,6 +37,8 @@ class StoreSupplier:
     window_size_ms: int | None = None
     # A window store whose values carry the largest record timestamp of their window (sliding windows).
     timestamped: bool = False
+    # Window stores only: keep every record of a key and timestamp (a stream-stream join's sides).
+    retain_duplicates: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from engine.state import checkpoint
 from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore, StoreLockedError
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Append, Changelogger, changelog_topic
+from engine.state.join_store import JoinWindowStore
 from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
 from engine.state.session_windows import SessionStore
 from engine.state.sliding_windows import TimestampedWindowStore
@@ -102,6 +103,10 @@ class TaskStateManager:
         args = (name, inner, builder.key_serde or default_key_serde, value_serde, changelog,
                 cache if builder.caching else None, f"{self.task_id}/{name}", timestamp, source)
         supplier = builder.supplier
+        if builder.type is StoreType.WINDOW and supplier.retain_duplicates:
+            # A join window of size 0 without grace keeps records for 0 ms: no ``or 1`` here.
+            return JoinWindowStore(*args, window_size_ms=supplier.window_size_ms or 1,
+                                   retention_ms=supplier.retention_ms or 0)
         if builder.type is StoreType.WINDOW:
             kind = TimestampedWindowStore if supplier.timestamped else WindowStore
             return kind(*args, window_size_ms=supplier.window_size_ms or 1, retention_ms=supplier.retention_ms or 1)

@@ -118,7 +118,6 @@ class TopologyTestDriver:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"Topic '{topic}' needs at least 1 partition, got {count!r}")
         self._clock = ManualClock(initial_wall_clock_ms)
-        self._runner = DriverLoop(self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS])
         self._logs: dict[str, TopicLog] = {}
         self._fed: set[str] = set()
         self._read: set[str] = set()
@@ -135,6 +134,8 @@ class TopologyTestDriver:
             self._log(topic)
         for topic in topology.source_topics + topology.sink_topics:
             self._log(topic)
+        # Only now that the topics are known to be usable: a refused topology leaves no loop open.
+        self._runner = DriverLoop(self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS])
         # The driver's stores live in a directory of its own, removed by close().
         self._state_dir = tempfile.mkdtemp(prefix="streamloop-driver-")
         self._producer = DriverProducer(self._log, lambda: self.wall_clock_ms)

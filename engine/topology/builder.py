@@ -24,7 +24,9 @@ from engine.processors.builtin import (
 )
 from engine.processors.nodes import Node, Partitioner
 from engine.serdes import Serde, as_serde
+from engine.state.join_windows import JoinWindows
 from engine.state.stores import Materialized, StoreBuilder
+from engine.topology.joins import StreamJoined, stream_stream_join
 from engine.topology.tables import (
     KGroupedStream,
     KTable,
@@ -247,14 +249,30 @@ class KStream:
         """Group by ``selector(key, value)``: records are repartitioned by the new key."""
         return self.select_key(selector, name=name).group_by_key(key_serde=key_serde, value_serde=value_serde)
 
-    def join(self, table: KTable, joiner: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
+    def join(self, table: KTable | KStream, joiner: Callable[[Any, Any], Any], windows: JoinWindows | None = None,
+             stream_joined: StreamJoined | None = None, *, name: str | None = None) -> KStream:
         """``joiner(value, table_value)`` for each record whose key the table has (the table's
-        topic must have as many partitions as this stream's: they are read by the same tasks)."""
+        topic must have as many partitions as this stream's: they are read by the same tasks).
+
+        With another stream and ``windows``: ``joiner(value, other_value)`` for each pair of
+        records of one key within the join windows (engine.topology.joins)."""
+        if isinstance(table, KStream):
+            return stream_stream_join(self, table, joiner, windows, False, False, stream_joined, name)
         return stream_table_join(self, table, joiner, False, name)
 
-    def left_join(self, table: KTable, joiner: Callable[[Any, Any], Any], *, name: str | None = None) -> KStream:
-        """As ``join``, but a record whose key the table lacks is joined with None."""
+    def left_join(self, table: KTable | KStream, joiner: Callable[[Any, Any], Any],
+                  windows: JoinWindows | None = None, stream_joined: StreamJoined | None = None, *,
+                  name: str | None = None) -> KStream:
+        """As ``join``, but a record whose key the table lacks is joined with None (with a stream:
+        a record that found no partner once its window plus grace closed)."""
+        if isinstance(table, KStream):
+            return stream_stream_join(self, table, joiner, windows, True, False, stream_joined, name)
         return stream_table_join(self, table, joiner, True, name)
+
+    def outer_join(self, other: KStream, joiner: Callable[[Any, Any], Any], windows: JoinWindows,
+                   stream_joined: StreamJoined | None = None, *, name: str | None = None) -> KStream:
+        """As ``left_join`` of two streams, and the other stream's records without partner too."""
+        return stream_stream_join(self, other, joiner, windows, True, True, stream_joined, name)
 
     def _repartition(self, key_serde: Serde | None, value_serde: Serde | None, inherited: tuple[bool, bool],
                      call: str | None) -> KStream:

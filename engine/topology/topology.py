@@ -21,7 +21,7 @@ from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, 
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
-from engine.topology.copartition import repartition_counts
+from engine.topology.copartition import check_copartition_groups, repartition_counts
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -220,6 +220,7 @@ class Topology:
         """
         if self.application_id is None:
             raise TopologyError("The topology has no application id yet (it is set by KafkaStreams)")
+        check_copartition_groups(self, source_partitions)
         counts = dict(source_partitions)
         result: dict[str, tuple[int, dict[str, str]]] = {}
         repartition = set(self.repartition_topics())
