@@ -14,18 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import TopologyError
 from engine.state.store import StateStore
-from engine.state.windows import Windowed
+from engine.state.windows import Windowed, millis
 
 _TIMES = struct.Struct(">qq")
 _MAX = 2**63 - 1
-
-
-def _millis(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TopologyError(f"{what} must be an int >= {minimum} ms, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -41,7 +34,7 @@ class SessionWindows:
 
     @classmethod
     def of_inactivity_gap_and_grace(cls, inactivity_gap_ms: int, grace_ms: int) -> SessionWindows:
-        return cls(_millis(inactivity_gap_ms, "Session inactivity gap", 1), _millis(grace_ms, "Session grace", 0))
+        return cls(millis(inactivity_gap_ms, "Session inactivity gap", 1), millis(grace_ms, "Session grace", 0))
 
     @property
     def retention_ms(self) -> int:

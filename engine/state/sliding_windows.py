@@ -18,16 +18,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import TopologyError
 from engine.state.store import WindowStore
+from engine.state.windows import millis
 
 _TIMESTAMP = struct.Struct(">q")
-
-
-def _millis(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TopologyError(f"{what} must be an int >= {minimum} ms, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -41,8 +35,8 @@ class SlidingWindows:
 
     @classmethod
     def of_time_difference_and_grace(cls, time_difference_ms: int, grace_ms: int) -> SlidingWindows:
-        return cls(_millis(time_difference_ms, "Sliding window time difference", 1),
-                   _millis(grace_ms, "Sliding window grace", 0))
+        return cls(millis(time_difference_ms, "Sliding window time difference", 1),
+                   millis(grace_ms, "Sliding window grace", 0))
 
     @property
     def retention_ms(self) -> int:

@@ -14,6 +14,13 @@ from typing import Any
 from engine.errors import TopologyError
 
 
+def millis(value: object, what: str, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum`` ms; else a ``TopologyError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TopologyError(f"{what} must be an int >= {minimum} ms, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Windowed:
     """The key of a windowed table: the record key and its window ``[start, end)``."""
