@@ -177,3 +177,11 @@ def test_an_emitted_update_keeps_its_headers() -> None:
     processor.process(Record("k1", "v1", 0, headers))  # type: ignore[arg-type]  # Kafka allows a null header
     processor.process(Record("k2", "v2", 1))
     assert forwarded == [Record("k1", "v1", 0, headers)]  # type: ignore[arg-type]  # as above
+
+
+def test_suppressing_a_table_without_a_store_names_the_fix() -> None:
+    """The buffer keeps the upstream store's bytes: a filter without ``materialized=`` has none."""
+    builder = StreamsBuilder()
+    filtered = builder.table("in", key_serde=StringSerde(), value_serde=LongSerde()).filter(lambda _k, v: v > 0)
+    with pytest.raises(TopologyError, match="materialized="):
+        filtered.suppress(Suppressed.until_time_limit(100, BufferConfig.unbounded()))
