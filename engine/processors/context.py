@@ -13,6 +13,7 @@ from engine.records import Headers, Record
 
 if TYPE_CHECKING:
     from engine.ids import TaskId
+    from engine.serdes import Serde
     from engine.spark.session import SparkSessions
 
 
@@ -30,7 +31,7 @@ class TaskContext:
     __slots__ = (
         "application_id", "task_id", "forwarder", "topic", "partition", "offset",
         "timestamp", "headers", "commit_requested", "stream_time_schedules",
-        "wall_clock_schedules", "wall_clock_ms", "stores", "spark",
+        "wall_clock_schedules", "wall_clock_ms", "stores", "spark", "default_serdes",
     )
 
     def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int],
@@ -50,6 +51,9 @@ class TaskContext:
         self.stores: dict[str, Any] = {}
         # The client's shared SparkSession (made lazily), for Spark stages.
         self.spark = spark
+        # default.key.serde and default.value.serde, set when the task's graph is built: a
+        # processor that writes bytes itself (a foreign-key join) falls back on them.
+        self.default_serdes: tuple[Serde, Serde] | None = None
 
 
 class NodeContext:
@@ -74,6 +78,11 @@ class NodeContext:
     def spark(self) -> SparkSessions | None:
         """The client's ``SparkSessions`` (Spark stages use it; None outside a client)."""
         return self._task.spark
+
+    @property
+    def default_serdes(self) -> tuple[Serde, Serde] | None:
+        """(default.key.serde, default.value.serde) of the client; None before the task is built."""
+        return self._task.default_serdes
 
     @property
     def topic(self) -> str | None:

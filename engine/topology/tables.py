@@ -26,6 +26,7 @@ from engine.state.session_windows import SessionWindows
 from engine.state.sliding_windows import SlidingWindows
 from engine.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from engine.state.windows import TimeWindows
+from engine.topology.fk_join import foreign_key_join
 from engine.topology.grouped_table import KGroupedTable, group_table
 from engine.topology.suppressed import Suppressed, suppress_table
 from engine.topology.table_ops import filter_table, join_tables, map_table_values
@@ -199,14 +200,41 @@ class KTable:
         """Rows regrouped by ``selector(key, value) -> (new_key, new_value)``, through a repartition topic."""
         return group_table(self, selector, key_serde, value_serde, name)
 
+    @overload
     def join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
+             materialized: Materialized | str | None = None, name: str | None = None) -> KTable: ...
+    @overload
+    def join(self, other: KTable, foreign_key_extractor: Callable[[Any], Any], joiner: Callable[[Any, Any], Any],
+             *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable: ...
+
+    def join(self, other: KTable, *functions: Callable[..., Any], joiner: Callable[..., Any] | None = None,
+             foreign_key_extractor: Callable[[Any], Any] | None = None,
              materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
-        """``joiner(value, other_value)`` for the keys both tables have (inputs co-partitioned)."""
+        """``joiner(value, other_value)`` for the keys both tables have (inputs co-partitioned).
+
+        With ``foreign_key_extractor, joiner``: each row joined with ``other``'s row whose key is
+        ``foreign_key_extractor(value)`` (a foreign-key join, engine.topology.fk_join; the inputs
+        need not be co-partitioned)."""
+        extractor, joiner = _join_functions(functions, foreign_key_extractor, joiner, "join()")
+        if extractor is not None:
+            return foreign_key_join(self, other, extractor, joiner, False, materialized, name)
         return join_tables(self, other, joiner, "inner", materialized, name)
 
+    @overload
     def left_join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
+                  materialized: Materialized | str | None = None, name: str | None = None) -> KTable: ...
+    @overload
+    def left_join(self, other: KTable, foreign_key_extractor: Callable[[Any], Any],
+                  joiner: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
+                  name: str | None = None) -> KTable: ...
+
+    def left_join(self, other: KTable, *functions: Callable[..., Any], joiner: Callable[..., Any] | None = None,
+                  foreign_key_extractor: Callable[[Any], Any] | None = None,
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """As ``join``, for every key of this table (``other_value`` None where ``other`` lacks it)."""
+        extractor, joiner = _join_functions(functions, foreign_key_extractor, joiner, "left_join()")
+        if extractor is not None:
+            return foreign_key_join(self, other, extractor, joiner, True, materialized, name)
         return join_tables(self, other, joiner, "left", materialized, name)
 
     def outer_join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
@@ -227,6 +255,23 @@ class KTable:
         self._builder._add_pass_through(node, self._node)
         return self._builder._stream_at(node, key_serde=self._key_serde, value_serde=self._value_serde,
                                         key_kind=self._key_kind)
+
+
+def _join_functions(functions: tuple[Callable[..., Any], ...], extractor: Callable[[Any], Any] | None,
+                    joiner: Callable[..., Any] | None, what: str) -> tuple[Callable[[Any], Any] | None, Any]:
+    """(foreign_key_extractor or None, joiner) from a table join's arguments: ``joiner`` alone (by
+    key), or ``foreign_key_extractor, joiner`` (by foreign key), positional or by keyword."""
+    given = list(functions)
+    if extractor is not None:
+        given.insert(0, extractor)
+    if joiner is not None:
+        given.append(joiner)
+    if len(given) == 1 and extractor is None:
+        return None, given[0]
+    if len(given) == 2:
+        return given[0], given[1]
+    raise TypeError(f"{what} takes a table and a joiner, or a table, a foreign_key_extractor and a joiner; "
+                    f"got {len(given)} functions")
 
 
 def table_source(builder: StreamsBuilder, source: str, materialized: Materialized | str | None,

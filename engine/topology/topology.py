@@ -404,6 +404,7 @@ class Topology:
         """
         sub = self.subtopologies[subtopology]
         context.stores = state.stores if state is not None else {}
+        context.default_serdes = (default_key_serde, default_value_serde)
         nodes: dict[str, Node] = {}
         for name in sub.node_names:
             spec = self._specs[name]

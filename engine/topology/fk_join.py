@@ -1,0 +1,105 @@
+"""``KTable.join(other, foreign_key_extractor, joiner)`` and ``left_join``: the foreign-key table
+join (Kafka Streams' KIP-213); the processors and the flow are in engine.processors.fk_join.
+
+The nodes it adds, named as Kafka Streams names them:
+
+- on the left table's sub-topology: ``KTABLE-FK-JOIN-SUBSCRIPTION-REGISTRATION`` (the send
+  processor) writing the subscription topic, and the response topic's source with the
+  ``KTABLE-FK-JOIN-SUBSCRIPTION-RESPONSE-RESOLVER`` joining answers with the left table;
+- on the right table's sub-topology: the subscription topic's source with the
+  ``KTABLE-FK-JOIN-SUBSCRIPTION-PROCESSOR`` and its store (with a changelog, so subscriptions
+  survive a restart or a move of the task), and ``KTABLE-FK-JOIN-FOREIGN-TABLE`` answering
+  subscribers on the right table's updates, both writing the response topic.
+
+The subscription topic is co-partitioned with the right table's topic and the response topic
+with the left table's (``engine.topology.copartition`` gives them those partition counts); the
+two tables themselves need not be co-partitioned.
+
+The joined table is always kept in a store (named by ``materialized``, else an internal name),
+so that an operation downstream gets old values, and a join reads it, as from any table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import TopologyError
+from engine.processors.fk_join import (
+    ForeignTableChangeProcessor,
+    JoinSerdes,
+    ResponseJoinProcessor,
+    SubscriptionReceiveProcessor,
+    SubscriptionSendProcessor,
+)
+from engine.processors.table_ops import MaterializedTableOpProcessor
+from engine.serdes import BytesSerde
+from engine.state.stores import Materialized, StoreBuilder, StoreSupplier
+from engine.topology.copartition import add_copartition_group
+from engine.topology.table_ops import add_table_store, derived, plain_function, send_old_values, view_of
+
+if TYPE_CHECKING:
+    from engine.topology.tables import KTable
+
+
+def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], Any],
+                     joiner: Callable[[Any, Any], Any], left_join: bool,
+                     materialized: Materialized | str | None, name: str | None) -> KTable:
+    what = "left_join()" if left_join else "join()"
+    plain_function(extractor, f"{what} foreign_key_extractor")
+    plain_function(joiner, what)
+    if not isinstance(other, type(table)):
+        raise TopologyError(f"{what} needs a KTable, got {other!r}")
+    if other._builder is not table._builder:
+        raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
+    left_view, right_view = view_of(table, what), view_of(other, what)
+    builder = table._builder
+    topology = builder._topology
+    serdes = JoinSerdes(table._key_serde, table._value_serde, other._key_serde, other._value_serde)
+    raw = BytesSerde()
+
+    # Left: subscribe (the send processor needs each update's old value: its old foreign key).
+    send_old_values(table)
+    registration = builder._name(name and f"{name}-subscription-registration",
+                                 "KTABLE-FK-JOIN-SUBSCRIPTION-REGISTRATION")
+    subscription_topic = f"{registration}-topic"
+    subscription_sink = builder._name(None, "KTABLE-SINK")
+    response_base = builder._name(name and f"{name}-subscription-response", "KTABLE-FK-JOIN-SUBSCRIPTION-RESPONSE")
+    response_topic = f"{response_base}-topic"
+    response_source = builder._name(None, "KSTREAM-SOURCE")
+    resolver = builder._name(name and f"{name}-resolver", "KTABLE-FK-JOIN-SUBSCRIPTION-RESPONSE-RESOLVER")
+    topology.add_processor(
+        registration,
+        lambda: SubscriptionSendProcessor(extractor, left_join, serdes, subscription_sink, resolver),
+        table._node)
+    topology.add_sink(subscription_sink, subscription_topic, registration, key_serde=raw, value_serde=raw,
+                      internal=True, call=None)
+
+    # Right: keep subscriptions, answer them now and on every update of the right table.
+    subscription_source = builder._name(None, "KSTREAM-SOURCE")
+    topology.add_source(subscription_source, subscription_topic, raw, raw, internal=True)
+    store = builder._name(None, "KTABLE-FK-JOIN-SUBSCRIPTION-STATE-STORE")
+    receiver = builder._name(name and f"{name}-subscription-processor", "KTABLE-FK-JOIN-SUBSCRIPTION-PROCESSOR")
+    foreign = builder._name(name and f"{name}-foreign-table", "KTABLE-FK-JOIN-FOREIGN-TABLE")
+    topology.add_processor(receiver, lambda: SubscriptionReceiveProcessor(store, serdes, right_view),
+                           subscription_source, stores=right_view.stores)
+    topology.add_processor(foreign, lambda: ForeignTableChangeProcessor(store, serdes), other._node)
+    # Caching off: a right update scans the store right after a subscription was written.
+    topology.add_state_store(StoreBuilder(StoreSupplier(store, None), raw, raw, caching=False), receiver, foreign)
+    response_sink = builder._name(None, "KTABLE-SINK")
+    topology.add_sink(response_sink, response_topic, receiver, foreign, key_serde=raw, value_serde=raw,
+                      internal=True, call=None)
+
+    # Left again: join the answers with the left table's current rows.
+    topology.add_source(response_source, response_topic, raw, raw, internal=True)
+    topology.add_processor(resolver, lambda: ResponseJoinProcessor(left_view, joiner, left_join, serdes),
+                           response_source, registration, stores=left_view.stores)
+    add_copartition_group(topology, f"{what} (its subscription topic)", (other._node, subscription_source))
+    add_copartition_group(topology, f"{what} (its response topic)", (table._node, response_source))
+
+    result_store = builder._store_name(materialized, "KTABLE-FK-JOIN-OUTPUT-STATE-STORE")
+    output = builder._name(None, "KTABLE-FK-JOIN-OUTPUT")
+    topology.add_processor(output, lambda: MaterializedTableOpProcessor(result_store, lambda _k, v: v, False),
+                           resolver)
+    store_builder = add_table_store(builder, result_store, materialized, output, table._key_serde, None)
+    return derived(table, output, result_store, store_builder.value_serde, None)
