@@ -1,0 +1,83 @@
+"""A foreign-key table join end to end, on the memory broker and on real Kafka (same scenario).
+
+Orders left-joined with their customers by the customer id in the order, the two topics of
+different partition counts (a foreign-key join needs no co-partitioning: the subscription and
+response topics are partitioned like the customer and the order topic). Orders move to other
+customers, to none, are deleted; customers change and are deleted, some of that while the app
+is down, so the restarted app answers subscriptions restored from the subscription store's
+changelog (in a new state directory, as after a move to another machine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import StreamsBuilder
+from engine.serdes import JsonSerde, StringSerde
+from engine.state import Materialized
+from engine.testing import eventually_async
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster
+
+pytestmark = pytest.mark.asyncio
+
+STR, JSON = StringSerde(), JsonSerde()
+Rows = dict[str, Any]
+
+
+def topology(orders: str, customers: str, out: str) -> Any:
+    builder = StreamsBuilder()
+    order_table = builder.table(orders, key_serde=STR, value_serde=JSON)
+    customer_table = builder.table(customers, key_serde=STR, value_serde=STR)
+    enriched = order_table.left_join(customer_table, lambda order: order["customer"],
+                                     lambda order, name: {"amount": order["amount"], "name": name},
+                                     materialized=Materialized("enriched", value_serde=JSON))
+    enriched.to_stream().to(out, value_serde=JSON)
+    return builder.build()
+
+
+def model(orders: Rows, customers: Rows) -> Rows:
+    return {o: {"amount": v["amount"], "name": customers.get(v["customer"]) if v["customer"] else None}
+            for o, v in orders.items() if v is not None}
+
+
+async def test_left_join_by_foreign_key_across_a_restart(cluster: Cluster, names, tmp_path) -> None:
+    orders, customers, out = names("orders"), names("customers"), names("enriched")
+    await cluster.create_topics({orders: 3, customers: 2, out: 2})
+    order_rows: Rows = {}
+    customer_rows: Rows = {}
+
+    async def send(order_updates: list[tuple[str, Any]], customer_updates: list[tuple[str, Any]]) -> None:
+        await cluster.produce(customers, customer_updates, STR, STR, partitions=2)
+        await cluster.produce(orders, order_updates, STR, JSON, partitions=3)
+        order_rows.update(order_updates)
+        customer_rows.update(customer_updates)
+
+    async def converged(what: str) -> None:
+        want = model(order_rows, customer_rows)
+
+        async def matches() -> bool:
+            got = {STR.deserialize(r.key): JSON.deserialize(r.value) for r in await cluster.read_all(out)}
+            return {k: v for k, v in got.items() if v is not None} == want
+        await eventually_async(matches, timeout=60, what=what)
+
+    def app(state_dir: str) -> Any:
+        return make_streams(topology(orders, customers, out), cluster.bootstrap, names.app,
+                            state_dir=str(tmp_path / state_dir), cache_max_bytes_buffering=0)
+
+    await send([(f"o{i}", {"customer": f"c{i % 4}", "amount": i}) for i in range(10)],
+               [(f"c{i}", f"name{i}") for i in range(3)])
+    async with app("first"):
+        await converged("orders joined with their customers (c3 has none yet)")
+        await send([("o1", {"customer": "c2", "amount": 1}), ("o2", {"customer": None, "amount": 2}),
+                     ("o4", None)], [("c3", "name3"), ("c0", "renamed0")])
+        await converged("orders moved, one to no customer, one deleted; a customer added, one renamed")
+    # While the app is down: a customer is deleted and another renamed; only the subscriptions
+    # restored from their changelog (into a new state directory, as on another machine) can tell
+    # which orders they reach.
+    await send([("o5", {"customer": "c3", "amount": 55})], [("c1", None), ("c2", "renamed2")])
+    async with app("second") as streams:
+        await converged("after a restart: the deleted and renamed customers reach their orders")
+        assert dict(streams.store("enriched").all()) == model(order_rows, customer_rows)
