@@ -16,11 +16,12 @@ import pytest
 
 from engine.errors import TopologyError
 from engine.processors.fk_join import Instruction, Response, Subscription, prefix_end, subscription_key
-from engine.serdes import StringSerde
+from engine.serdes import JsonSerde, StringSerde
+from engine.state import Materialized
 from engine.testing import TopologyTestDriver
 from engine.topology.builder import StreamsBuilder
 
-STR = StringSerde()
+STR, JSON = StringSerde(), JsonSerde()
 CONFIG = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": STR}
 
 
@@ -280,3 +281,23 @@ def test_join_arguments() -> None:
         left.left_join(right, fk, joiner)
     by_keyword = left.join(right, foreign_key_extractor=extractor, joiner=joiner)
     assert by_keyword.queryable_store_name is not None
+
+
+def test_a_table_joined_with_itself_by_foreign_key() -> None:
+    """Employees with their managers' names: one table on both sides (its one sub-topology reads
+    both internal topics); a manager's rename reaches the reports, a report's move reaches no one
+    else."""
+    builder = StreamsBuilder()
+    staff = builder.table("staff", key_serde=STR, value_serde=JSON)
+    staff.left_join(staff, lambda v: v["boss"], lambda v, boss: [v["name"], None if boss is None else boss["name"]],
+                    materialized=Materialized("with-boss", value_serde=JSON))
+    with TopologyTestDriver(builder.build(), CONFIG, partitions={"staff": 2}) as driver:
+        staff_input = driver.create_input_topic("staff", STR, JSON)
+        staff_input.pipe_input("a", {"name": "A", "boss": None})
+        staff_input.pipe_input("b", {"name": "B", "boss": "a"})
+        staff_input.pipe_input("c", {"name": "C", "boss": "b"})
+        staff_input.pipe_input("a", {"name": "A2", "boss": None})
+        staff_input.pipe_input("c", {"name": "C", "boss": "a"})
+        staff_input.pipe_input("b", {"name": "B2", "boss": "a"})
+        assert dict(driver.get_key_value_store("with-boss").all()) == {
+            "a": ["A2", None], "b": ["B2", "A2"], "c": ["C", "A2"]}
