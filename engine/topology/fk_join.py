@@ -15,8 +15,10 @@ The subscription topic is co-partitioned with the right table's topic and the re
 with the left table's (``engine.topology.copartition`` gives them those partition counts); the
 two tables themselves need not be co-partitioned.
 
-The joined table is always kept in a store (named by ``materialized``, else an internal name),
-so that an operation downstream gets old values, and a join reads it, as from any table.
+The joined table is always kept in a store (named by ``materialized``, else an internal one that
+is not queryable), so that an operation downstream gets old values, and a join reads it, as from
+any table. ``name`` names the nodes, the internal topics (``<name>-subscription-registration-topic``,
+``<name>-subscription-response-topic``) and the subscription store (``<name>-subscription-store``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], An
     # Right: keep subscriptions, answer them now and on every update of the right table.
     subscription_source = builder._name(None, "KSTREAM-SOURCE")
     topology.add_source(subscription_source, subscription_topic, raw, raw, internal=True)
-    store = builder._name(None, "KTABLE-FK-JOIN-SUBSCRIPTION-STATE-STORE")
+    # Named as Kafka Streams names them for ``TableJoined.as(name)``.
+    store = f"{name}-subscription-store" if name else builder._name(None, "KTABLE-FK-JOIN-SUBSCRIPTION-STATE-STORE")
     receiver = builder._name(name and f"{name}-subscription-processor", "KTABLE-FK-JOIN-SUBSCRIPTION-PROCESSOR")
     foreign = builder._name(name and f"{name}-foreign-table", "KTABLE-FK-JOIN-FOREIGN-TABLE")
     topology.add_processor(receiver, lambda: SubscriptionReceiveProcessor(store, serdes, right_view),
@@ -102,4 +105,7 @@ def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], An
     topology.add_processor(output, lambda: MaterializedTableOpProcessor(result_store, lambda _k, v: v, False),
                            resolver)
     store_builder = add_table_store(builder, result_store, materialized, output, table._key_serde, None)
-    return derived(table, output, result_store, store_builder.value_serde, None)
+    result = derived(table, output, result_store, store_builder.value_serde, None)
+    if materialized is None:
+        result.queryable_store_name = None  # an internal store, as in Kafka Streams: not for queries
+    return result

@@ -280,7 +280,12 @@ def test_join_arguments() -> None:
             return value
         left.left_join(right, fk, joiner)
     by_keyword = left.join(right, foreign_key_extractor=extractor, joiner=joiner)
-    assert by_keyword.queryable_store_name is not None
+    assert by_keyword.queryable_store_name is None  # not materialized: its store is internal
+    left.left_join(right, extractor, joiner, name="orders")
+    topology = builder.build()
+    assert {"orders-subscription-registration-topic", "orders-subscription-response-topic"} \
+        <= set(topology.repartition_topics())
+    assert "orders-subscription-store" in topology.store_names
 
 
 def test_a_table_joined_with_itself_by_foreign_key() -> None:
