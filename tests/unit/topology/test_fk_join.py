@@ -212,7 +212,7 @@ def test_left_tables_of_other_partition_counts_join_through_the_internal_topics(
 
 def test_subscriptions_and_results_survive_a_crash() -> None:
     """The subscription store and the result store are restored from their changelogs: after a
-    crash, a right update still reaches the left rows that subscribed before it."""
+    crash or a rebalance, a right update still reaches the left rows subscribed before it."""
     builder = StreamsBuilder()
     left = builder.table("left", key_serde=STR, value_serde=STR)
     right = builder.table("right", key_serde=STR, value_serde=STR)
@@ -226,6 +226,8 @@ def test_subscriptions_and_results_survive_a_crash() -> None:
         c.pipe("right", "rhs1", "R2")
         assert c.store() == {"lhs1": "(a|rhs1,R2)", "lhs2": "(b|rhs1,R2)"}
         c.pipe("left", "lhs1", "a|rhs9")
+        for task in driver.task_ids:  # new processors on every task, the stores restored
+            driver.rebalance(task)
         c.pipe("right", "rhs1", "R3")
         assert c.store() == {"lhs1": "(a|rhs9,None)", "lhs2": "(b|rhs1,R3)"}
 
