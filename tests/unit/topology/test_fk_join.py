@@ -211,8 +211,9 @@ def test_left_tables_of_other_partition_counts_join_through_the_internal_topics(
 
 
 def test_subscriptions_and_results_survive_a_crash() -> None:
-    """The subscription store and the result store are restored from their changelogs: after a
-    crash or a rebalance, a right update still reaches the left rows subscribed before it."""
+    """The subscription and result stores outlive a crash and a rebalance: a right update still
+    reaches the left rows subscribed before them (restoring from the changelog into a new state
+    directory is tests/integration/test_fk_joins.py's)."""
     builder = StreamsBuilder()
     left = builder.table("left", key_serde=STR, value_serde=STR)
     right = builder.table("right", key_serde=STR, value_serde=STR)
