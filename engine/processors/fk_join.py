@@ -4,8 +4,9 @@
 key ``foreign_key_extractor(left_value)`` names. The two tables need not be co-partitioned: a
 left row *subscribes* to its foreign key through a topic partitioned by that key, so that the
 task holding the right row for it gets the subscription; that task keeps it in a subscription
-store and *responds*, now and on every later update of the right row, through a topic
-partitioned by the left key, back to the task holding the left row, which joins.
+store and *responds*, now and on every later update of the right row, through a topic with the
+left table's partitions, to the partition of the task holding the left row (carried in the
+subscription), which joins.
 
 - ``SubscriptionSendProcessor`` (left task): a left update becomes instructions for the
   subscription topic (KS' SubscriptionSendProcessorSupplier): subscribe to the new foreign key,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 _VERSION = 0
 _HASH_SIZE = 16
+_PARTITION = struct.Struct(">i")
 
 
 class Instruction(IntEnum):
@@ -58,42 +61,68 @@ class Instruction(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """A subscription as it travels: ``hash`` of the left value (None: deleted), ``left_key`` as bytes."""
+    """A subscription as it travels: ``hash`` of the left value (None: deleted), the partition of
+    the left task (the answer goes there, whatever partitioner wrote the left topic, as KS'
+    primaryPartition), ``left_key`` as bytes."""
 
     instruction: Instruction
     hash: bytes | None
+    partition: int
     left_key: bytes
 
     def to_bytes(self) -> bytes:
-        # version, instruction, has-hash flag, [16-byte hash], left key bytes
-        head = bytes((_VERSION, int(self.instruction), 0 if self.hash is None else 1))
-        return head + (self.hash or b"") + self.left_key
+        # version, then the stored part (see ``stored``), then the left key's bytes
+        return bytes((_VERSION,)) + self.stored() + self.left_key
+
+    def stored(self) -> bytes:
+        """What the subscription store keeps: instruction, has-hash flag, [16-byte hash], partition."""
+        head = bytes((int(self.instruction), 0 if self.hash is None else 1))
+        return head + (self.hash or b"") + _PARTITION.pack(self.partition)
+
+    @staticmethod
+    def from_stored(data: bytes, left_key: bytes) -> Subscription:
+        end = 2 + (_HASH_SIZE if data[1] else 0)
+        (partition,) = _PARTITION.unpack_from(data, end)
+        return Subscription(Instruction(data[0]), data[2:end] if data[1] else None, partition, left_key)
 
     @staticmethod
     def from_bytes(data: bytes) -> Subscription:
         _check_version(data, "subscription")
-        start = 3 + (_HASH_SIZE if data[2] else 0)
-        return Subscription(Instruction(data[1]), data[3:start] if data[2] else None, data[start:])
+        start = 1 + 2 + (_HASH_SIZE if data[2] else 0) + _PARTITION.size
+        return Subscription.from_stored(data[1:start], data[start:])
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A right side's answer: the subscription's ``hash`` and the right value's bytes (None: absent)."""
+    """A right side's answer: the subscription's ``hash``, the left task's partition, and the right
+    value's bytes (None: absent)."""
 
     hash: bytes | None
+    partition: int
     foreign_value: bytes | None
 
     def to_bytes(self) -> bytes:
-        # version, flags (1: hash, 2: foreign value), [16-byte hash], foreign value bytes
+        # version, flags (1: hash, 2: foreign value), [16-byte hash], partition, foreign value bytes
         flags = (0 if self.hash is None else 1) | (0 if self.foreign_value is None else 2)
-        return bytes((_VERSION, flags)) + (self.hash or b"") + (self.foreign_value or b"")
+        return (bytes((_VERSION, flags)) + (self.hash or b"") + _PARTITION.pack(self.partition)
+                + (self.foreign_value or b""))
 
     @staticmethod
     def from_bytes(data: bytes) -> Response:
         _check_version(data, "subscription response")
         flags = data[1]
-        start = 2 + (_HASH_SIZE if flags & 1 else 0)
-        return Response(data[2:start] if flags & 1 else None, data[start:] if flags & 2 else None)
+        end = 2 + (_HASH_SIZE if flags & 1 else 0)
+        (partition,) = _PARTITION.unpack_from(data, end)
+        start = end + _PARTITION.size
+        return Response(data[2:end] if flags & 1 else None, partition, data[start:] if flags & 2 else None)
+
+    @staticmethod
+    def partitioner(_topic: str, _key: Any, value: Any, count: int) -> int | None:
+        """The response sink's partitioner: the partition of the left task that subscribed."""
+        if not isinstance(value, bytes):
+            return None
+        partition = Response.from_bytes(value).partition
+        return partition if 0 <= partition < count else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +251,7 @@ class SubscriptionSendProcessor(BaseProcessor):
 
     def _send(self, record: Record, foreign_key: bytes, instruction: Instruction, digest: bytes | None,
               left_key: bytes) -> None:
-        value = Subscription(instruction, digest, left_key).to_bytes()
+        value = Subscription(instruction, digest, self.context.task_id.partition, left_key).to_bytes()
         self.context.forward(Record(foreign_key, value, record.timestamp, record.headers), to=self.sink)
 
     def _skip(self, why: str) -> None:
@@ -243,11 +272,11 @@ class _RightSideProcessor(BaseProcessor):
         self.store: Any = context.get_state_store(self.store_name)
         self.resolved = self.serdes.resolve(context)
 
-    def _respond(self, record: Record, left_key: bytes, digest: bytes | None, foreign_value: Any) -> None:
+    def _respond(self, record: Record, sub: Subscription, foreign_value: Any) -> None:
         value = None if foreign_value is None else _serialize(self.resolved.right_value, foreign_value,
                                                               "right value")
-        self.context.forward(Record(left_key, Response(digest, value).to_bytes(), record.timestamp,
-                                    record.headers))
+        self.context.forward(Record(sub.left_key, Response(sub.hash, sub.partition, value).to_bytes(),
+                                    record.timestamp, record.headers))
 
 
 class SubscriptionReceiveProcessor(_RightSideProcessor):
@@ -275,17 +304,17 @@ class SubscriptionReceiveProcessor(_RightSideProcessor):
         if sub.instruction in (Instruction.DELETE_KEY_NO_PROPAGATE, Instruction.DELETE_KEY_AND_PROPAGATE):
             self.store.delete(stored)
         else:
-            # What a right update needs to answer this subscriber: the instruction and the hash.
-            self.store.put(stored, data[1:3] + (sub.hash or b""))
+            # What a right update needs to answer this subscriber: its hash and partition.
+            self.store.put(stored, sub.stored())
         if sub.instruction is Instruction.DELETE_KEY_NO_PROPAGATE:
             return
         if sub.instruction is Instruction.DELETE_KEY_AND_PROPAGATE:
-            self._respond(record, sub.left_key, sub.hash, None)
+            self._respond(record, sub, None)
             return
         foreign_value = self.get(self.resolved.foreign_key.deserialize(foreign_key))  # type: ignore[union-attr]
         if foreign_value is None and sub.instruction is Instruction.PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE:
             return
-        self._respond(record, sub.left_key, sub.hash, foreign_value)
+        self._respond(record, sub, foreign_value)
 
 
 class ForeignTableChangeProcessor(_RightSideProcessor):
@@ -300,8 +329,7 @@ class ForeignTableChangeProcessor(_RightSideProcessor):
         for stored, entry in self.store.range(prefix, end):
             if not stored.startswith(prefix):
                 continue  # ``end`` itself (the range is inclusive)
-            digest = entry[2:2 + _HASH_SIZE] if entry[1] else None
-            self._respond(record, stored[len(prefix):], digest, record.value)
+            self._respond(record, Subscription.from_stored(entry, stored[len(prefix):]), record.value)
 
 
 class ResponseJoinProcessor(BaseProcessor):

@@ -30,6 +30,7 @@ from engine.errors import TopologyError
 from engine.processors.fk_join import (
     ForeignTableChangeProcessor,
     JoinSerdes,
+    Response,
     ResponseJoinProcessor,
     SubscriptionReceiveProcessor,
     SubscriptionSendProcessor,
@@ -90,8 +91,9 @@ def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], An
     # Caching off: a right update scans the store right after a subscription was written.
     topology.add_state_store(StoreBuilder(StoreSupplier(store, None), raw, raw, caching=False), receiver, foreign)
     response_sink = builder._name(None, "KTABLE-SINK")
+    # To the partition of the left task that subscribed (carried in the answer), as Kafka Streams does.
     topology.add_sink(response_sink, response_topic, receiver, foreign, key_serde=raw, value_serde=raw,
-                      internal=True, call=None)
+                      partitioner=Response.partitioner, internal=True, call=None)
 
     # Left again: join the answers with the left table's current rows.
     topology.add_source(response_source, response_topic, raw, raw, internal=True)

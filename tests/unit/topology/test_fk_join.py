@@ -253,17 +253,20 @@ def test_a_stale_response_is_dropped() -> None:
         c.pipe("left", "lhs1", "new|rhs1")
         assert c.out() == {"lhs1": "(new|rhs1,R1)"}
         response = next(t for t in topology.repartition_topics() if "RESPONSE" in t)
-        driver.pipe_raw(response, b"lhs1", Response(old_hash, b"STALE").to_bytes())
+        driver.pipe_raw(response, b"lhs1", Response(old_hash, 0, b"STALE").to_bytes())
         assert c.out() == {} and c.store() == {"lhs1": "(new|rhs1,R1)"}
 
 
 def test_wire_formats_round_trip_and_prefixes_bound_their_keys() -> None:
-    sub = Subscription(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE, b"h" * 16, b"key")
+    sub = Subscription(Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE, b"h" * 16, 7, b"key")
     assert Subscription.from_bytes(sub.to_bytes()) == sub
-    gone = Subscription(Instruction.DELETE_KEY_AND_PROPAGATE, None, b"")
+    assert Subscription.from_stored(sub.stored(), b"key") == sub
+    gone = Subscription(Instruction.DELETE_KEY_AND_PROPAGATE, None, 0, b"")
     assert Subscription.from_bytes(gone.to_bytes()) == gone
-    for response in (Response(None, None), Response(b"x" * 16, b""), Response(None, b"v")):
+    for response in (Response(None, 2, None), Response(b"x" * 16, 0, b""), Response(None, 1, b"v")):
         assert Response.from_bytes(response.to_bytes()) == response
+        assert Response.partitioner("t", b"k", response.to_bytes(), 3) == response.partition
+    assert Response.partitioner("t", b"k", Response(None, 5, None).to_bytes(), 3) is None
     prefix = subscription_key(b"fk", b"")
     end = prefix_end(prefix)
     assert end is not None and prefix < subscription_key(b"fk", b"\xff" * 9) < end
@@ -309,3 +312,21 @@ def test_a_table_joined_with_itself_by_foreign_key() -> None:
         staff_input.pipe_input("b", {"name": "B2", "boss": "a"})
         assert dict(driver.get_key_value_store("with-boss").all()) == {
             "a": ["A2", None], "b": ["B2", "A2"], "c": ["C", "A2"]}
+
+
+def test_answers_reach_the_left_task_whatever_partitioned_the_left_topic() -> None:
+    """The left topic written by a custom partitioner (here: each key put on a partition of its own
+    choosing, not where its bytes hash to): answers go to the partition of the task that
+    subscribed (carried in the subscription, as KS' primaryPartition), not to where the left
+    key's bytes hash."""
+    builder = StreamsBuilder()
+    left = builder.table("left", key_serde=STR, value_serde=STR)
+    right = builder.table("right", key_serde=STR, value_serde=STR)
+    left.join(right, extractor, joiner, materialized="store")
+    with TopologyTestDriver(builder.build(), CONFIG, partitions={"left": 3, "right": 2}) as driver:
+        lefts, rights = driver.create_input_topic("left", STR, STR), driver.create_input_topic("right", STR, STR)
+        rights.pipe_input("r", "R")
+        for i in range(6):
+            lefts.pipe_input(f"l{i}", f"v{i}|r", partition=i % 3)
+        rights.pipe_input("r", "R2")
+        assert dict(driver.get_key_value_store("store").all()) == {f"l{i}": f"(v{i}|r,R2)" for i in range(6)}
