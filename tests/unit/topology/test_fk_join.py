@@ -16,12 +16,12 @@ import pytest
 
 from engine.errors import TopologyError
 from engine.processors.fk_join import Instruction, Response, Subscription, prefix_end, subscription_key
-from engine.serdes import JsonSerde, StringSerde
+from engine.serdes import IntegerSerde, JsonSerde, StringSerde
 from engine.state import Materialized
 from engine.testing import TopologyTestDriver
 from engine.topology.builder import StreamsBuilder
 
-STR, JSON = StringSerde(), JsonSerde()
+STR, JSON, INT = StringSerde(), JsonSerde(), IntegerSerde()
 CONFIG = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": STR}
 
 
@@ -330,3 +330,26 @@ def test_answers_reach_the_left_task_whatever_partitioned_the_left_topic() -> No
             lefts.pipe_input(f"l{i}", f"v{i}|r", partition=i % 3)
         rights.pipe_input("r", "R2")
         assert dict(driver.get_key_value_store("store").all()) == {f"l{i}": f"(v{i}|r,R2)" for i in range(6)}
+
+
+@pytest.mark.parametrize("variant", ["default", "consumed", "join-result", "equi-join-result", "produced"])
+def test_the_default_serdes_fill_in_for_serdes_not_given(variant: str) -> None:
+    """KTableKTableForeignKeyJoinScenarioTest.shouldWorkWithDefaultSerdes and its variants: with
+    ``default.key.serde`` Integer and ``default.value.serde`` String, the serdes not given (foreign
+    key, left value hash, right value, result) are the defaults; the FK join's result joined again
+    by key with the left table."""
+    builder = StreamsBuilder()
+    a = builder.table("A", **({"key_serde": INT, "value_serde": STR} if variant == "consumed" else {}))
+    b = builder.table("B")
+    fk_materialized = Materialized("asdf", key_serde=INT, value_serde=STR) if variant == "join-result" else "asdf"
+    fk_result = a.join(b, lambda v: int(v.split("-")[0]), lambda x, y: f"({x},{y})", materialized=fk_materialized)
+    final = a.join(fk_result, lambda x, y: f"({x},{y})",
+                   materialized=Materialized("final", key_serde=INT, value_serde=STR)
+                   if variant == "equi-join-result" else None)
+    final.to_stream().to("output", **({"key_serde": INT, "value_serde": STR} if variant == "produced" else {}))
+    config = {"default.key.serde": INT, "default.value.serde": STR}
+    with TopologyTestDriver(builder.build(), config) as driver:
+        driver.create_input_topic("A", INT, STR).pipe_input(1, "999-alpha")
+        driver.create_input_topic("B", INT, STR).pipe_input(999, "beta")
+        assert dict(driver.create_output_topic("output", INT, STR).read_key_values()) == {
+            1: "(999-alpha,(999-alpha,beta))"}
