@@ -1,6 +1,7 @@
 """For drawn updates and deletes of two tables (left rows moving between foreign keys, to no
 foreign key and back, right rows coming and going), with timestamps out of order, topics of
-drawn partition counts (the tables not co-partitioned) and a crash at a drawn point, a
+drawn partition counts (the tables not co-partitioned), the record cache on or off (updates
+coalesced per key before they are forwarded) and a crash at a drawn point, a
 foreign-key join (inner and left) ends at what a pure-Python model of Kafka Streams' semantics
 gives: each left row joined with the right row its foreign key names now (KIP-213; the
 KTableKTableForeignKeyJoinIntegrationTest cases are the step-by-step version of this).
@@ -60,10 +61,11 @@ def model(inputs: list[tuple[str, str, Any, int]], left_join: bool) -> dict[str,
 
 @settings(max_examples=30)
 @given(inputs=updates, left_join=st.booleans(), left_partitions=st.integers(1, 3),
-       right_partitions=st.integers(1, 3), crash_at=st.none() | st.integers(0, 40))
+       right_partitions=st.integers(1, 3), crash_at=st.none() | st.integers(0, 40),
+       cache=st.sampled_from([0, 1 << 20]))
 def test_foreign_key_join_ends_at_the_model(inputs: list[tuple[str, str, Any, int]], left_join: bool,
                                             left_partitions: int, right_partitions: int,
-                                            crash_at: int | None) -> None:
+                                            crash_at: int | None, cache: int) -> None:
     builder = StreamsBuilder()
     left = builder.table("left", key_serde=STR, value_serde=JSON)
     right = builder.table("right", key_serde=STR, value_serde=JSON)
@@ -71,7 +73,8 @@ def test_foreign_key_join_ends_at_the_model(inputs: list[tuple[str, str, Any, in
                                                           materialized=Materialized("joined", value_serde=JSON))
     joined.to_stream().to("output")
     partitions = {"left": left_partitions, "right": right_partitions}
-    with TopologyTestDriver(builder.build(), CONFIG, partitions=partitions) as driver:
+    config = {**CONFIG, "cache.max.bytes.buffering": cache}
+    with TopologyTestDriver(builder.build(), config, partitions=partitions) as driver:
         topics = {side: driver.create_input_topic(side, STR, JSON) for side in ("left", "right")}
         for i, (side, key, value, timestamp) in enumerate(inputs):
             if i == crash_at:
