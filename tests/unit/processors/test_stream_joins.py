@@ -269,15 +269,24 @@ def test_a_repartitioned_side_gets_the_partition_count_of_the_other_side() -> No
         assert driver.topology.internal_topics({"left": 2, "right": 3})[repartition][0] == 3
 
 
-def test_store_names_follow_stream_joined() -> None:
+@pytest.mark.parametrize(("kind", "stores"), [
+    ("join", ["orders-other-join-store", "orders-this-join-store"]),
+    ("left_join", ["orders-left-shared-join-store", "orders-outer-other-join-store", "orders-this-join-store"]),
+    ("outer_join", ["orders-outer-other-join-store", "orders-outer-shared-join-store",
+                    "orders-outer-this-join-store"]),
+])
+def test_store_names_follow_stream_joined(kind: str, stores: list[str]) -> None:
+    """As Kafka Streams' KStreamImplJoin: a side that emits unmatched records of the other has an
+    ``-outer-`` store, and a left join's shared store is ``-left-shared-join`` (the store names
+    name the changelog topics, which operators create, grant and watch by name)."""
     builder = StreamsBuilder()
     left, right = builder.stream("left"), builder.stream("right")
-    left.outer_join(right, joiner, JoinWindows.of_time_difference_with_no_grace(10),
-                    StreamJoined.with_(INT, STR, STR).with_store_name("orders"), name="j").to("out")
+    getattr(left, kind)(right, joiner, JoinWindows.of_time_difference_with_no_grace(10),
+                        StreamJoined.with_(INT, STR, STR).with_store_name("orders"), name="j").to("out")
     topology = builder.build()
-    assert sorted(topology.store_names) == ["orders-other-join-store", "orders-outer-shared-join-store",
-                                            "orders-this-join-store"]
-    assert "Processor: j-outer-this-join" in topology.describe()
+    assert sorted(topology.store_names) == stores
+    if kind == "outer_join":
+        assert "Processor: j-outer-this-join" in topology.describe()
 
 
 def test_joining_two_streams_needs_join_windows_and_a_plain_joiner() -> None:
