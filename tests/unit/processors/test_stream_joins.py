@@ -239,6 +239,36 @@ def test_join_state_is_restored_after_a_crash(run) -> None:
     assert d.driver.get_window_store("KSTREAM-JOINTHIS-0000000002-store").fetch_range(1, 0, 100) == [(10, "A1")]
 
 
+def test_a_retried_record_emits_again_what_it_emitted_and_leaves_nothing_for_later(run) -> None:
+    """A record retried after a timeout downstream runs again from its source with the join's store
+    updates undone (the store journal): the held-back results its first attempt emitted are back in
+    the outer store, so the retry emits them again (at least once), rather than a later, unrelated
+    record emitting them behind its own results."""
+    attempts: list[str] = []
+
+    def flaky(value: str) -> str:
+        attempts.append(value)
+        if value == "b+x" and attempts.count(value) == 1:
+            raise TimeoutError("the service did not answer")
+        return value
+
+    builder = StreamsBuilder()
+    left = builder.stream("left", key_serde=INT, value_serde=STR)
+    right = builder.stream("right", key_serde=INT, value_serde=STR)
+    left.left_join(right, joiner, JoinWindows.of_time_difference_with_no_grace(10)).map_values(flaky).to(
+        "out", key_serde=INT, value_serde=STR)
+    with TopologyTestDriver(builder.build()) as driver:
+        d = Driven(driver, STR)
+        d.left.pipe_input(1, "a", 0)
+        d.left.pipe_input(2, "b", 5)
+        d.right.pipe_input(2, "x", 11)  # closes a's window: a+null, then b+x, which times out once
+        assert d.results() == [(1, "a+null", 0), (1, "a+null", 0), (2, "b+x", 11)]
+        d.left.pipe_input(3, "c", 16)
+        assert d.results() == []
+        d.left.pipe_input(4, "d", 30)
+        assert d.results() == [(3, "c+null", 16)]
+
+
 def test_a_side_whose_key_changed_is_repartitioned_before_the_join(run) -> None:
     """KStreamKStreamJoinTest.shouldReuseRepartitionTopicWithGeneratedName: a key-changing side goes
     through a repartition topic, the other side is read as it is."""
