@@ -14,6 +14,8 @@ import pytest
 from engine import JoinWindows, StreamJoined, StreamsBuilder, Topology
 from engine.errors import TopologyError
 from engine.serdes import IntegerSerde, LongSerde, StringSerde
+from engine.state.bytes_stores import InMemoryBytesStore
+from engine.state.join_store import JoinWindowStore
 from engine.testing import TopologyTestDriver
 
 INT, STR, LONG = IntegerSerde(), StringSerde(), LongSerde()
@@ -341,3 +343,25 @@ def test_join_windows_refuse_negative_sizes(make: Callable[[], Any], message: st
     """Kafka Streams' JoinWindowsTest: a negative time difference, grace or window size is refused."""
     with pytest.raises(TopologyError, match=message):
         make()
+
+
+def test_a_commit_during_the_restore_loses_no_record_of_a_join_side() -> None:
+    """A commit's cache flush expires every store of the task, also while it is still restoring
+    (restore writes straight into the bytes store). The join store must not take its stream time and
+    next sequence number from the records restored so far: a later record of the same key and
+    timestamp would reuse a restored record's sequence number and overwrite it."""
+    def join_store() -> JoinWindowStore:
+        return JoinWindowStore("side", InMemoryBytesStore("side"), INT, STR, None, None, "side", lambda: 0,
+                               lambda: None, window_size_ms=100, retention_ms=100)
+
+    before = join_store()
+    before.put(1, "a", 5)
+    before.put(1, "b", 5)
+    changelog = before.inner.range(None, None)
+    restored = join_store()
+    first, second = list(changelog)
+    restored.inner.put(*first)  # the first restored batch
+    restored.expire()           # a commit meanwhile
+    restored.inner.put(*second)  # the rest of the changelog
+    restored.put(1, "c", 5)
+    assert list(restored.fetch_range(1, 0, 10)) == [(5, "a"), (5, "b"), (5, "c")]
