@@ -151,6 +151,13 @@ class StreamJoinProcessor(BaseProcessor):
         self.outer = None if self.outer_name is None else OuterStore(
             context.get_state_store(self.outer_name), left, right)
         self.time = self.shared.tracker(left)
+        if self.outer is not None:
+            # A retried record's updates were undone: entries it emitted and deleted are back, older
+            # than the ``min_time`` its sweep left, which would skip them on the retry.
+            self.outer.store.undo_listener = self._forget_min_time
+
+    def _forget_min_time(self) -> None:
+        self.time.min_time = None
 
     def _join(self, mine: Any, theirs: Any) -> Any:
         return self.joiner(mine, theirs) if self.left_side else self.joiner(theirs, mine)

@@ -13,6 +13,12 @@ The buffer is a key-value store with a changelog holding the table store's own
 key and value bytes plus the buffer and record times; its in-memory time order
 is rebuilt from the store at the first record (after restoring) and after a
 retried record's writes were undone.
+
+An entry also keeps its key's *prior value*: the value its first held update
+replaced, which is what the suppression last let through (when the table sends
+old values; else None). As Kafka Streams' ``KTableSuppressProcessorSupplier``, it
+is the suppressed table's value for a join while the key is held back
+(``prior_value``), and the old value of the update when it goes out.
 """
 
 from __future__ import annotations
@@ -24,18 +30,45 @@ from typing import Any
 
 from engine.errors import StreamsError
 from engine.processors.api import BaseProcessor, ProcessorContext
+from engine.processors.change import ChangeRecord, old_value_of
 from engine.records import Record
 from engine.state.session_windows import SessionStore
 from engine.state.store import KeyValueStore, WindowStore
 
 _HEAD = struct.Struct(">qqBH")  # buffer time, record timestamp, 1 if there is a value, header count
 _HEADER = struct.Struct(">HI")  # a header's name length and value length
+_PRIOR = struct.Struct(">I")  # the prior value's length, after the headers
 _NO_DATA = 0xFFFFFFFF
 _ENTRY_OVERHEAD = 24
 
 
 class BufferFullError(StreamsError):
     """A suppression buffer configured to shut down when full is full."""
+
+
+def _prior_at(entry: bytes) -> int:
+    """Where the prior value's length is in ``entry``: after its head and headers."""
+    at = _HEAD.size
+    for _ in range(_HEAD.unpack_from(entry)[3]):
+        name_size, data_size = _HEADER.unpack_from(entry, at)
+        at += _HEADER.size + name_size + (0 if data_size == _NO_DATA else data_size)
+    return at
+
+
+def _prior_bytes(entry: bytes) -> bytes | None:
+    at = _prior_at(entry)
+    (size,) = _PRIOR.unpack_from(entry, at)
+    return None if size == _NO_DATA else entry[at + _PRIOR.size:at + _PRIOR.size + size]
+
+
+def prior_value(buffer: KeyValueStore, key: bytes, value_serde: Any) -> tuple[bool, Any]:
+    """``(True, value)`` when ``key`` (the table store's key bytes) is held back: ``value`` is what the
+    suppression last let through, the suppressed table's value for it; ``(False, None)`` otherwise."""
+    entry = buffer.get(key)
+    if entry is None:
+        return False, None
+    prior = _prior_bytes(entry)
+    return True, None if prior is None else value_serde.deserialize(prior)
 
 
 def _codec(store: Any) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
@@ -50,6 +83,8 @@ def _codec(store: Any) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 
 
 class SuppressProcessor(BaseProcessor):
+    send_old_values = False  # set when a table operation downstream needs the values updates replace
+
     def __init__(self, buffer_store: str, table_store: str, final_results: bool, delay_ms: int,
                  max_records: int | None, max_bytes: int | None, shut_down_when_full: bool) -> None:
         self.buffer_store = buffer_store
@@ -101,9 +136,12 @@ class SuppressProcessor(BaseProcessor):
             buffer_time = record.key.end if self.final_results else record.timestamp
             self._times[key] = buffer_time
             heapq.heappush(self._order, (buffer_time, key))
+            prior_value = old_value_of(record)
+            prior = None if prior_value is None else self._value_serde.serialize(prior_value)
         else:
             old = self.buffer.get(key)
             self._bytes -= len(key) + len(old) + _ENTRY_OVERHEAD
+            prior = _prior_bytes(old)  # the key's first held update's: what went out before it
         value = record.value
         headers = tuple(record.headers)
         parts = [_HEAD.pack(buffer_time, record.timestamp, value is not None, len(headers))]
@@ -111,6 +149,7 @@ class SuppressProcessor(BaseProcessor):
             raw_name = name.encode()
             # A header without a value (Kafka allows it) is marked by the largest length.
             parts += [_HEADER.pack(len(raw_name), _NO_DATA if data is None else len(data)), raw_name, data or b""]
+        parts += [_PRIOR.pack(_NO_DATA if prior is None else len(prior)), prior or b""]
         if value is not None:
             parts.append(self._value_serde.serialize(value))
         entry = b"".join(parts)
@@ -158,7 +197,16 @@ class SuppressProcessor(BaseProcessor):
                 continue
             headers.append((name, entry[at:at + data_size]))
             at += data_size
+        (prior_size,) = _PRIOR.unpack_from(entry, at)
+        at += _PRIOR.size
+        prior = None if prior_size == _NO_DATA else entry[at:at + prior_size]
+        at += 0 if prior is None else prior_size
         value = self._value_serde.deserialize(entry[at:]) if has_value else None
         self.emitted += 1
-        # As Kafka Streams: the key's latest update goes out with its own timestamp and headers.
-        self.context.forward(Record(self._decode_key(key), value, timestamp, tuple(headers)))
+        # As Kafka Streams: the key's latest update goes out with its own timestamp and headers, and
+        # replaces what went out before it.
+        if self.send_old_values:
+            old_value = None if prior is None else self._value_serde.deserialize(prior)
+            self.context.forward(ChangeRecord(self._decode_key(key), value, timestamp, tuple(headers), old_value))
+        else:
+            self.context.forward(Record(self._decode_key(key), value, timestamp, tuple(headers)))

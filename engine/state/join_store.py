@@ -97,6 +97,11 @@ class JoinWindowStore(WindowStore):
 
     def expire(self) -> int:
         """Drop the records past the retention (locally; the changelog's retention drops them there)."""
+        if self._observed is None:
+            # Not used since it was opened: it may still be restoring (a commit expires the stores of
+            # a restoring task too), and reading its time and sequence now would miss what is still
+            # to come. As a base window store before its first put, nothing has expired yet.
+            return 0
         horizon = self._stream_time() - self.retention_ms
         # A sweep reads the whole store: once per window size of stream time, as the base store does.
         if horizon <= 0 or self._stream_time() - self._expired_at < max(self.window_size_ms, 1):

@@ -33,9 +33,12 @@ if TYPE_CHECKING:
 class StreamJoined:
     """The stores of a stream-stream join (Kafka Streams' ``StreamJoined``).
 
-    ``store_name`` names them ``<store_name>-this-join-store``, ``-other-join-store`` and
-    ``-outer-shared-join-store`` (their changelogs follow); without it they are named after
-    the join's processors. Serdes left None are the streams' known ones, else the defaults.
+    ``store_name`` names them as Kafka Streams does: ``<store_name>-this-join-store`` and
+    ``-other-join-store`` for a join; ``-this-join-store``, ``-outer-other-join-store`` and
+    ``-left-shared-join-store`` for a left join; ``-outer-this-join-store``,
+    ``-outer-other-join-store`` and ``-outer-shared-join-store`` for an outer join (their
+    changelogs follow). Without it they are named after the join's processors. Serdes left
+    None are the streams' known ones, else the defaults.
     ``persistent=None`` follows ``default.dsl.store``; ``logging=False`` keeps no changelogs.
     """
 
@@ -91,9 +94,15 @@ def stream_stream_join(this: KStream, other: KStream, joiner: Callable[[Any, Any
                                  "KSTREAM-OUTEROTHER" if left_outer else "KSTREAM-JOINOTHER")
     merge_name = _processor_name(builder, name, "merge", "KSTREAM-MERGE")
     base = joined.store_name
-    left_store = f"{base}-this-join-store" if base else f"{this_name}-store"
-    right_store = f"{base}-other-join-store" if base else f"{other_name}-store"
-    outer_store = (f"{base}-outer-shared-join-store" if base else f"{this_name}-outer-shared-join-store"
+    # From a base name as Kafka Streams' KStreamImplJoin: each side's store follows its processor
+    # ("-outer-" where the processor is OUTERTHIS/OUTEROTHER), a left join's shared store is
+    # "-left-shared-join". The names name the changelog topics.
+    left_store = f"{base}{'-outer-this-join' if right_outer else '-this-join'}-store" if base \
+        else f"{this_name}-store"
+    right_store = f"{base}{'-outer-other-join' if left_outer else '-other-join'}-store" if base \
+        else f"{other_name}-store"
+    shared_suffix = "-outer-shared-join" if right_outer else "-left-shared-join"
+    outer_store = (f"{base}{shared_suffix}-store" if base else f"{this_name}-outer-shared-join-store"
                    ) if left_outer else None
 
     topology = builder._topology

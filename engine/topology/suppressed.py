@@ -11,15 +11,18 @@ a changelog, so what it holds survives a restart or a moved task.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import TopologyError
-from engine.processors.suppress import SuppressProcessor
+from engine.processors.api import ProcessorContext
+from engine.processors.change import Getter, TableView
+from engine.processors.suppress import SuppressProcessor, prior_value
 from engine.serdes import BytesSerde
 from engine.state.session_windows import SessionWindows
 from engine.state.sliding_windows import SlidingWindows
 from engine.state.stores import StoreBuilder, StoreSupplier, check_store_name
 from engine.state.windows import TimeWindows
+from engine.topology.table_ops import send_old_values
 
 if TYPE_CHECKING:
     from engine.topology.tables import KTable
@@ -118,7 +121,9 @@ def suppress_table(table: KTable, suppressed: Suppressed, name: str | None) -> K
     node = builder._name(name or suppressed.name, "KTABLE-SUPPRESS")
     given = name or suppressed.name
     store = f"{given}-store" if given is not None else builder._name(None, "KTABLE-SUPPRESS-STATE-STORE")
-    upstream = table.queryable_store_name
+    # A suppressed table has no store of its own (its reads go through its view), but its buffer
+    # keeps the bytes of the store it suppresses, which a suppression after it keeps too.
+    upstream = table.queryable_store_name or getattr(table, "_suppressed_store", None)
     if upstream is None:
         # The buffer keeps the table store's own bytes; a filter, map_values or join without
         # ``materialized=`` has no store of its own.
@@ -134,4 +139,31 @@ def suppress_table(table: KTable, suppressed: Suppressed, name: str | None) -> K
     builder._topology.add_state_store(StoreBuilder(StoreSupplier(store, False), BytesSerde(), BytesSerde()), node)
     result = type(table)(builder, node, upstream, table._key_serde, table._value_serde, table._key_kind)
     result._windows = windows
+    # A table operation after the suppression needs the values its updates replace: the buffer's
+    # prior values, which come from the parent's old values.
+    result._change_nodes = (node, *table._change_nodes)
+    if table._view is not None:
+        # A join reads a held-back key as it was let through (the buffer's prior value), so the
+        # parent sends its old values from the start.
+        send_old_values(table)
+        result._view = _held_back_view(table._view, store, upstream)
+        # As Kafka Streams, whose suppressed KTable has no queryable store: a stream joined with it
+        # reads through the view, not the parent's store, which holds the values not let through yet.
+        result.queryable_store_name = None
+        result._suppressed_store = upstream  # type: ignore[attr-defined]  # read above, by a later suppress
     return result
+
+
+def _held_back_view(parent: TableView, buffer_store: str, table_store: str) -> TableView:
+    """Kafka Streams' ``KTableSuppressProcessorSupplier.view()``: a key the buffer holds reads as
+    its prior value, any other key as the parent table reads it."""
+    def make(context: ProcessorContext) -> Getter:
+        parent_get = parent.make(context)
+        buffer = context.get_state_store(buffer_store)
+        table = context.get_state_store(table_store)
+
+        def get(key: Any) -> Any:
+            held, value = prior_value(buffer, table._key(key), table.value_serde)
+            return value if held else parent_get(key)
+        return get
+    return TableView(tuple(dict.fromkeys((*parent.stores, table_store, buffer_store))), make)

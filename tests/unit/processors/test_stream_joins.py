@@ -14,6 +14,8 @@ import pytest
 from engine import JoinWindows, StreamJoined, StreamsBuilder, Topology
 from engine.errors import TopologyError
 from engine.serdes import IntegerSerde, LongSerde, StringSerde
+from engine.state.bytes_stores import InMemoryBytesStore
+from engine.state.join_store import JoinWindowStore
 from engine.testing import TopologyTestDriver
 
 INT, STR, LONG = IntegerSerde(), StringSerde(), LongSerde()
@@ -239,6 +241,36 @@ def test_join_state_is_restored_after_a_crash(run) -> None:
     assert d.driver.get_window_store("KSTREAM-JOINTHIS-0000000002-store").fetch_range(1, 0, 100) == [(10, "A1")]
 
 
+def test_a_retried_record_emits_again_what_it_emitted_and_leaves_nothing_for_later(run) -> None:
+    """A record retried after a timeout downstream runs again from its source with the join's store
+    updates undone (the store journal): the held-back results its first attempt emitted are back in
+    the outer store, so the retry emits them again (at least once), rather than a later, unrelated
+    record emitting them behind its own results."""
+    attempts: list[str] = []
+
+    def flaky(value: str) -> str:
+        attempts.append(value)
+        if value == "b+x" and attempts.count(value) == 1:
+            raise TimeoutError("the service did not answer")
+        return value
+
+    builder = StreamsBuilder()
+    left = builder.stream("left", key_serde=INT, value_serde=STR)
+    right = builder.stream("right", key_serde=INT, value_serde=STR)
+    left.left_join(right, joiner, JoinWindows.of_time_difference_with_no_grace(10)).map_values(flaky).to(
+        "out", key_serde=INT, value_serde=STR)
+    with TopologyTestDriver(builder.build()) as driver:
+        d = Driven(driver, STR)
+        d.left.pipe_input(1, "a", 0)
+        d.left.pipe_input(2, "b", 5)
+        d.right.pipe_input(2, "x", 11)  # closes a's window: a+null, then b+x, which times out once
+        assert d.results() == [(1, "a+null", 0), (1, "a+null", 0), (2, "b+x", 11)]
+        d.left.pipe_input(3, "c", 16)
+        assert d.results() == []
+        d.left.pipe_input(4, "d", 30)
+        assert d.results() == [(3, "c+null", 16)]
+
+
 def test_a_side_whose_key_changed_is_repartitioned_before_the_join(run) -> None:
     """KStreamKStreamJoinTest.shouldReuseRepartitionTopicWithGeneratedName: a key-changing side goes
     through a repartition topic, the other side is read as it is."""
@@ -269,15 +301,24 @@ def test_a_repartitioned_side_gets_the_partition_count_of_the_other_side() -> No
         assert driver.topology.internal_topics({"left": 2, "right": 3})[repartition][0] == 3
 
 
-def test_store_names_follow_stream_joined() -> None:
+@pytest.mark.parametrize(("kind", "stores"), [
+    ("join", ["orders-other-join-store", "orders-this-join-store"]),
+    ("left_join", ["orders-left-shared-join-store", "orders-outer-other-join-store", "orders-this-join-store"]),
+    ("outer_join", ["orders-outer-other-join-store", "orders-outer-shared-join-store",
+                    "orders-outer-this-join-store"]),
+])
+def test_store_names_follow_stream_joined(kind: str, stores: list[str]) -> None:
+    """As Kafka Streams' KStreamImplJoin: a side that emits unmatched records of the other has an
+    ``-outer-`` store, and a left join's shared store is ``-left-shared-join`` (the store names
+    name the changelog topics, which operators create, grant and watch by name)."""
     builder = StreamsBuilder()
     left, right = builder.stream("left"), builder.stream("right")
-    left.outer_join(right, joiner, JoinWindows.of_time_difference_with_no_grace(10),
-                    StreamJoined.with_(INT, STR, STR).with_store_name("orders"), name="j").to("out")
+    getattr(left, kind)(right, joiner, JoinWindows.of_time_difference_with_no_grace(10),
+                        StreamJoined.with_(INT, STR, STR).with_store_name("orders"), name="j").to("out")
     topology = builder.build()
-    assert sorted(topology.store_names) == ["orders-other-join-store", "orders-outer-shared-join-store",
-                                            "orders-this-join-store"]
-    assert "Processor: j-outer-this-join" in topology.describe()
+    assert sorted(topology.store_names) == stores
+    if kind == "outer_join":
+        assert "Processor: j-outer-this-join" in topology.describe()
 
 
 def test_joining_two_streams_needs_join_windows_and_a_plain_joiner() -> None:
@@ -302,3 +343,25 @@ def test_join_windows_refuse_negative_sizes(make: Callable[[], Any], message: st
     """Kafka Streams' JoinWindowsTest: a negative time difference, grace or window size is refused."""
     with pytest.raises(TopologyError, match=message):
         make()
+
+
+def test_a_commit_during_the_restore_loses_no_record_of_a_join_side() -> None:
+    """A commit's cache flush expires every store of the task, also while it is still restoring
+    (restore writes straight into the bytes store). The join store must not take its stream time and
+    next sequence number from the records restored so far: a later record of the same key and
+    timestamp would reuse a restored record's sequence number and overwrite it."""
+    def join_store() -> JoinWindowStore:
+        return JoinWindowStore("side", InMemoryBytesStore("side"), INT, STR, None, None, "side", lambda: 0,
+                               lambda: None, window_size_ms=100, retention_ms=100)
+
+    before = join_store()
+    before.put(1, "a", 5)
+    before.put(1, "b", 5)
+    changelog = before.inner.range(None, None)
+    restored = join_store()
+    first, second = list(changelog)
+    restored.inner.put(*first)  # the first restored batch
+    restored.expire()           # a commit meanwhile
+    restored.inner.put(*second)  # the rest of the changelog
+    restored.put(1, "c", 5)
+    assert list(restored.fetch_range(1, 0, 10)) == [(5, "a"), (5, "b"), (5, "c")]

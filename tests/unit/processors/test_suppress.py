@@ -185,3 +185,39 @@ def test_suppressing_a_table_without_a_store_names_the_fix() -> None:
     filtered = builder.table("in", key_serde=StringSerde(), value_serde=LongSerde()).filter(lambda _k, v: v > 0)
     with pytest.raises(TopologyError, match="materialized="):
         filtered.suppress(Suppressed.until_time_limit(100, BufferConfig.unbounded()))
+
+
+def counts_held_back(limit_ms: int) -> tuple[StreamsBuilder, Any]:
+    builder = StreamsBuilder()
+    counts = builder.stream("in", key_serde=STR, value_serde=STR).group_by_key().count(materialized="counts")
+    return builder, counts.suppress(Suppressed.until_time_limit(limit_ms, BufferConfig.unbounded()))
+
+
+def test_a_join_reads_a_suppressed_table_as_it_was_emitted() -> None:
+    """``KTableSuppressProcessorSupplier.view()``: a key held back reads as its value before the held
+    update (what the suppression last let through), a key not held back as the parent's value."""
+    builder, held = counts_held_back(10)
+    (builder.stream("s", key_serde=STR, value_serde=STR)
+            .left_join(held, lambda v, n: f"{v}/{n}").to("out", key_serde=STR, value_serde=STR))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        counts, lookups = driver.create_input_topic("in", STR, STR), driver.create_input_topic("s", STR, STR)
+        out = driver.create_output_topic("out", STR, STR)
+        counts.pipe_input("k", "x", 0)   # count 1, held back
+        lookups.pipe_input("k", "a", 1)
+        counts.pipe_input("k", "x", 20)  # count 2, emitted (stream time 20 >= 0 + 10)
+        lookups.pipe_input("k", "b", 21)
+        counts.pipe_input("k", "x", 25)  # count 3, held back
+        lookups.pipe_input("k", "c", 26)
+        assert out.read_key_values() == [("k", "a/None"), ("k", "b/2"), ("k", "c/2")]
+
+
+def test_a_suppressed_table_can_be_filtered() -> None:
+    """A table operation after ``suppress`` (``KTable.suppress(...).filter(...)``) sees the emitted
+    updates, with the values they replace (what the suppression let through before)."""
+    builder, held = counts_held_back(10)
+    held.filter(lambda _k, n: n % 2 == 1).to_stream().to("odd", key_serde=STR, value_serde=LONG)
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        # k: 1 goes through when j's record moves stream time to 10; 2 (replacing 1) is held at 11
+        # and goes through at 30, after j's 2: the filter deletes k, which it had let through.
+        pipe(driver, [("k", 0), ("j", 10), ("k", 11), ("j", 30)])
+        assert driver.create_output_topic("odd", STR, LONG).read_key_values() == [("k", 1), ("k", None)]
