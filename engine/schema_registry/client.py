@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -92,7 +93,7 @@ class SchemaRegistryClient:
     """
 
     def __init__(self, url: str, *, basic_auth_user_info: str | None = None,
-                 request_timeout_s: float = 10.0) -> None:
+                 request_timeout_s: float = 10.0, unreachable_backoff_s: float = 5.0) -> None:
         self.urls = tuple(u.strip().rstrip("/") for u in url.split(",") if u.strip())
         if not self.urls:
             raise ValueError("SchemaRegistryClient needs a url (schema.registry.url), e.g. http://localhost:8081")
@@ -102,6 +103,11 @@ class SchemaRegistryClient:
         elif not all(u.startswith(("http://", "https://")) for u in self.urls):
             raise ValueError(f"Schema Registry urls must be http://, https:// or mock://, got {url!r}")
         self.request_timeout_s = request_timeout_s
+        # After no URL answered, calls fail at once for this long instead of each waiting up to
+        # ``request_timeout_s`` per URL: during an outage a stream thread whose handler skips
+        # failed records would otherwise block its loop (and heartbeats) on every record.
+        self.unreachable_backoff_s = unreachable_backoff_s
+        self._unreachable: tuple[float, RegistryUnreachableError] | None = None
         self._headers = {"Accept": _CONTENT_TYPE, "Content-Type": _CONTENT_TYPE}
         if basic_auth_user_info:
             token = base64.b64encode(basic_auth_user_info.encode()).decode("ascii")
@@ -201,6 +207,12 @@ class SchemaRegistryClient:
             except RegistryHttpError as exc:
                 raise SchemaRegistryError(f"Schema Registry {method} /{path}: {exc.message}",
                                           exc.status, exc.error_code) from exc
+        unreachable = self._unreachable
+        if unreachable is not None:
+            until, error = unreachable
+            if time.monotonic() < until:
+                raise error
+            self._unreachable = None
         data = None if body is None else orjson.dumps(body)
         failures = []
         for url in self.urls:
@@ -214,7 +226,9 @@ class SchemaRegistryClient:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
                 log.warning("Schema Registry at %s cannot be reached: %s", url, reason)
                 failures.append(f"{url}: {reason}")
-        raise RegistryUnreachableError(self.urls, "; ".join(failures))
+        error = RegistryUnreachableError(self.urls, "; ".join(failures))
+        self._unreachable = (time.monotonic() + self.unreachable_backoff_s, error)
+        raise error
 
 
 def _answer_error(method: str, url: str, path: str, exc: urllib.error.HTTPError) -> SchemaRegistryError:

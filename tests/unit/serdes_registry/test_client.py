@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import urllib.request
 from typing import Any
 
 import anyio
@@ -91,6 +92,34 @@ def test_an_unreachable_registry_names_the_urls_and_what_to_set() -> None:
     with pytest.raises(RegistryUnreachableError, match=r"schema\.registry\.url") as caught:
         client.register("s", A)
     assert caught.value.urls == (f"http://127.0.0.1:{port}",)
+
+
+def test_an_unreachable_registry_fails_at_once_for_the_backoff_then_is_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """During an outage a serde on a stream thread must not wait out the request timeout on every
+    record (a handler that skips failed records would block its loop, and its heartbeats)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = SchemaRegistryClient(f"http://127.0.0.1:{port}", request_timeout_s=2, unreachable_backoff_s=60)
+    attempts: list[str] = []
+    real_urlopen = urllib.request.urlopen
+
+    def counting_urlopen(request: Any, timeout: float) -> Any:
+        attempts.append(request.full_url)
+        return real_urlopen(request, timeout=timeout)
+
+    monkeypatch.setattr(urllib.request, "urlopen", counting_urlopen)
+    with pytest.raises(RegistryUnreachableError) as first:
+        client.get_schema(1)
+    with pytest.raises(RegistryUnreachableError) as second:
+        client.get_schema(2)
+    assert len(attempts) == 1 and second.value is first.value
+    client.unreachable_backoff_s = 0
+    client._unreachable = (0.0, first.value)  # the backoff is over
+    with pytest.raises(RegistryUnreachableError):
+        client.get_schema(2)
+    assert len(attempts) == 2
 
 
 def test_the_next_url_is_tried_when_one_cannot_be_reached(http_registry: HttpSchemaRegistry) -> None:
