@@ -55,6 +55,7 @@ from engine.state.stores import StoreType
 from engine.threads.client_threads import ClientThreads
 from engine.threads.states import StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
+from engine.timestamps import load_timestamp_extractor
 from engine.topology.copartition import check_copartition_groups
 from engine.topology.topology import Topology
 from engine.transport import open_transport
@@ -83,6 +84,7 @@ class KafkaStreams:
         # Load the handlers once here so a bad one is a ConfigError now, not a thread death later.
         for key in (cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, cfg.PROCESSING_EXCEPTION_HANDLER):
             load_handler(self.config, key)
+        load_timestamp_extractor(self.config)
         topology.validate()
         topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])

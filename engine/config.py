@@ -226,6 +226,7 @@ NUM_THREADS_PER_TASK = "num.threads.per.task"
 PROCESSING_ORDERING = "processing.ordering"
 DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
 PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
+DEFAULT_TIMESTAMP_EXTRACTOR = "default.timestamp.extractor"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 DEFAULT_DSL_STORE = "default.dsl.store"
 STATE_CLEANUP_DELAY_MS = "state.cleanup.delay.ms"
@@ -373,6 +374,9 @@ KEYS: tuple[ConfigKey, ...] = (
               "What to do with a record whose bytes cannot be read: a handler class, instance or dotted path."),
     ConfigKey(PROCESSING_EXCEPTION_HANDLER, object, "handlers.LogAndFailProcessingExceptionHandler",
               "What to do when a processor raises: a handler class, instance or dotted path."),
+    ConfigKey(DEFAULT_TIMESTAMP_EXTRACTOR, object, "engine.timestamps.FailOnInvalidTimestamp",
+              "The event time of each consumed record where its source names no extractor: an extractor "
+              "(extract(record, partition_time) -> ms) class, instance or dotted path."),
     ConfigKey(ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME, (str, type(None)), None,
               "Topic that receives every record an error handler was asked about (KIP-1034)."),
     ConfigKey(METRICS_SAMPLE_WINDOW_MS, int, 30_000,

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from engine.processors.api import Processor
 from engine.records import Record
 from engine.serdes import Serde
+from engine.timestamps import TimestampExtractor
 
 
 class Collector(Protocol):
@@ -140,13 +141,16 @@ def _close_all(queue: deque[Any]) -> None:
 
 
 class SourceNode(Node):
-    __slots__ = ("key_serde", "topics", "value_serde")
+    __slots__ = ("key_serde", "timestamp_extractor", "topics", "value_serde")
 
     def __init__(self, name: str, topics: Sequence[str], key_serde: Serde, value_serde: Serde) -> None:
         super().__init__(name)
         self.topics = tuple(topics)
         self.key_serde = key_serde
         self.value_serde = value_serde
+        # None: the record's own timestamp, failing on a negative one (FailOnInvalidTimestamp, the
+        # default), checked inline so that the common case costs no call per record.
+        self.timestamp_extractor: TimestampExtractor | None = None
 
     def process(self, record: Record) -> None:
         self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record

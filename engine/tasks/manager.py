@@ -27,6 +27,7 @@ from engine.processors.context import CURRENT, TaskContext
 from engine.records import ConsumerRecord, TopicPartition
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
+from engine.timestamps import TimestampExtractor
 from engine.topology.topology import Topology
 from engine.transport.base import Consumer, OffsetAndMetadata, Producer
 
@@ -73,6 +74,7 @@ class TaskManager:
         config: Mapping[str, Any] | None = None,
         spark: SparkSessions | None = None,
         exactly_once: ExactlyOnce | None = None,
+        timestamp_extractor: TimestampExtractor | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -84,6 +86,7 @@ class TaskManager:
         self._clock_ms = clock_ms
         self._key_serde = key_serde
         self._value_serde = value_serde
+        self._timestamp_extractor = timestamp_extractor
         self._limit = buffered_per_partition
         self._timer_factory = timer_factory
         self._errors = errors
@@ -166,7 +169,7 @@ class TaskManager:
         try:
             graph = self._topology.build_task_graph(
                 task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
-                state,
+                state, self._timestamp_extractor,
             )
         except BaseException:
             if state is not None:

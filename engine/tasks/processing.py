@@ -22,6 +22,7 @@ chunk loop moves past DONE and SKIPPED records; the window releases slots in ord
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from enum import Enum
@@ -33,12 +34,15 @@ import anyio.lowlevel
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
 from engine.processors.nodes import SourceNode
 from engine.records import ConsumerRecord, Record
+from engine.timestamps import ConsumedRecord, InvalidTimestampError
 from handlers.responses import Answer
 
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
     from .task import StreamTask
+
+log = logging.getLogger(__name__)
 
 # Records processed before the task yields to the loop's other coroutines.
 CHUNK = 512
@@ -55,6 +59,9 @@ class Outcome(Enum):
 # Module constants: the hot path compares against them per record, and an Enum's class attribute
 # lookup costs several times a global's.
 _DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
+# What RecordPath._extract returns when the extractor raised: any negative number drops a record,
+# this one (which no extractor returns in practice) sends it to the deserialization handler.
+_FAILED = -(2**63)
 
 
 class RecordPath:
@@ -65,7 +72,7 @@ class RecordPath:
     run one at a time can be journaled: the journal is the task's, not the record's.
     """
 
-    __slots__ = ("_ctx", "_forwarder", "_journal", "_sources", "_task", "process")
+    __slots__ = ("_ctx", "_error", "_forwarder", "_journal", "_sources", "_task", "process")
 
     def __init__(self, task: StreamTask, journal: bool) -> None:
         self._task = task
@@ -74,6 +81,7 @@ class RecordPath:
         self._sources = task.graph.sources
         manager = task.state_manager
         self._journal = manager if journal and manager is not None and manager.stores else None
+        self._error: Exception | None = None
         self.process = self._bind()
 
     def _bind(self) -> Callable[[ConsumerRecord], Outcome | Coroutine[Any, Any, Outcome]]:
@@ -81,6 +89,7 @@ class RecordPath:
         hot path runs it for every record; the slow paths are methods)."""
         task, ctx, sources, forwarder, journal = self._task, self._ctx, self._sources, self._forwarder, self._journal
         deserialization_failed, drain, failed = self._deserialization_failed, self._drain, self._failed
+        extract, timestamp_failed = self._extract, self._timestamp_failed
         begin_record, end_record = journal.record_hooks() if journal is not None else (None, None)
 
         def process(raw: ConsumerRecord) -> Outcome | Coroutine[Any, Any, Outcome]:
@@ -101,7 +110,18 @@ class RecordPath:
                 value = source.value_serde.deserialize(raw.value)
             except Exception as exc:  # any serde failure is a deserialization error
                 return deserialization_failed(raw, what, exc)
-            record = Record(key, value, raw.timestamp, raw.headers)
+            timestamp = raw.timestamp
+            if source.timestamp_extractor is not None:
+                timestamp = extract(raw, source, key, value)
+                if timestamp < 0:
+                    return timestamp_failed(raw, timestamp)
+                ctx.timestamp = timestamp
+            elif timestamp < 0:  # FailOnInvalidTimestamp, the default, inlined
+                return timestamp_failed(raw, timestamp)
+            # Kafka Streams moves stream time when it takes a record to process: even if a
+            # handler drops the record later (ChunkLoop reads this).
+            task.record_time = timestamp
+            record = Record(key, value, timestamp, raw.headers)
             if begin_record is not None:
                 begin_record()
             try:
@@ -117,6 +137,73 @@ class RecordPath:
             return _DONE
 
         return process
+
+    def _extract(self, raw: ConsumerRecord, source: SourceNode, key: object, value: object) -> int:
+        """The source's extractor's timestamp for ``raw``, or ``_FAILED`` (a negative number) when it
+        raised; then ``self._error`` holds the exception for ``_timestamp_failed``."""
+        tp = (raw.topic, raw.partition)
+        stamps = self._task.head_stamps
+        stamp = stamps.pop(tp, None) if stamps else None
+        if stamp is not None and stamp[0] == raw.offset:
+            timestamp = stamp[1]  # extracted when the record was chosen (ChunkLoop.head_timestamp)
+        else:
+            try:
+                timestamp = self._call_extractor(raw, source, key, value)
+            except Exception as exc:  # the extractor's failure goes to the deserialization handler
+                self._error = exc
+                return _FAILED
+        partition_times = self._task.partition_times
+        if timestamp > partition_times.get(tp, -1):
+            partition_times[tp] = timestamp
+        return timestamp
+
+    def _call_extractor(self, raw: ConsumerRecord, source: SourceNode, key: object, value: object) -> int:
+        consumed = ConsumedRecord(raw.topic, raw.partition, raw.offset, raw.timestamp, key, value, raw.headers)
+        extractor = source.timestamp_extractor
+        timestamp = extractor.extract(consumed, self._task.partition_times.get((raw.topic, raw.partition), -1))  # type: ignore[union-attr]  # called only for sources with one
+        if not isinstance(timestamp, int):
+            raise TypeError(f"{extractor!r}.extract() returned {timestamp!r}, not an int of ms")
+        return timestamp
+
+    def head_timestamp(self, raw: ConsumerRecord) -> int:
+        """The timestamp that orders ``raw`` among the task's partition heads: its extractor's,
+        remembered for when it runs. A record that cannot be read orders by its own timestamp;
+        its error comes when it runs. Caller: ``StreamTask.next_queue`` (sources with extractors)."""
+        source = self._sources[raw.topic]
+        if source.timestamp_extractor is None:
+            return raw.timestamp
+        stamp = self._task.head_stamps.get((raw.topic, raw.partition))
+        if stamp is not None and stamp[0] == raw.offset:
+            return stamp[1]
+        try:
+            key = source.key_serde.deserialize(raw.key)
+            value = source.value_serde.deserialize(raw.value)
+            timestamp = self._call_extractor(raw, source, key, value)
+        except Exception:  # handled when the record runs (RecordPath.process) — noqa: BLE001
+            return raw.timestamp
+        self._task.head_stamps[(raw.topic, raw.partition)] = (raw.offset, timestamp)
+        return timestamp
+
+    def _timestamp_failed(self, raw: ConsumerRecord, timestamp: int) -> Outcome | Coroutine[Any, Any, Outcome]:
+        """An invalid timestamp: the extractor raised (``_FAILED``), the default extractor met a
+        negative one (its error, to the deserialization handler), or another extractor returned a
+        negative one (the record is dropped, as Kafka Streams' RecordQueue does)."""
+        task = self._task
+        task.record_time = -1
+        source = self._sources[raw.topic]
+        if timestamp == _FAILED:
+            exc, self._error = self._error, None
+            return self._deserialization_failed(raw, "timestamp", exc)  # type: ignore[arg-type]  # set with _FAILED
+        if source.timestamp_extractor is None:
+            consumed = ConsumedRecord(raw.topic, raw.partition, raw.offset, raw.timestamp, None, None, raw.headers)
+            error = InvalidTimestampError(consumed, "the extractor is FailOnInvalidTimestamp (the default)")
+            return self._deserialization_failed(raw, "timestamp", error)
+        log.warning("Task %s drops the record at %s-%s offset %s: its extracted timestamp %s is negative",
+                    task.id, raw.topic, raw.partition, raw.offset, timestamp)
+        task.dropped += 1
+        if self._journal is not None:
+            self._journal.end_record()
+        return _SKIPPED
 
     def _done(self) -> Outcome:
         if self._journal is not None:
@@ -179,6 +266,7 @@ class RecordPath:
 
     async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
         task = self._task
+        task.record_time = -1  # not taken to process: stream time stays
         error = DeserializationError(task.id, raw.topic, raw.partition, raw.offset, what, exc)
         error.__cause__ = exc
         if task.errors is None:
@@ -207,6 +295,9 @@ class ChunkLoop:
     def __init__(self, task: StreamTask) -> None:
         self._task = task
         self._path = RecordPath(task, journal=True)
+        if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
+            # The partition to take from is the one whose head has the lowest extracted timestamp.
+            task.head_time = self._path.head_timestamp
 
     async def run(self) -> None:
         """Until the task closes: process what is buffered, or wait for records or a punctuation."""
@@ -266,10 +357,13 @@ class ChunkLoop:
             queue.popleft()
             next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
             done += 1
-            if outcome is _DONE and raw.timestamp > task.stream_time:
-                task.stream_time = raw.timestamp
+            # Stream time: the largest timestamp of the records taken to process, dropped by a
+            # processing handler or not (record_time is -1 for those that could not be read).
+            timestamp = task.record_time
+            if timestamp > task.stream_time:
+                task.stream_time = timestamp
                 if stream_time_schedules.next_due() is not None:
-                    await task.punctuations.run(stream_time_schedules.due(raw.timestamp), raw.timestamp)
+                    await task.punctuations.run(stream_time_schedules.due(timestamp), timestamp)
                     stop = task.closing
             if not single:
                 queue = task.next_queue()

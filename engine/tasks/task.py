@@ -125,6 +125,14 @@ class StreamTask:
         # task has not committed itself yet (what the console shows for a task just assigned).
         self.group_committed: dict[TopicPartition, int] = {}
         self.stream_time = -1
+        # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
+        self.record_time = -1
+        # Sources with timestamp extractors: each partition's time (the largest timestamp taken from
+        # it), and the heads' timestamps extracted to choose among them (offset, timestamp).
+        self.partition_times: dict[tuple[str, int], int] = {}
+        self.head_stamps: dict[tuple[str, int], tuple[int, int]] = {}
+        # Set when a source has an extractor: orders the partitions' heads (else their own timestamps).
+        self.head_time: Callable[[ConsumerRecord], int] | None = None
         self.processed = 0
         self.dropped = 0
         # The thread's meter (its manager sets a shared one); the task's own when run alone.
@@ -186,6 +194,15 @@ class StreamTask:
     def next_queue(self) -> deque[ConsumerRecord] | None:
         """The partition whose head has the lowest timestamp (Kafka Streams' choice)."""
         best: deque[ConsumerRecord] | None = None
+        head_time = self.head_time
+        if head_time is not None and len(self._queues) > 1:
+            best_time = 0
+            for queue in self._queues.values():
+                if queue:
+                    time = head_time(queue[0])
+                    if best is None or time < best_time:
+                        best, best_time = queue, time
+            return best
         for queue in self._queues.values():
             if queue and (best is None or queue[0].timestamp < best[0].timestamp):
                 best = queue

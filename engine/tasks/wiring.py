@@ -15,6 +15,7 @@ from engine import config as cfg
 from engine.config import StreamsConfig, load_handler
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.task_state import StateSettings
+from engine.timestamps import load_timestamp_extractor
 
 from .error_handling import ErrorHandling
 from .manager import TaskManager
@@ -102,4 +103,5 @@ def task_manager(
         config=None if one_record_at_a_time else config,
         spark=spark,
         exactly_once=exactly_once,
+        timestamp_extractor=load_timestamp_extractor(config),
     )

@@ -62,6 +62,7 @@ from engine.testing.driver_loop import DriverLoop
 from engine.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
+from engine.timestamps import load_timestamp_extractor
 from engine.topology.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class TopologyTestDriver:
         topology.validate()
         self.topology = topology
         self.config = StreamsConfig({**_DEFAULTS, **(config or {})})
+        load_timestamp_extractor(self.config)  # a bad one fails here, before anything is opened
         topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])
         self._strict = strict_topics

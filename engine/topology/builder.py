@@ -66,10 +66,12 @@ class StreamsBuilder:
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         name: str | None = None,
+        timestamp_extractor: object = None,
     ) -> KStream:
-        """A stream of the records of ``topics`` (one or several)."""
+        """A stream of the records of ``topics`` (one or several); ``timestamp_extractor`` (see
+        ``engine.timestamps``) overrides ``default.timestamp.extractor`` for them."""
         source = self._name(name, "KSTREAM-SOURCE")
-        self._topology.add_source(source, topics, key_serde, value_serde)
+        self._topology.add_source(source, topics, key_serde, value_serde, timestamp_extractor=timestamp_extractor)
         spec = self._topology.spec(source)
         return KStream(self, source, key_serde=spec.key_serde, value_serde=spec.value_serde)
 
@@ -81,10 +83,11 @@ class StreamsBuilder:
         value_serde: Serde | type | None = None,
         materialized: Materialized | str | None = None,
         name: str | None = None,
+        timestamp_extractor: object = None,
     ) -> KTable:
         """The topic as a table: the latest value per key (a None value deletes the key)."""
         source = self._name(name, "KSTREAM-SOURCE")
-        self._topology.add_source(source, topic, key_serde, value_serde)
+        self._topology.add_source(source, topic, key_serde, value_serde, timestamp_extractor=timestamp_extractor)
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{source}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{source}'")
         return table_source(self, source, materialized, ks, vs)

@@ -21,6 +21,7 @@ from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, 
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
 from engine.state.stores import StoreBuilder, StoreType
+from engine.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
 from engine.topology.copartition import check_copartition_groups, repartition_counts
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class NodeSpec:
     inherited: tuple[bool, bool] = (False, False)
     kinds: tuple[str | None, str | None] = (None, None)
     serde_call: str | None = "add_sink()"
+    # Sources only: the source's own timestamp extractor (None: default.timestamp.extractor).
+    timestamp_extractor: TimestampExtractor | None = None
 
 
 ORDERINGS = ("partition", "key", "unordered")  # strictest first
@@ -114,7 +117,10 @@ class Topology:
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         internal: bool = False,
+        timestamp_extractor: object = None,
     ) -> Topology:
+        """Add a source; ``timestamp_extractor`` (an extractor, its class or dotted path) overrides
+        ``default.timestamp.extractor`` for its records."""
         topics = (topics,) if isinstance(topics, str) else tuple(topics)
         if not topics:
             raise TopologyError(f"Source '{name}' needs at least one topic")
@@ -124,8 +130,14 @@ class Topology:
                 raise TopologyError(f"Topics {sorted(clash)} are already read by source '{spec.name}'")
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{name}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
+        try:
+            extractor = None if timestamp_extractor is None else as_extractor(
+                timestamp_extractor, f"timestamp extractor of source '{name}'")
+        except ValueError as exc:
+            raise TopologyError(str(exc)) from exc
         self._add(NodeSpec(name, NodeKind.SOURCE, (), lambda: SourceNode(name, topics, BytesSerde(), BytesSerde()),
-                           topics=topics, key_serde=ks, value_serde=vs, internal=internal))
+                           topics=topics, key_serde=ks, value_serde=vs, internal=internal,
+                           timestamp_extractor=extractor))
         return self
 
     def add_processor(self, name: str, supplier: ProcessorSupplier, *parents: str,
@@ -396,11 +408,13 @@ class Topology:
         default_key_serde: Serde,
         default_value_serde: Serde,
         state: TaskStateManager | None = None,
+        default_timestamp_extractor: TimestampExtractor | None = None,
     ) -> TaskGraph:
         """Fresh node instances for one task, wired, initialised and bound to its context.
 
         ``state`` holds the task's stores (see ``stores_of``); each processor sees only
-        the stores it was connected to.
+        the stores it was connected to. ``default_timestamp_extractor``: the config's (None: the
+        records' own timestamps, failing on negative ones, as ``FailOnInvalidTimestamp``).
         """
         sub = self.subtopologies[subtopology]
         context.stores = state.stores if state is not None else {}
@@ -413,6 +427,7 @@ class Topology:
                 node.topics = spec.topics  # internal topics are renamed after the factory was made
                 node.key_serde = spec.key_serde or default_key_serde
                 node.value_serde = _with_default(spec.value_serde, default_value_serde)
+                node.timestamp_extractor = _fast_path(spec.timestamp_extractor or default_timestamp_extractor)
             elif isinstance(node, SinkNode):
                 if spec.sink_topic is not None:
                     node.topic = spec.sink_topic
@@ -524,3 +539,8 @@ def check_copartitioning(topology: Topology, partition_counts: Mapping[str, int]
     return result
 
 
+
+
+def _fast_path(extractor: TimestampExtractor | None) -> TimestampExtractor | None:
+    """None for the default extractor exactly (not a subclass): the task checks its rule inline."""
+    return None if type(extractor) is FailOnInvalidTimestamp else extractor
