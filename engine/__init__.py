@@ -37,6 +37,15 @@ from engine.records import Record, TopicPartition
 from engine.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
+from engine.timestamps import (
+    ConsumedRecord,
+    FailOnInvalidTimestamp,
+    InvalidTimestampError,
+    LogAndSkipOnInvalidTimestamp,
+    TimestampExtractor,
+    UsePartitionTimeOnInvalidTimestamp,
+    WallclockTimestampExtractor,
+)
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.grouped_table import KGroupedTable
 from engine.topology.joins import StreamJoined
@@ -53,12 +62,15 @@ __all__ = [
     "ClientState",
     "CommitFailedError",
     "ConfigError",
+    "ConsumedRecord",
     "DeserializationError",
+    "FailOnInvalidTimestamp",
     "HandledRecordError",
     "HostInfo",
     "IllegalStateError",
     "InternalTopicError",
     "InvalidStateStoreError",
+    "InvalidTimestampError",
     "JoinWindows",
     "KGroupedStream",
     "KGroupedTable",
@@ -66,6 +78,7 @@ __all__ = [
     "KTable",
     "KafkaStreams",
     "KeyQueryMetadata",
+    "LogAndSkipOnInvalidTimestamp",
     "Materialized",
     "Metric",
     "MissingExtraError",
@@ -103,10 +116,13 @@ __all__ = [
     "ThreadMetadata",
     "TimeWindowedKStream",
     "TimeWindows",
+    "TimestampExtractor",
     "TopicPartition",
     "Topology",
     "TopologyError",
     "TransportError",
     "UnknownConfigError",
+    "UsePartitionTimeOnInvalidTimestamp",
+    "WallclockTimestampExtractor",
     "Windowed",
 ]
