@@ -49,6 +49,7 @@ from engine.timestamps import (
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
 from engine.topology.grouped_table import KGroupedTable
 from engine.topology.joins import StreamJoined
+from engine.topology.repartition import Repartitioned
 from engine.topology.suppressed import BufferConfig, Suppressed
 from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
 from engine.topology.topology import Topology
@@ -91,6 +92,7 @@ __all__ = [
     "ProduceError",
     "PunctuationType",
     "Record",
+    "Repartitioned",
     "SerializationError",
     "SessionWindowedKStream",
     "SessionWindows",

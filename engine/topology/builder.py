@@ -27,6 +27,7 @@ from engine.serdes import Serde, as_serde
 from engine.state.join_windows import JoinWindows
 from engine.state.stores import Materialized, StoreBuilder
 from engine.topology.joins import StreamJoined, stream_stream_join
+from engine.topology.repartition import Repartitioned, repartition
 from engine.topology.tables import (
     KGroupedStream,
     KTable,
@@ -51,9 +52,10 @@ class StreamsBuilder:
     # The table side of the DSL (engine.topology.tables) makes streams through these two, so
     # that it needs no import of this module (which imports it).
     def _stream_at(self, node: str, key_changed: bool = False, key_serde: Serde | None = None,
-                   value_serde: Serde | None = None, key_kind: str | None = None) -> KStream:
+                   value_serde: Serde | None = None, key_kind: str | None = None,
+                   value_kind: str | None = None) -> KStream:
         """A stream of the records that leave ``node``."""
-        return KStream(self, node, key_changed, key_serde, value_serde, key_kind=key_kind)
+        return KStream(self, node, key_changed, key_serde, value_serde, key_kind=key_kind, value_kind=value_kind)
 
     def _add_pass_through(self, node: str, parent: str) -> None:
         """A node that forwards what ``parent`` forwards, unchanged."""
@@ -276,6 +278,11 @@ class KStream:
                    stream_joined: StreamJoined | None = None, *, name: str | None = None) -> KStream:
         """As ``left_join`` of two streams, and the other stream's records without partner too."""
         return stream_stream_join(self, other, joiner, windows, True, True, stream_joined, name)
+
+    def repartition(self, repartitioned: Repartitioned | None = None) -> KStream:
+        """The stream through an internal topic (``engine.topology.repartition``): what follows
+        runs by the records' current keys, over ``Repartitioned``'s number of partitions."""
+        return repartition(self, repartitioned)
 
     def _repartition(self, key_serde: Serde | None, value_serde: Serde | None, inherited: tuple[bool, bool],
                      call: str | None) -> KStream:

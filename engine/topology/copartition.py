@@ -24,8 +24,8 @@ def add_copartition_group(topology: Topology, what: str, nodes: Sequence[str]) -
 
 
 def source_topics_of(topology: Topology, node: str) -> list[str]:
-    """The user topics (not repartition topics) whose records reach ``node``."""
-    internal = set(topology.repartition_topics())
+    """The user topics (and repartition topics of a fixed partition count) whose records reach ``node``."""
+    internal = set(topology.repartition_topics()) - set(topology.fixed_partitions())
     return [t for t in _all_source_topics(topology, node) if t not in internal]
 
 
@@ -45,7 +45,7 @@ def repartition_counts(topology: Topology, partition_counts: Mapping[str, int]) 
     """Partition counts for the repartition topics a join reads: those of the user topics joined
     with them, so that a key is in the same partition on both sides (repartition topics not
     joined with a user topic take their writer's count, which ``internal_topics`` decides)."""
-    internal = set(topology.repartition_topics())
+    internal = set(topology.repartition_topics()) - set(topology.fixed_partitions())
     forced: dict[str, int] = {}
     for _what, nodes in topology.copartition_groups:
         users = {partition_counts[t] for node in nodes for t in source_topics_of(topology, node)

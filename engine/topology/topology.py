@@ -59,6 +59,8 @@ class NodeSpec:
     serde_call: str | None = "add_sink()"
     # Sources only: the source's own timestamp extractor (None: default.timestamp.extractor).
     timestamp_extractor: TimestampExtractor | None = None
+    # Sources of repartition topics only: a partition count fixed by ``repartition()`` (None: derived).
+    partitions: int | None = None
 
 
 ORDERINGS = ("partition", "key", "unordered")  # strictest first
@@ -219,6 +221,15 @@ class Topology:
                     spec.sink_topic = f"{application_id}-{spec.sink_topic}"
         self._subtopologies = None
 
+    def fix_partitions(self, source: str, partitions: int) -> None:
+        """The repartition topic ``source`` reads gets ``partitions`` partitions (``repartition()``)."""
+        self._specs[source].partitions = partitions
+
+    def fixed_partitions(self) -> dict[str, int]:
+        """Repartition topics whose partition count is fixed, with it."""
+        return {t: spec.partitions for spec in self._specs.values()
+                if spec.internal and spec.kind is NodeKind.SOURCE and spec.partitions is not None for t in spec.topics}
+
     def repartition_topics(self) -> list[str]:
         return [t for spec in self._specs.values() if spec.internal and spec.kind is NodeKind.SOURCE
                 for t in spec.topics]
@@ -232,11 +243,13 @@ class Topology:
         """
         if self.application_id is None:
             raise TopologyError("The topology has no application id yet (it is set by KafkaStreams)")
-        check_copartition_groups(self, source_partitions)
-        counts = dict(source_partitions)
+        fixed = self.fixed_partitions()
+        # A repartition topic with a fixed count is checked for co-partitioning like a user topic.
+        counts = {**source_partitions, **fixed}
+        check_copartition_groups(self, counts)
         result: dict[str, tuple[int, dict[str, str]]] = {}
         repartition = set(self.repartition_topics())
-        joined = repartition_counts(self, source_partitions)
+        joined = repartition_counts(self, counts)
         tasks: dict[int, int] = {}
         for sub in self.subtopologies:
             known = [counts[t] for t in sub.source_topics if t in counts]
@@ -247,7 +260,8 @@ class Topology:
             for topic in sub.sink_topics:
                 if topic in repartition:
                     # One a join reads has the partitions of the topic it is joined with.
-                    counts[topic] = joined.get(topic) or max(counts.get(topic, 0), tasks[sub.id])
+                    counts[topic] = fixed.get(topic) or joined.get(topic) or max(counts.get(topic, 0),
+                                                                                 tasks[sub.id])
                     result[topic] = (counts[topic], {"cleanup.policy": "delete"})
         for name, builder in self._stores.items():
             if not builder.logging:
