@@ -36,6 +36,7 @@ from engine.processors.api import BaseProcessor, Processor, ProcessorContext, Pu
 from engine.records import Record, TopicPartition
 from engine.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
+from engine.state.timestamped import ValueAndTimestamp
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.timestamps import (
     ConsumedRecord,
@@ -125,6 +126,7 @@ __all__ = [
     "TransportError",
     "UnknownConfigError",
     "UsePartitionTimeOnInvalidTimestamp",
+    "ValueAndTimestamp",
     "WallclockTimestampExtractor",
     "Windowed",
 ]

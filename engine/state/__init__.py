@@ -7,6 +7,7 @@ from engine.state.session_windows import ReadOnlySessionStore, SessionStore, Ses
 from engine.state.sliding_windows import SlidingWindows
 from engine.state.store import KeyValueStore, StateStore, WindowStore
 from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
+from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestamp
 from engine.state.windows import TimeWindows, Windowed
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "StoreType",
     "Stores",
     "TimeWindows",
+    "TimestampedKeyValueStore",
+    "ValueAndTimestamp",
     "WindowStore",
     "Windowed",
 ]

@@ -35,7 +35,8 @@ class StoreSupplier:
     type: StoreType = StoreType.KEY_VALUE
     retention_ms: int | None = None
     window_size_ms: int | None = None
-    # A window store whose values carry the largest record timestamp of their window (sliding windows).
+    # A window store whose values carry the largest record timestamp of their window (sliding windows);
+    # a key-value store whose values carry a timestamp (engine.state.timestamped).
     timestamped: bool = False
     # Window stores only: keep every record of a key and timestamp (a stream-stream join's sides).
     retain_duplicates: bool = False
@@ -105,6 +106,11 @@ class Stores:
         return StoreSupplier(check_store_name(name), persistent=False)
 
     @staticmethod
+    def persistent_timestamped_key_value_store(name: str) -> StoreSupplier:
+        """A RocksDB key-value store whose values keep a timestamp (``engine.state.timestamped``)."""
+        return StoreSupplier(check_store_name(name), persistent=True, timestamped=True)
+
+    @staticmethod
     def persistent_window_store(name: str, retention_ms: int, window_size_ms: int) -> StoreSupplier:
         return _window_supplier(name, True, retention_ms, window_size_ms)
 
@@ -118,6 +124,15 @@ class Stores:
         if supplier.type is not StoreType.KEY_VALUE:
             raise TopologyError(f"Store '{supplier.name}' is a {supplier.type.value} store, not a key-value store")
         return _builder(supplier, key_serde, value_serde)
+
+    @staticmethod
+    def timestamped_key_value_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
+                                            value_serde: Serde | type | None = None) -> StoreBuilder:
+        """A ``TimestampedKeyValueStore`` over any key-value supplier: values read back as
+        ``ValueAndTimestamp``; ``value_serde`` is the values' own serde."""
+        if supplier.type is not StoreType.KEY_VALUE:
+            raise TopologyError(f"Store '{supplier.name}' is a {supplier.type.value} store, not a key-value store")
+        return _builder(replace(supplier, timestamped=True), key_serde, value_serde)
 
     @staticmethod
     def window_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,

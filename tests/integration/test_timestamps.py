@@ -1,17 +1,23 @@
-"""Event time from the payload, end to end, on the memory broker and on real Kafka.
+"""Event time from the payload, and timestamped stores, end to end, on the memory broker and on
+real Kafka.
 
-One short scenario: ``default.timestamp.extractor`` reads each record's event time from its JSON
+First scenario: ``default.timestamp.extractor`` reads each record's event time from its JSON
 value; the records written downstream carry that time (not the log's), and a windowed count groups
 by it (the log timestamps all fall in one window, the event times in two, and stream time follows
 the event times, so a record late by event time is not counted).
+
+Second: a timestamped store's values and timestamps come back from its changelog alone.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from engine import Materialized, StreamsBuilder, TimeWindows
+from engine import BaseProcessor, Materialized, Record, StreamsBuilder, TimeWindows, ValueAndTimestamp
 from engine.serdes import JsonSerde, StringSerde
+from engine.state import Stores
 from engine.testing import eventually_async
 from engine.timestamps import ConsumedRecord
 from tests.support.apps import make_streams
@@ -49,3 +55,40 @@ async def test_records_are_stamped_and_windowed_by_the_extracted_event_time(clus
 
     stamped = [(r.timestamp, JSON.deserialize(r.value)["at"]) for r in await cluster.read_all(sink)]
     assert stamped == [(1_000, 1_000), (61_000, 61_000), (2_000, 2_000)]
+
+
+class KeepStamped(BaseProcessor):
+    """Puts each record into a timestamped store (stamped with the record's timestamp)."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        self.store = context.get_state_store("stamped")
+
+    def process(self, record: Record) -> None:
+        self.store.put(record.key, record.value)
+
+
+async def test_a_timestamped_store_comes_back_from_its_changelog_with_the_timestamps(
+        cluster: Cluster, names, tmp_path) -> None:
+    source = names("stamps")
+    await cluster.create_topics({source: 1})
+    builder = StreamsBuilder()
+    builder.add_state_store(Stores.timestamped_key_value_store_builder(
+        Stores.persistent_timestamped_key_value_store("stamped"), STR, STR))
+    builder.stream(source, key_serde=STR, value_serde=STR).process(KeepStamped, stores=["stamped"])
+    topology = builder.build()
+    await cluster.produce(source, [("a", "first")], STR, STR, partitions=1, timestamp=1_000)
+    await cluster.produce(source, [("a", "second")], STR, STR, partitions=1, timestamp=5_000)
+
+    def app():  # type: ignore[no-untyped-def]
+        return make_streams(topology, cluster.bootstrap, names.app, state_dir=str(tmp_path / "state"),
+                            commit_interval_ms=100)
+
+    async with app() as streams:
+        await eventually_async(lambda: streams.store("stamped").get("a") == ValueAndTimestamp("second", 5_000),
+                               timeout=30, what="the stamped value")
+    # A fresh state directory: the store can only come back from its changelog.
+    tmp_path.joinpath("state").rename(tmp_path / "old-state")
+    async with app() as streams:
+        await eventually_async(lambda: streams.store("stamped").get("a") == ValueAndTimestamp("second", 5_000),
+                               timeout=30, what="the restored value and timestamp")

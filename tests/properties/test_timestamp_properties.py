@@ -7,6 +7,9 @@ task processes them in and its stream time equal a small model of Kafka Streams'
 
 Event times of valid records are distinct, so that the partition to take from is never a tie
 (Kafka Streams leaves ties to its priority queue).
+
+And a timestamped store used as an out-of-order guard keeps what a dict model keeps, across
+rebalances that restore it from its changelog.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from hypothesis import strategies as st
 
 from engine.processors.api import BaseProcessor
 from engine.records import Record
-from engine.serdes import JsonSerde
-from engine.testing import eventually_async
+from engine.serdes import JsonSerde, StringSerde
+from engine.state.timestamped import ValueAndTimestamp
+from engine.testing import TopologyTestDriver, eventually_async
 from engine.timestamps import ConsumedRecord
 from engine.topology.builder import StreamsBuilder
+from tests.unit.state.test_timestamped_store import latest_topology
 from tests.unit.tasks.test_task import A, B, TaskRig, plain
 
 Drawn = list[list[tuple[str, int]]]  # per partition: (name, event time) in offset order
@@ -95,3 +100,41 @@ async def run(partitions: Drawn) -> tuple[list[tuple[str, int, int]], int]:
 @given(records())
 def test_processing_order_and_stream_time_match_kafka_streams_partition_group(partitions: Drawn) -> None:
     assert asyncio.run(run(partitions)) == model(partitions)
+
+
+# -- timestamped stores -------------------------------------------------------------------------
+Op = tuple[str, str | None, int] | None  # (key, value or None to delete, timestamp); None: a rebalance
+
+
+def latest_model(ops: list[Op]) -> dict[str, tuple[str, int]]:
+    """Each key's value with the largest timestamp (a later one wins a tie); a None deletes."""
+    held: dict[str, tuple[str, int]] = {}
+    for op in ops:
+        if op is None:
+            continue
+        key, value, t = op
+        if value is None:
+            held.pop(key, None)
+        elif key not in held or t >= held[key][1]:
+            held[key] = (value, t)
+    return held
+
+
+@settings(max_examples=40)
+@given(st.lists(st.one_of(st.none(), st.tuples(st.sampled_from("abc"), st.one_of(st.none(), st.sampled_from("xyz")),
+                                                 st.integers(0, 50))), max_size=25))
+def test_a_timestamped_store_keeps_what_the_model_keeps_across_rebalances(ops: list[Op]) -> None:
+    """The out-of-order guard of ``Latest`` over a timestamped store (in memory: a rebalance restores
+    it from its changelog alone) keeps each key's newest value with its timestamp."""
+    str_ = StringSerde()
+    with TopologyTestDriver(latest_topology()) as driver:
+        source = driver.create_input_topic("in", str_, str_)
+        driver.create_output_topic("out", str_, str_)
+        for op in ops:
+            if op is None:
+                if driver.task_ids:
+                    driver.rebalance(driver.task_ids[0])
+            else:
+                source.pipe_input(op[0], op[1], timestamp=op[2])
+        stored = dict(driver.get_key_value_store("latest").all())
+    assert stored == {k: ValueAndTimestamp(v, t) for k, (v, t) in latest_model(ops).items()}
