@@ -102,7 +102,7 @@ class NodeContext:
     @property
     def timestamp(self) -> int:
         slot = CURRENT.get()
-        return self._task.timestamp if slot is None else slot.raw.timestamp
+        return self._task.timestamp if slot is None else slot.timestamp
 
     @property
     def headers(self) -> Headers:

@@ -51,11 +51,13 @@ ORDERINGS = ("partition", "key", "unordered")
 class RecordSlot:
     """One record in flight: its forwarding state and the output it holds back."""
 
-    __slots__ = ("done", "node", "outputs", "pending", "raw", "tp")
+    __slots__ = ("done", "node", "outputs", "pending", "raw", "timestamp", "tp")
 
     def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
         self.raw = raw
         self.tp = tp
+        # The record's timestamp as its source's extractor gave it (RecordPath sets it).
+        self.timestamp = raw.timestamp
         self.pending: deque[Any] = deque()
         self.node: Node | None = None
         self.outputs: list[tuple[Any, ...]] = []

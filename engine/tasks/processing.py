@@ -32,6 +32,7 @@ import anyio
 import anyio.lowlevel
 
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from engine.processors.context import CURRENT
 from engine.processors.nodes import SourceNode
 from engine.records import ConsumerRecord, Record
 from engine.timestamps import ConsumedRecord, InvalidTimestampError
@@ -116,6 +117,9 @@ class RecordPath:
                 if timestamp < 0:
                     return timestamp_failed(raw, timestamp)
                 ctx.timestamp = timestamp
+                slot = CURRENT.get()
+                if slot is not None:  # records in flight: each reads its own (NodeContext.timestamp)
+                    slot.timestamp = timestamp
             elif timestamp < 0:  # FailOnInvalidTimestamp, the default, inlined
                 return timestamp_failed(raw, timestamp)
             # Kafka Streams moves stream time when it takes a record to process: even if a

@@ -6,19 +6,27 @@ The rig is ``test_task.TaskRig`` (one task driven on the test's loop). Values ar
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from typing import Any
 
 import pytest
 
 from engine.processors.api import BaseProcessor
 from engine.records import Record
-from engine.serdes import JsonSerde
+from engine.serdes import IntegerSerde, JsonSerde
+from engine.testing import eventually_async
 from engine.timestamps import ConsumedRecord
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
+from engine.transport import open_transport
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster
 
 from .test_task import IN, A, B, TaskRig, plain
+
+INT = IntegerSerde()
 
 
 class FromValue:
@@ -91,3 +99,30 @@ async def test_stream_time_is_the_largest_timestamp_so_far_and_out_of_order_reco
     assert seen.seen == [("x", 100, -1), ("y", 40, 100), ("z", 150, 100)]
     assert rig.task.stream_time == 150
     assert extractor.partition_times == [(0, -1), (1, 100), (2, 100)]
+
+
+class ReadsContext(BaseProcessor):
+    """An async processor: several records are in flight; each reads its context's timestamp."""
+
+    def __init__(self, seen: list[tuple[int, int]]) -> None:
+        self.seen = seen
+
+    async def process(self, record: Record) -> None:
+        await asyncio.sleep(0)  # let the other records in flight start
+        self.seen.append((record.timestamp, self.context.timestamp))
+
+
+@pytest.mark.asyncio
+async def test_records_in_flight_each_see_their_extracted_timestamp_in_the_context() -> None:
+    bootstrap = f"memory://timestamps-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    await cluster.create_topics({"in": 1})
+    await cluster.produce("in", [(i, {"n": str(i), "t": 1_000 + i}) for i in range(8)], INT, JsonSerde(),
+                          partitions=1, timestamp=5)
+    seen: list[tuple[int, int]] = []
+    builder = StreamsBuilder()
+    builder.stream("in", key_serde=INT, value_serde=JsonSerde(), timestamp_extractor=FromValue()).process(
+        lambda: ReadsContext(seen))
+    async with make_streams(builder.build(), bootstrap, "timestamps-app", num_threads_per_task=4):
+        await eventually_async(lambda: len(seen) == 8, timeout=10, what="8 records processed")
+    assert sorted(seen) == [(1_000 + i, 1_000 + i) for i in range(8)]
