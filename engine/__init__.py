@@ -37,6 +37,7 @@ from engine.records import Record, TopicPartition
 from engine.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.state.timestamped import ValueAndTimestamp
+from engine.state.versioned import VersionedRecord
 from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
 from engine.timestamps import (
     ConsumedRecord,
@@ -127,6 +128,7 @@ __all__ = [
     "UnknownConfigError",
     "UsePartitionTimeOnInvalidTimestamp",
     "ValueAndTimestamp",
+    "VersionedRecord",
     "WallclockTimestampExtractor",
     "Windowed",
 ]

@@ -8,6 +8,7 @@ from engine.state.sliding_windows import SlidingWindows
 from engine.state.store import KeyValueStore, StateStore, WindowStore
 from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
 from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestamp
+from engine.state.versioned import VersionedKeyValueStore, VersionedRecord
 from engine.state.windows import TimeWindows, Windowed
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "TimeWindows",
     "TimestampedKeyValueStore",
     "ValueAndTimestamp",
+    "VersionedKeyValueStore",
+    "VersionedRecord",
     "WindowStore",
     "Windowed",
 ]

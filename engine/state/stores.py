@@ -40,6 +40,8 @@ class StoreSupplier:
     timestamped: bool = False
     # Window stores only: keep every record of a key and timestamp (a stream-stream join's sides).
     retain_duplicates: bool = False
+    # Key-value stores only: keep each key's versions for ``retention_ms`` (engine.state.versioned).
+    versioned: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,16 @@ class Stores:
         return StoreSupplier(check_store_name(name), persistent=True, timestamped=True)
 
     @staticmethod
+    def persistent_versioned_key_value_store(name: str, history_retention_ms: int) -> StoreSupplier:
+        """A RocksDB store of each key's values over time, kept ``history_retention_ms`` (KIP-889)."""
+        return _versioned_supplier(name, True, history_retention_ms)
+
+    @staticmethod
+    def in_memory_versioned_key_value_store(name: str, history_retention_ms: int) -> StoreSupplier:
+        """As ``persistent_versioned_key_value_store``, in memory (restored from its changelog)."""
+        return _versioned_supplier(name, False, history_retention_ms)
+
+    @staticmethod
     def persistent_window_store(name: str, retention_ms: int, window_size_ms: int) -> StoreSupplier:
         return _window_supplier(name, True, retention_ms, window_size_ms)
 
@@ -135,11 +147,27 @@ class Stores:
         return _builder(replace(supplier, timestamped=True), key_serde, value_serde)
 
     @staticmethod
+    def versioned_key_value_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
+                                          value_serde: Serde | type | None = None) -> StoreBuilder:
+        """A ``VersionedKeyValueStore`` (``engine.state.versioned``); never cached, as in Kafka Streams."""
+        if not supplier.versioned:
+            raise TopologyError(f"Store '{supplier.name}' is not a versioned store: make its supplier with "
+                                "Stores.persistent_versioned_key_value_store or in_memory_versioned_key_value_store")
+        return _builder(supplier, key_serde, value_serde)
+
+    @staticmethod
     def window_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
                              value_serde: Serde | type | None = None) -> StoreBuilder:
         if supplier.type is not StoreType.WINDOW:
             raise TopologyError(f"Store '{supplier.name}' is a {supplier.type.value} store, not a window store")
         return _builder(supplier, key_serde, value_serde)
+
+
+def _versioned_supplier(name: str, persistent: bool, history_retention_ms: int) -> StoreSupplier:
+    if isinstance(history_retention_ms, bool) or not isinstance(history_retention_ms, int) or history_retention_ms < 0:
+        raise TopologyError(f"history_retention_ms of versioned store '{name}' must be an int >= 0, "
+                            f"got {history_retention_ms!r}")
+    return StoreSupplier(check_store_name(name), persistent, retention_ms=history_retention_ms, versioned=True)
 
 
 def _window_supplier(name: str, persistent: bool, retention_ms: int, window_size_ms: int) -> StoreSupplier:

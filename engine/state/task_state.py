@@ -33,6 +33,7 @@ from engine.state.sliding_windows import TimestampedWindowStore
 from engine.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from engine.state.stores import StoreBuilder, StoreType
 from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
+from engine.state.versioned import VersionedKeyValueStore
 from engine.transport.base import Consumer
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,11 @@ class TaskStateManager:
             return kind(*args, window_size_ms=supplier.window_size_ms or 1, retention_ms=supplier.retention_ms or 1)
         if builder.type is StoreType.SESSION:
             return SessionStore(*args, retention_ms=supplier.retention_ms or 1)
+        if supplier.versioned:
+            # Never cached (as in Kafka Streams): each put goes down, with its changelog record.
+            return VersionedKeyValueStore(name, inner, builder.key_serde or default_key_serde, value_serde,
+                                          changelog, None, f"{self.task_id}/{name}", timestamp, source,
+                                          history_retention_ms=supplier.retention_ms or 0)
         if supplier.timestamped:
             # Values are stored with their timestamps, in the changelog too: a restore brings both back.
             return TimestampedKeyValueStore(name, inner, builder.key_serde or default_key_serde,

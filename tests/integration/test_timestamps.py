@@ -92,3 +92,50 @@ async def test_a_timestamped_store_comes_back_from_its_changelog_with_the_timest
     async with app() as streams:
         await eventually_async(lambda: streams.store("stamped").get("a") == ValueAndTimestamp("second", 5_000),
                                timeout=30, what="the restored value and timestamp")
+
+
+class VersionedPrices(BaseProcessor):
+    """``key: price`` puts a version at the record's timestamp; ``key: ?<t>`` forwards the price as of t."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        self.prices = context.get_state_store("prices")
+
+    def process(self, record: Record) -> None:
+        if record.value.startswith("?"):
+            found = self.prices.get(record.key, int(record.value[1:]))
+            self.context.forward(record.with_value(None if found is None else f"{found.value}@{found.timestamp}"))
+        else:
+            self.prices.put(record.key, record.value, record.timestamp)
+
+
+async def test_a_versioned_store_comes_back_from_its_changelog_with_its_history(
+        cluster: Cluster, names, tmp_path) -> None:
+    source, sink = names("prices"), names("answers")
+    await cluster.create_topics({source: 1, sink: 1})
+    builder = StreamsBuilder()
+    builder.add_state_store(Stores.versioned_key_value_store_builder(
+        Stores.persistent_versioned_key_value_store("prices", 60_000), STR, STR))
+    builder.stream(source, key_serde=STR, value_serde=STR).process(VersionedPrices, stores=["prices"]).to(
+        sink, key_serde=STR, value_serde=STR)
+    topology = builder.build()
+    for price, at in [("3", 1_000), ("5", 9_000), ("4", 5_000)]:
+        await cluster.produce(source, [("apple", price)], STR, STR, partitions=1, timestamp=at)
+
+    def app():  # type: ignore[no-untyped-def]
+        return make_streams(topology, cluster.bootstrap, names.app, state_dir=str(tmp_path / "state"),
+                            commit_interval_ms=100)
+
+    async def answers(count: int) -> list[str | None]:
+        records = await cluster.read(sink, count, timeout=30)
+        return [STR.deserialize(r.value) for r in records]
+
+    async with app():
+        await cluster.produce(source, [("apple", "?6000")], STR, STR, partitions=1, timestamp=9_000)
+        assert await answers(1) == ["4@5000"]
+    # A fresh state directory: the history can only come back from the changelog.
+    tmp_path.joinpath("state").rename(tmp_path / "old-state")
+    async with app():
+        await cluster.produce(source, [("apple", "?2000"), ("apple", "?500")], STR, STR, partitions=1,
+                              timestamp=9_000)
+        assert await answers(3) == ["4@5000", "3@1000", None]

@@ -9,7 +9,8 @@ Event times of valid records are distinct, so that the partition to take from is
 (Kafka Streams leaves ties to its priority queue).
 
 And a timestamped store used as an out-of-order guard keeps what a dict model keeps, across
-rebalances that restore it from its changelog.
+rebalances that restore it from its changelog; a versioned store answers as a model of every
+version put would.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from hypothesis import strategies as st
 from engine.processors.api import BaseProcessor
 from engine.records import Record
 from engine.serdes import JsonSerde, StringSerde
+from engine.state.bytes_stores import InMemoryBytesStore
 from engine.state.timestamped import ValueAndTimestamp
+from engine.state.versioned import (
+    PUT_RETURN_CODE_NOT_PUT,
+    PUT_RETURN_CODE_VALID_TO_UNDEFINED,
+    VersionedKeyValueStore,
+    VersionedRecord,
+)
 from engine.testing import TopologyTestDriver, eventually_async
 from engine.timestamps import ConsumedRecord
 from engine.topology.builder import StreamsBuilder
@@ -138,3 +146,60 @@ def test_a_timestamped_store_keeps_what_the_model_keeps_across_rebalances(ops: l
                 source.pipe_input(op[0], op[1], timestamp=op[2])
         stored = dict(driver.get_key_value_store("latest").all())
     assert stored == {k: ValueAndTimestamp(v, t) for k, (v, t) in latest_model(ops).items()}
+
+
+# -- versioned stores ---------------------------------------------------------------------------
+VOp = tuple[str, str | None, int] | None  # (key, value or None: a delete, timestamp); None: reopen
+
+
+class VersionedModel:
+    """KIP-889 as a dict of every version ever put: what a read may see is decided at read time."""
+
+    def __init__(self, retention: int) -> None:
+        self.retention = retention
+        self.versions: dict[str, dict[int, str | None]] = {}
+        self.observed = -1
+
+    def put(self, key: str, value: str | None, t: int) -> int:
+        if t < self.observed - self.retention:
+            return PUT_RETURN_CODE_NOT_PUT
+        self.versions.setdefault(key, {})[t] = value
+        self.observed = max(self.observed, t)
+        newer = [u for u in self.versions[key] if u > t]
+        return min(newer) if newer else PUT_RETURN_CODE_VALID_TO_UNDEFINED
+
+    def get(self, key: str, as_of: int | None) -> VersionedRecord | None:
+        if as_of is not None and as_of < self.observed - self.retention:
+            return None
+        times = sorted(self.versions.get(key, {}))
+        older = [t for t in times if as_of is None or t <= as_of]
+        if not older or self.versions[key][older[-1]] is None:
+            return None
+        newer = [t for t in times if t > older[-1]]
+        return VersionedRecord(self.versions[key][older[-1]], older[-1], newer[0] if newer else None)
+
+
+@settings(max_examples=150)
+@given(st.integers(0, 20), st.lists(st.one_of(
+    st.none(), st.tuples(st.sampled_from("ab"), st.one_of(st.none(), st.sampled_from("xyz")), st.integers(0, 60))),
+    max_size=30))
+def test_a_versioned_store_answers_as_a_model_of_every_version_would(retention: int, ops: list[VOp]) -> None:
+    """``RocksDBVersionedStoreTest``'s rules for drawn out-of-order puts and deletes: the put's
+    return code, and reads at every time, equal the model's; reopening the store over its bytes
+    (as after a restore) changes nothing, observed stream time included."""
+    inner = InMemoryBytesStore("v")
+
+    def open_store() -> VersionedKeyValueStore:
+        return VersionedKeyValueStore("v", inner, StringSerde(), StringSerde(), None, None, "0_0/v", lambda: 0,
+                                      lambda: None, history_retention_ms=retention)
+
+    store, model = open_store(), VersionedModel(retention)
+    for op in ops:
+        if op is None:
+            store = open_store()
+            continue
+        key, value, t = op
+        assert store.put(key, value, t) == model.put(key, value, t), op
+    for key in "ab":
+        for as_of in (None, *range(0, 62, 3)):
+            assert store.get(key, as_of) == model.get(key, as_of), (key, as_of)
