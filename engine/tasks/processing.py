@@ -149,7 +149,7 @@ class RecordPath:
         stamps = self._task.head_stamps
         stamp = stamps.pop(tp, None) if stamps else None
         if stamp is not None and stamp[0] == raw.offset:
-            timestamp = stamp[1]  # extracted when the record was chosen (ChunkLoop.head_timestamp)
+            timestamp = stamp[1]  # extracted when the record was chosen (head_timestamp)
         else:
             try:
                 timestamp = self._call_extractor(raw, source, key, value)
@@ -183,7 +183,7 @@ class RecordPath:
             key = source.key_serde.deserialize(raw.key)
             value = source.value_serde.deserialize(raw.value)
             timestamp = self._call_extractor(raw, source, key, value)
-        except Exception:  # handled when the record runs (RecordPath.process) — noqa: BLE001
+        except Exception:  # the same failure comes again when the record runs, and is handled there
             return raw.timestamp
         self._task.head_stamps[(raw.topic, raw.partition)] = (raw.offset, timestamp)
         return timestamp

@@ -157,3 +157,14 @@ def test_a_bad_extractor_is_a_config_error_or_a_topology_error_naming_where_it_w
         TopologyTestDriver(passing(), {"default.timestamp.extractor": "nowhere.Extractor"})
     with pytest.raises(TopologyError, match="timestamp extractor of source"):
         passing(object())
+
+
+def test_a_tables_source_extractor_stamps_its_updates() -> None:
+    builder = StreamsBuilder()
+    (builder.table("prices", key_serde=STR, value_serde=JsonSerde(), timestamp_extractor=FromValue())
+            .to_stream()
+            .map_values(lambda v: v["n"])
+            .to("out", key_serde=STR, value_serde=INT))
+    with TopologyTestDriver(builder.build(), {"cache.max.bytes.buffering": 0}) as driver:
+        driver.create_input_topic("prices", STR, JsonSerde()).pipe_input("k", {"n": 4, "t": 1_234}, timestamp=9)
+        assert timestamps_out(driver) == [(4, 1_234)]
