@@ -53,6 +53,7 @@ from engine.state.session_windows import ReadOnlySessionStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
 from engine.threads.client_threads import ClientThreads
+from engine.threads.global_thread import GlobalTables
 from engine.threads.states import StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
 from engine.timestamps import load_timestamp_extractor
@@ -92,6 +93,9 @@ class KafkaStreams:
         for name in topology.store_names:
             if topology.store_builder(name).is_persistent(default_persistent):
                 require_rocksdict(name)  # now, not at the first task's start on a stream thread
+        for spec in topology.global_stores.values():
+            if spec.builder.is_persistent(default_persistent):
+                require_rocksdict(spec.name)
         self.topology = topology
         self._cleaner: StateDirCleaner | None = None
         self._state_lock: StateDirectoryLock | None = None
@@ -110,6 +114,8 @@ class KafkaStreams:
             config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
             transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,
             close_to_error=self._close_to_error, metadata=self._metadata)
+        # The global tables' stores and the thread that fills them (started by start()).
+        self._global = GlobalTables(self.config, topology, self._transport, self.client_id)
         self._user_listener: StateListener | None = None
         self._shutdown_thread: threading.Thread | None = None
         self._state.add_listener(self._notify_user)
@@ -155,10 +161,14 @@ class KafkaStreams:
         Raises ``InvalidStateStoreError`` for a name the topology lacks or a client
         that is not running; a view's reads see only tasks that are running now.
         """
-        if name not in self.topology.store_names:
-            raise InvalidStateStoreError(name, f"is not in the topology (stores: {self.topology.store_names})")
+        if name not in self.topology.store_names and name not in self.topology.global_stores:
+            stores = self.topology.store_names + list(self.topology.global_stores)
+            raise InvalidStateStoreError(name, f"is not in the topology (stores: {stores})")
         if not self.state.is_running_or_rebalancing():
             raise InvalidStateStoreError(name, f"cannot be queried while the client is {self.state.name}")
+        if name in self.topology.global_stores:
+            # One full copy per client, not spread over tasks.
+            return ReadOnlyKeyValueStore(name, lambda: self._global.instances(name))
         if self.topology.store_builder(name).type is StoreType.WINDOW:
             return ReadOnlyWindowStore(name, lambda: self._local_stores(name))
         if self.topology.store_builder(name).type is StoreType.SESSION:
@@ -240,13 +250,22 @@ class KafkaStreams:
         # DEBUG: start-up stays a few INFO lines; the values are there when asked for (secrets hidden).
         self.log.debug("%s", self.config.describe())
         self._check_topics()
-        if self.topology.store_names:
+        if self.topology.store_names or self.topology.global_stores:
             lock = StateDirectoryLock(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
             lock.acquire()
             self._state_lock = lock
+        if self.topology.global_stores:
+            # Before any stream thread: their first records must find the global tables complete.
+            try:
+                self._threads.global_stores = self._global.start(self._app_state_dir, self._close_to_error)
+            except BaseException:
+                if self._state_lock is not None:
+                    self._state_lock.release()
+                raise
         self._start_prometheus()
         if not self._state.maybe_transition_to(ClientState.REBALANCING):
             self._stop_prometheus()
+            self._global.shut_down()
             if self._state_lock is not None:
                 self._state_lock.release()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
@@ -281,7 +300,7 @@ class KafkaStreams:
     def _check_topics(self) -> None:
         """Check the user's topics exist and create the internal ones (repartition, changelog)."""
         internal = set(self.topology.repartition_topics())
-        source = [t for t in self.topology.source_topics if t not in internal]
+        source = [t for t in self.topology.source_topics if t not in internal] + self.topology.global_topics
         sink = [t for t in self.topology.sink_topics if t not in internal]
         replication = self.config[cfg.REPLICATION_FACTOR]
 
@@ -360,6 +379,7 @@ class KafkaStreams:
 
         def shut_down() -> None:
             self._threads.shut_down_all(leave_group, limit)
+            self._global.shut_down()
             self._stop_prometheus()
             # After the threads: a batch still running on a thread that did not stop in time
             # is cut off here, and its records were not committed.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ class TaskContext:
     __slots__ = (
         "application_id", "task_id", "forwarder", "topic", "partition", "offset",
         "timestamp", "headers", "commit_requested", "stream_time_schedules",
-        "wall_clock_schedules", "wall_clock_ms", "stores", "spark", "default_serdes",
+        "wall_clock_schedules", "wall_clock_ms", "stores", "spark", "default_serdes", "global_stores",
     )
 
     def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int],
@@ -49,6 +49,8 @@ class TaskContext:
         self.wall_clock_schedules = PunctuationQueue(PunctuationType.WALL_CLOCK_TIME)
         self.wall_clock_ms = wall_clock_ms
         self.stores: dict[str, Any] = {}
+        # The client's global tables' stores, which every processor may read (as in Kafka Streams).
+        self.global_stores: Mapping[str, Any] = {}
         # The client's shared SparkSession (made lazily), for Spark stages.
         self.spark = spark
         # default.key.serde and default.value.serde, set when the task's graph is built: a
@@ -123,6 +125,8 @@ class NodeContext:
 
     def get_state_store(self, name: str) -> Any:
         if name not in self._stores:
+            if name in self._task.global_stores:
+                return self._task.global_stores[name]
             from engine.errors import StateStoreError
             raise StateStoreError(name, f"processor '{self._node.name}' has no access to it: connect it with "
                                         f"add_state_store(builder, '{self._node.name}') or process(..., stores=[...])")

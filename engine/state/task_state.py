@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -47,6 +47,8 @@ class StateSettings:
     cache: ThreadCache
     reader_factory: Callable[[], Consumer]
     restore_listener: StateRestoreListener | None = None
+    # The client's global tables' stores (engine.state.global_store), read by every task.
+    global_stores: Mapping[str, StateStore] = field(default_factory=dict)
 
 
 class TaskStateManager:

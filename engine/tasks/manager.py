@@ -149,6 +149,8 @@ class TaskManager:
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
         context = TaskContext(self._application_id, task_id, self._clock_ms, self._spark)
+        if self._state is not None:
+            context.global_stores = self._state.global_stores
         own = self._collector
         if self._eos is not None:
             # The task's own transactional producer: its output, changelog writes and offsets

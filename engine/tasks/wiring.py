@@ -8,7 +8,7 @@ place, so that what the driver tests is what a client runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from engine import config as cfg
@@ -63,10 +63,12 @@ def task_timers(config: StreamsConfig, monotonic_ms: Callable[[], int]) -> Calla
 
 
 def state_settings(config: StreamsConfig, state_dir: str, cache: ThreadCache, reader_factory: Callable[[], Any],
-                   restore_listener: StateRestoreListener | None = None) -> StateSettings:
-    """Where the tasks' stores live and how they restore (``reader_factory``: a groupless reader)."""
+                   restore_listener: StateRestoreListener | None = None,
+                   global_stores: Mapping[str, Any] | None = None) -> StateSettings:
+    """Where the tasks' stores live and how they restore (``reader_factory``: a groupless reader);
+    ``global_stores``: the client's global tables' stores, which every task reads."""
     return StateSettings(state_dir, config[cfg.DEFAULT_DSL_STORE] == "rocksDB", cache, reader_factory,
-                         restore_listener)
+                         restore_listener, dict(global_stores or {}))
 
 
 def task_manager(

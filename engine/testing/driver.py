@@ -58,6 +58,7 @@ from engine.state.stores import StoreType
 from engine.tasks import wiring
 from engine.tasks.task import StreamTask, TaskState
 from engine.testing.driver_errors import UnusedTopics, UnusedTopicsError
+from engine.testing.driver_global import DriverGlobalTables
 from engine.testing.driver_loop import DriverLoop
 from engine.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
 from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
@@ -134,12 +135,13 @@ class TopologyTestDriver:
         for topic, (count, _configs) in self._internal_topics.items():
             self._partition_counts.setdefault(topic, count)
             self._log(topic)
-        for topic in topology.source_topics + topology.sink_topics:
+        for topic in topology.source_topics + topology.sink_topics + topology.global_topics:
             self._log(topic)
         # Only now that the topics are known to be usable: a refused topology leaves no loop open.
         self._runner = DriverLoop(self.config[cfg.TASK_TIMEOUT_MS] + self.config[cfg.MAX_POLL_INTERVAL_MS])
         # The driver's stores live in a directory of its own, removed by close().
         self._state_dir = tempfile.mkdtemp(prefix="streamloop-driver-")
+        self._global = DriverGlobalTables(topology, self.config, self._state_dir)
         self._producer = DriverProducer(self._log, lambda: self.wall_clock_ms)
         self._consumer = DriverConsumer(self._log)
         self._collector = RecordCollector(
@@ -156,7 +158,7 @@ class TopologyTestDriver:
             logger=self._log_context, clock_ms=self._clock.wall_ms, monotonic_ms=self._runner.loop.time_ms,
             errors=self._errors,
             state=wiring.state_settings(config_, self._state_dir, ThreadCache(config_[cfg.CACHE_MAX_BYTES_BUFFERING]),
-                                        lambda: DriverReader(self._log)),
+                                        lambda: DriverReader(self._log), global_stores=self._global.stores),
             one_record_at_a_time=True,
         )
         self._all_partitions = [TopicPartition(t, p) for t in topology.source_topics
@@ -176,9 +178,7 @@ class TopologyTestDriver:
         Raises ``TopologyError`` naming the topology's source topics for any other topic.
         """
         self._check_open()
-        if topic not in self.topology.source_topics:
-            raise TopologyError(f"Topic '{topic}' is not read by this topology; "
-                                f"its source topics are {sorted(self.topology.source_topics)}")
+        self._check_source(topic)
         self._fed.add(topic)
         return TestInputTopic(self.pipe_raw, topic, self._serde(key_serde, cfg.DEFAULT_KEY_SERDE),
                               self._serde(value_serde, cfg.DEFAULT_VALUE_SERDE))
@@ -204,9 +204,7 @@ class TopologyTestDriver:
                  headers: Headers = (), partition: int | None = None) -> None:
         """Write bytes as they are into a source topic (e.g. a record no serde can read) and process."""
         self._check_open()
-        if topic not in self.topology.source_topics:
-            raise TopologyError(f"Topic '{topic}' is not read by this topology; "
-                                f"its source topics are {sorted(self.topology.source_topics)}")
+        self._check_source(topic)
         self._fed.add(topic)
         log_ = self._log(topic)
         count = len(log_.partitions)
@@ -219,6 +217,9 @@ class TopologyTestDriver:
         elif not 0 <= partition < count:
             raise ValueError(f"Topic '{topic}' has partitions 0..{count - 1}, not {partition}")
         log_.append(partition, key, value, self.wall_clock_ms if timestamp is None else timestamp, headers)
+        if self._global.reads(topic):
+            self._global.apply(topic, key, value)  # no task reads a global table's topic
+            return
         self._runner.run(self._pump())
 
     def unused_topics(self) -> UnusedTopics:
@@ -279,6 +280,9 @@ class TopologyTestDriver:
 
     def _store(self, name: str, kind: StoreType) -> ReadOnlyKeyValueStore | ReadOnlyWindowStore | ReadOnlySessionStore:
         self._check_open()
+        global_store = self._global.stores.get(name)
+        if global_store is not None and kind is StoreType.KEY_VALUE:
+            return ReadOnlyKeyValueStore(name, lambda: [global_store])
         if name not in self.topology.store_names:
             raise InvalidStateStoreError(name, f"is not in the topology (stores: {self.topology.store_names})")
         if self.topology.store_builder(name).type is not kind:
@@ -371,6 +375,7 @@ class TopologyTestDriver:
         finally:
             self._closed = True
             self._runner.close()
+            self._global.close()
             shutil.rmtree(self._state_dir, ignore_errors=True)
         unused = self.unused_topics()
         if unused:
@@ -408,6 +413,12 @@ class TopologyTestDriver:
         if task is None:
             raise ValueError(f"No task {task_id}; the driver's tasks are {[str(t) for t in self.task_ids]}")
         return task
+
+    def _check_source(self, topic: str) -> None:
+        sources = self.topology.source_topics + self.topology.global_topics
+        if topic not in sources:
+            raise TopologyError(f"Topic '{topic}' is not read by this topology; "
+                                f"its source topics are {sorted(sources)}")
 
     def _check_open(self) -> None:
         """Every call checks first, so a refused call has changed nothing."""

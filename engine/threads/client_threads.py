@@ -11,7 +11,7 @@ thread's loop is reached. Next stage: ``engine.threads.stream_thread.StreamThrea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import anyio.lowlevel
 
@@ -25,6 +25,7 @@ from engine.logcontext import LogContext
 from engine.spark.session import SparkSessions
 from engine.state.metadata import StreamsMetadataState
 from engine.state.restore import StateRestoreListener
+from engine.state.store import StateStore
 from engine.threads.registry import ThreadRegistry
 from engine.threads.states import StreamThreadState
 from engine.threads.stream_thread import StreamThread
@@ -76,6 +77,8 @@ class ClientThreads:
         self._close_to_error = close_to_error
         self._registry = ThreadRegistry()
         self.restore_listener: StateRestoreListener | None = None
+        # The global tables' stores (set by KafkaStreams when it opens them), handed to every thread.
+        self.global_stores: Mapping[str, StateStore] = {}
         self.supervisor = Supervisor(
             handler=None,
             replace=lambda _failed: self.add(),
@@ -128,6 +131,7 @@ class ClientThreads:
                 on_joining=self._rejoin_others,
                 metadata=self._metadata,
             )
+            thread.global_stores = self.global_stores
             self._registry.add(thread)
         return thread
 

@@ -173,7 +173,7 @@ class ThreadLoop:
             state=wiring.state_settings(
                 config, config[cfg.STATE_DIR], thread.cache,
                 lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
-                thread.restore_listener),
+                thread.restore_listener, thread.global_stores),
             on_tasks_changed=self._publish_tasks,
             spark=thread.spark,
             exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,

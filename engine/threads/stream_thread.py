@@ -13,7 +13,7 @@ import contextlib
 import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import anyio
@@ -95,6 +95,8 @@ class StreamThread:
         self.clock = clock
         self.process_id = process_id
         self.restore_listener = restore_listener
+        # The client's global tables' stores, read by every task (set by ClientThreads before start).
+        self.global_stores: Mapping[str, StateStore] = {}
         self.log = thread_log(__name__, self.name)
         self.state = StateMachine(f"stream-thread [{self.name}]", StreamThreadState.CREATED,
                                   THREAD_TRANSITIONS, self.log, logging.DEBUG)

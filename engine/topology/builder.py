@@ -7,7 +7,7 @@ Node names follow Kafka Streams (``KSTREAM-FILTER-0000000001``) unless a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from engine.errors import TopologyError
 from engine.processors.api import ProcessorSupplier
@@ -26,6 +26,7 @@ from engine.processors.nodes import Node, Partitioner
 from engine.serdes import Serde, as_serde
 from engine.state.join_windows import JoinWindows
 from engine.state.stores import Materialized, StoreBuilder
+from engine.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from engine.topology.joins import StreamJoined, stream_stream_join
 from engine.topology.repartition import Repartitioned, repartition
 from engine.topology.tables import (
@@ -93,6 +94,13 @@ class StreamsBuilder:
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{source}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{source}'")
         return table_source(self, source, materialized, ks, vs)
+
+    def global_table(self, topic: str, *, key_serde: Serde | type | None = None,
+                     value_serde: Serde | type | None = None, materialized: Materialized | str | None = None,
+                     name: str | None = None) -> GlobalKTable:
+        """Every partition of ``topic`` as a table on every instance, filled before processing starts
+        (engine.topology.global_tables); join streams with it by any key, query it by its store name."""
+        return global_table(self, topic, key_serde, value_serde, materialized, name)
 
     def add_state_store(self, builder: StoreBuilder) -> StreamsBuilder:
         """A store for Processor API processors; connect it with ``process(..., stores=[name])``."""
@@ -254,24 +262,36 @@ class KStream:
         """Group by ``selector(key, value)``: records are repartitioned by the new key."""
         return self.select_key(selector, name=name).group_by_key(key_serde=key_serde, value_serde=value_serde)
 
-    def join(self, table: KTable | KStream, joiner: Callable[[Any, Any], Any], windows: JoinWindows | None = None,
+    def join(self, table: KTable | KStream | GlobalKTable, joiner: Callable[[Any, Any], Any],
+             windows: JoinWindows | Callable[[Any, Any], Any] | None = None,
              stream_joined: StreamJoined | None = None, *, name: str | None = None) -> KStream:
         """``joiner(value, table_value)`` for each record whose key the table has (the table's
         topic must have as many partitions as this stream's: they are read by the same tasks).
 
         With another stream and ``windows``: ``joiner(value, other_value)`` for each pair of
-        records of one key within the join windows (engine.topology.joins)."""
+        records of one key within the join windows (engine.topology.joins).
+
+        With a ``GlobalKTable``, Kafka Streams' argument order ``join(global_table, key_selector,
+        joiner)``: ``joiner(value, table_value)`` where the table has ``key_selector(key, value)``."""
+        if isinstance(table, GlobalKTable):
+            return stream_global_join(self, table, joiner, windows, False, name)
         if isinstance(table, KStream):
-            return stream_stream_join(self, table, joiner, windows, False, False, stream_joined, name)
+            # (Not JoinWindows: stream_stream_join refuses it, naming what it got.)
+            return stream_stream_join(self, table, joiner, cast("JoinWindows | None", windows), False, False,
+                                      stream_joined, name)
         return stream_table_join(self, table, joiner, False, name)
 
-    def left_join(self, table: KTable | KStream, joiner: Callable[[Any, Any], Any],
-                  windows: JoinWindows | None = None, stream_joined: StreamJoined | None = None, *,
-                  name: str | None = None) -> KStream:
+    def left_join(self, table: KTable | KStream | GlobalKTable, joiner: Callable[[Any, Any], Any],
+                  windows: JoinWindows | Callable[[Any, Any], Any] | None = None,
+                  stream_joined: StreamJoined | None = None, *, name: str | None = None) -> KStream:
         """As ``join``, but a record whose key the table lacks is joined with None (with a stream:
-        a record that found no partner once its window plus grace closed)."""
+        a record that found no partner once its window plus grace closed; with a ``GlobalKTable``,
+        ``left_join(global_table, key_selector, joiner)``, also a None lookup key)."""
+        if isinstance(table, GlobalKTable):
+            return stream_global_join(self, table, joiner, windows, True, name)
         if isinstance(table, KStream):
-            return stream_stream_join(self, table, joiner, windows, True, False, stream_joined, name)
+            return stream_stream_join(self, table, joiner, cast("JoinWindows | None", windows), True, False,
+                                      stream_joined, name)
         return stream_table_join(self, table, joiner, True, name)
 
     def outer_join(self, other: KStream, joiner: Callable[[Any, Any], Any], windows: JoinWindows,

@@ -20,6 +20,7 @@ from engine.processors.context import NodeContext, TaskContext
 from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.state.changelog import changelog_topic, topic_configs
+from engine.state.global_store import GlobalStoreSpec
 from engine.state.stores import StoreBuilder, StoreType
 from engine.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
 from engine.topology.copartition import check_copartition_groups, repartition_counts
@@ -97,6 +98,8 @@ class Topology:
         self.application_id: str | None = None
         # Joins whose inputs must be co-partitioned: (operation, nodes); see engine.topology.copartition.
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
+        # Global tables' stores by name: outside every sub-topology (engine.topology.global_tables).
+        self.global_stores: dict[str, GlobalStoreSpec] = {}
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:
@@ -130,6 +133,7 @@ class Topology:
             clash = set(spec.topics) & set(topics)
             if clash:
                 raise TopologyError(f"Topics {sorted(clash)} are already read by source '{spec.name}'")
+        self._check_not_global(name, topics)
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{name}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
         try:
@@ -163,7 +167,7 @@ class Topology:
         """Add a store (one instance per task) and give the named processors access to it."""
         if not isinstance(builder, StoreBuilder):
             raise TopologyError(f"add_state_store needs a StoreBuilder (from Stores), got {builder!r}")
-        if builder.name in self._stores:
+        if builder.name in self._stores or builder.name in self.global_stores:
             raise TopologyError(f"State store '{builder.name}' is already added to the topology")
         self._stores[builder.name] = builder
         self.connect_processor_and_state_stores_all(processor_names, builder.name)
@@ -186,6 +190,29 @@ class Topology:
     def connect_processor_and_state_stores_all(self, processor_names: Iterable[str], store: str) -> None:
         for name in processor_names:
             self.connect_processor_and_state_stores(name, store)
+
+    def add_global_store(self, spec: GlobalStoreSpec) -> Topology:
+        """A global table's store, filled from ``spec.topic`` by the client's global thread."""
+        if spec.name in self._stores or spec.name in self.global_stores:
+            raise TopologyError(f"State store '{spec.name}' is already added to the topology")
+        if spec.source in self._specs or any(s.source == spec.source for s in self.global_stores.values()):
+            raise TopologyError(f"Processor '{spec.source}' is already added to the topology")
+        readers = [s.name for s in self._specs.values() if spec.topic in s.topics]
+        self._check_not_global(spec.source, (spec.topic,))
+        if readers:
+            raise TopologyError(f"Topics ['{spec.topic}'] are already read by source '{readers[0]}'")
+        self.global_stores[spec.name] = spec
+        return self
+
+    def _check_not_global(self, source: str, topics: Iterable[str]) -> None:
+        for spec in self.global_stores.values():
+            if spec.topic in topics:
+                raise TopologyError(f"Topics ['{spec.topic}'] are already read by global source '{spec.source}' "
+                                    f"(source '{source}' cannot read them too)")
+
+    @property
+    def global_topics(self) -> list[str]:
+        return [spec.topic for spec in self.global_stores.values()]
 
     def store_builder(self, name: str) -> StoreBuilder:
         return self._stores[name]
@@ -396,7 +423,7 @@ class Topology:
         return sorted({t for s in self.subtopologies for t in s.sink_topics})
 
     def validate(self) -> None:
-        if not self._specs:
+        if not self._specs and not self.global_stores:
             raise TopologyError("The topology is empty: add at least one source")
         for spec in self._specs.values():
             for store in spec.stores:

@@ -1,0 +1,32 @@
+"""The test driver's global tables: their stores, written as records are piped to their topics.
+
+A ``KafkaStreams`` client fills a global table on its global thread; the driver has no
+threads, so ``pipe_input`` to a global table's topic writes the store at once (as Kafka's
+``TopologyTestDriver`` runs its global state task), and every task reads the same stores.
+"""
+
+from __future__ import annotations
+
+from engine import config as cfg
+from engine.config import StreamsConfig
+from engine.state.global_store import GlobalKeyValueStore, close_global_stores, open_global_stores
+from engine.tasks import wiring
+from engine.topology.topology import Topology
+
+
+class DriverGlobalTables:
+    def __init__(self, topology: Topology, config: StreamsConfig, state_dir: str) -> None:
+        specs = list(topology.global_stores.values())
+        self.stores: dict[str, GlobalKeyValueStore] = open_global_stores(
+            specs, f"{state_dir}/global", config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
+            wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE))
+        self._by_topic = {spec.topic: self.stores[spec.name] for spec in specs}
+
+    def reads(self, topic: str) -> bool:
+        return topic in self._by_topic
+
+    def apply(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        self._by_topic[topic].apply(key, value)
+
+    def close(self) -> None:
+        close_global_stores(self.stores.values())

@@ -1,0 +1,146 @@
+"""``builder.global_table`` and ``stream.join``/``left_join`` with it, in the test driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import StreamsBuilder
+from engine.errors import InvalidStateStoreError, TopologyError
+from engine.serdes import IntegerSerde, StringSerde
+from engine.state import Materialized
+from engine.testing import TopologyTestDriver
+from engine.topology.global_tables import GlobalKTable
+
+STR, INT = StringSerde(), IntegerSerde()
+
+
+def foreign_key(_key: Any, value: str) -> str | None:
+    """Kafka Streams' tests' key mapper: the lookup key after the comma of "X0,FKey0" (None if none)."""
+    parts = value.split(",")
+    return parts[1] if len(parts) > 1 else None
+
+
+def joined_topology(left: bool, partitions_store: str = "globals") -> Any:
+    builder = StreamsBuilder()
+    table = builder.global_table("global", key_serde=STR, value_serde=STR, materialized=partitions_store)
+    stream = builder.stream("in", key_serde=INT, value_serde=STR)
+    join = stream.left_join if left else stream.join
+    join(table, foreign_key, lambda value, other: f"{value}+{other}").to("out", key_serde=INT, value_serde=STR)
+    return builder.build()
+
+
+def drive(left: bool, config: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    driver = TopologyTestDriver(joined_topology(left), {"default.dsl.store": "in_memory", **(config or {})},
+                                **kwargs)
+    return (driver, driver.create_input_topic("in", INT, STR), driver.create_input_topic("global", STR, STR),
+            driver.create_output_topic("out", INT, STR))
+
+
+def test_inner_join_matches_only_keys_the_global_table_has_and_table_updates_emit_nothing() -> None:
+    """KStreamGlobalKTableJoinTest: shouldNotJoinWithEmptyGlobalTableOnStreamUpdates,
+    shouldNotJoinOnGlobalTableUpdates, shouldJoinOnlyIfMatchFoundOnStreamUpdates and
+    shouldClearGlobalTableEntryOnNullValueUpdates, step by step."""
+    driver, stream, table, out = drive(left=False)
+    with driver:
+        stream.pipe_records([(i, f"X{i},FKey{i}") for i in range(2)])
+        assert out.is_empty()  # empty global table: nothing joins
+        table.pipe_records([(f"FKey{i}", f"Y{i}") for i in range(2)])
+        assert out.is_empty()  # an update of the global table emits nothing
+        stream.pipe_records([(i, f"X{i},FKey{i}") for i in range(4)])
+        assert out.read_key_values() == [(0, "X0,FKey0+Y0"), (1, "X1,FKey1+Y1")]
+        table.pipe_input("FKey0", None)  # a tombstone removes the row
+        stream.pipe_records([(i, f"X{i},FKey{i}") for i in range(2)])
+        assert out.read_key_values() == [(1, "X1,FKey1+Y1")]
+
+
+def test_inner_join_drops_null_lookup_keys_and_null_values() -> None:
+    """KStreamGlobalKTableJoinTest: shouldNotJoinOnNullKeyMapperValues and
+    shouldNotJoinOnNullKeyMapperValueWithNullKey (a null key is fine when the mapper gives a key)."""
+    driver, stream, table, out = drive(left=False)
+    with driver:
+        table.pipe_input("FKey1", "Y1")
+        stream.pipe_input(0, "X0")  # no lookup key
+        stream.pipe_input(2, None)  # no value: nothing to join
+        stream.pipe_input(None, "X1,FKey1")
+        assert out.read_key_values() == [(None, "X1,FKey1+Y1")]
+
+
+def test_left_join_joins_every_record_with_a_value_passing_none_for_a_missing_row_or_lookup_key() -> None:
+    """KStreamGlobalKTableLeftJoinTest: shouldJoinWithEmptyGlobalTableOnStreamUpdates,
+    shouldJoinRegardlessIfMatchFoundOnStreamUpdates, and (KIP-962, Kafka Streams 3.7+)
+    shouldJoinOnNullKeyMapperValues; a record without a value is still dropped."""
+    driver, stream, table, out = drive(left=True)
+    with driver:
+        stream.pipe_input(0, "X0,FKey0")
+        table.pipe_input("FKey1", "Y1")
+        stream.pipe_records([(1, "X1,FKey1"), (2, "X2"), (3, None)])
+        assert out.read_key_values() == [(0, "X0,FKey0+None"), (1, "X1,FKey1+Y1"), (2, "X2+None")]
+
+
+def test_join_needs_no_copartitioning_nor_repartition_after_a_key_change() -> None:
+    builder = StreamsBuilder()
+    table = builder.global_table("global", key_serde=STR, value_serde=STR, materialized="globals")
+    (builder.stream("in", key_serde=INT, value_serde=STR)
+            .select_key(lambda _k, v: v)  # a new key: a KTable join would repartition first
+            .join(table, lambda key, _v: key, lambda v, other: f"{v}:{other}")
+            .to("out", key_serde=STR, value_serde=STR))
+    topology = builder.build()
+    assert topology.repartition_topics() == []
+    assert "global" not in topology.source_topics  # no task reads it
+    with TopologyTestDriver(topology, {"default.dsl.store": "in_memory"},
+                            partitions={"in": 3, "global": 2}) as driver:
+        rows = driver.create_input_topic("global", STR, STR)
+        rows.pipe_records([(f"k{i}", f"v{i}") for i in range(6)])
+        stream = driver.create_input_topic("in", INT, STR)
+        stream.pipe_records([(i, f"k{i}") for i in range(7)])
+        out = driver.create_output_topic("out", STR, STR)
+        assert sorted(out.read_key_values()) == [(f"k{i}", f"k{i}:v{i}") for i in range(6)]
+        store = driver.get_key_value_store("globals")
+        assert sorted(store.all()) == [(f"k{i}", f"v{i}") for i in range(6)]
+        assert store.get("k3") == "v3"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_global_store_is_queryable_and_survives_a_crash_of_the_tasks(persistent: bool) -> None:
+    store = "rocksDB" if persistent else "in_memory"
+    driver, stream, table, out = drive(left=False, config={"default.dsl.store": store})
+    with driver:
+        table.pipe_records([("FKey1", "Y1"), ("FKey2", "Y2"), ("FKey2", "Y2b")])
+        driver.crash()  # the tasks restart; the global table is not theirs
+        stream.pipe_input(2, "X2,FKey2")
+        assert out.read_key_values() == [(2, "X2,FKey2+Y2b")]
+        assert dict(driver.get_key_value_store("globals").all()) == {"FKey1": "Y1", "FKey2": "Y2b"}
+
+
+def test_global_table_api_errors() -> None:
+    builder = StreamsBuilder()
+    table = builder.global_table("global", materialized=Materialized.as_("g"))
+    assert isinstance(table, GlobalKTable) and table.queryable_store_name == "g"
+    with pytest.raises(TopologyError, match="already read by global source"):
+        builder.stream("global")
+    with pytest.raises(TopologyError, match="already added"):
+        builder.global_table("other", materialized="g")
+    stream = builder.stream("in")
+    with pytest.raises(TypeError, match="key_selector needs a callable"):
+        stream.join(table, None, lambda v, o: v)  # type: ignore[arg-type]
+
+    async def joiner(v: Any, o: Any) -> Any:
+        return v
+    with pytest.raises(TopologyError, match="plain function"):
+        stream.left_join(table, lambda k, v: k, joiner)
+    stream.join(table, lambda k, _v: k, lambda v, _o: v).to("out")
+    with TopologyTestDriver(builder.build()) as driver:
+        with pytest.raises(InvalidStateStoreError):
+            driver.get_key_value_store("nope")
+        with pytest.raises(TypeError, match="read-only"):
+            driver._global.stores["g"].put(b"k", b"v")
+
+
+def test_a_topology_of_only_a_global_table_is_valid() -> None:
+    builder = StreamsBuilder()
+    builder.global_table("global", key_serde=STR, value_serde=STR, materialized="only")
+    with TopologyTestDriver(builder.build(), {"default.dsl.store": "in_memory"}) as driver:
+        driver.create_input_topic("global", STR, STR).pipe_input("a", "1")
+        assert driver.get_key_value_store("only").get("a") == "1"
