@@ -1,0 +1,45 @@
+"""``GlobalStreamThread``: a global table is whole before ``start`` returns, then kept current."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio.to_thread
+import pytest
+
+from engine.serdes import StringSerde
+from engine.state.global_store import GlobalStoreSpec, open_global_stores
+from engine.state.stores import StoreBuilder, StoreSupplier
+from engine.testing import eventually_async
+from engine.threads.global_thread import GlobalStreamThread
+from engine.transport import open_transport
+from tests.support.cluster import Cluster
+
+pytestmark = pytest.mark.asyncio
+STR = StringSerde()
+
+
+async def test_start_returns_once_the_store_holds_every_partition_to_its_end(tmp_path) -> None:
+    bootstrap = f"memory://global-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    await cluster.create_topics({"rows": 3})
+    await cluster.produce("rows", [(f"k{i}", f"v{i}") for i in range(3000)] + [("k0", None), (None, "no key")],
+                          STR, STR, partitions=3)
+    spec = GlobalStoreSpec(StoreBuilder(StoreSupplier("g", False), STR, STR, logging=False), "rows", "src", "proc")
+    store = open_global_stores([spec], str(tmp_path), False, STR, STR)["g"]
+    failures: list[BaseException] = []
+    thread = GlobalStreamThread(client_id="c", stores_by_topic={"rows": store}, transport=cluster.transport,
+                                poll_ms=10, read_committed=False, on_failure=failures.append)
+    await anyio.to_thread.run_sync(thread.start, 30.0)
+    try:
+        # Checked at once: the bootstrap is what start waited for.
+        assert store.approximate_num_entries() == 2999
+        assert store.get("k0") is None and store.get("k2999") == "v2999"
+        await cluster.produce("rows", [("k1", "new"), ("k2", None)], STR, STR, partitions=3)
+        await eventually_async(lambda: store.get("k1") == "new" and store.get("k2") is None, timeout=10,
+                               what="a record after the bootstrap applied")
+    finally:
+        await anyio.to_thread.run_sync(thread.shut_down, 10.0)
+    assert not thread._thread.is_alive()
+    assert failures == []
+    store.close()
