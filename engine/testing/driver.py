@@ -225,9 +225,10 @@ class TopologyTestDriver:
     def unused_topics(self) -> UnusedTopics:
         """Sources that got no input, and outputs written but not read through ``create_output_topic``."""
         internal = set(self._internal_topics)
-        sources = tuple(t for t in sorted(self.topology.source_topics) if t not in self._fed and t not in internal
+        read = self.topology.source_topics + self.topology.global_topics
+        sources = tuple(t for t in sorted(read) if t not in self._fed and t not in internal
                         and not any(self._log(t).partitions))
-        outputs = tuple(t for t in sorted(self._logs) if t not in self._read and t not in self.topology.source_topics
+        outputs = tuple(t for t in sorted(self._logs) if t not in self._read and t not in read
                         and t not in internal and self._logs[t].appended)
         return UnusedTopics(sources, outputs)
 

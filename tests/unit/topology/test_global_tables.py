@@ -138,9 +138,11 @@ def test_global_table_api_errors() -> None:
             driver._global.stores["g"].put(b"k", b"v")
 
 
-def test_a_topology_of_only_a_global_table_is_valid() -> None:
+def test_a_topology_of_only_a_global_table_is_valid_and_its_topic_is_a_source_of_the_driver() -> None:
     builder = StreamsBuilder()
     builder.global_table("global", key_serde=STR, value_serde=STR, materialized="only")
-    with TopologyTestDriver(builder.build(), {"default.dsl.store": "in_memory"}) as driver:
+    with TopologyTestDriver(builder.build(), {"default.dsl.store": "in_memory"}, strict_topics=True) as driver:
+        assert driver.unused_topics().sources_without_input == ("global",)
         driver.create_input_topic("global", STR, STR).pipe_input("a", "1")
         assert driver.get_key_value_store("only").get("a") == "1"
+        assert not driver.unused_topics()  # piped to: neither an unused source nor an unread output
