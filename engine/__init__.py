@@ -49,6 +49,7 @@ from engine.timestamps import (
     WallclockTimestampExtractor,
 )
 from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.global_tables import GlobalKTable
 from engine.topology.grouped_table import KGroupedTable
 from engine.topology.joins import StreamJoined
 from engine.topology.repartition import Repartitioned
@@ -68,6 +69,7 @@ __all__ = [
     "ConsumedRecord",
     "DeserializationError",
     "FailOnInvalidTimestamp",
+    "GlobalKTable",
     "HandledRecordError",
     "HostInfo",
     "IllegalStateError",
