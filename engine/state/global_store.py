@@ -7,6 +7,10 @@ by ``StreamsBuilder.global_table``, kept on the ``Topology``), ``open_global_sto
 opens the client's instances, and ``GlobalKeyValueStore.apply`` writes a record's bytes
 as they are in the topic, as Kafka Streams' global restore does.
 
+A persistent store keeps a checkpoint beside it (``<directory>/.checkpoint``: the topic offsets
+it holds), written at a clean stop and removed at start, so a restart reads only the topic's
+tail and a crash, which leaves none, reads it all again (as for a task's stores).
+
 One writer (the global thread, or the test driver) and many readers on other threads:
 a read is one ``get`` on the bytes store (a dict lookup in memory, which the GIL makes
 atomic; RocksDB reads concurrently itself).
@@ -15,10 +19,12 @@ atomic; RocksDB reads concurrently itself).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from engine.records import TopicPartition
 from engine.serdes import Serde
+from engine.state import checkpoint
 from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
 from engine.state.store import KeyValueStore
 from engine.state.stores import StoreBuilder
@@ -75,10 +81,16 @@ def _no_source() -> None:
 
 
 def open_global_stores(specs: Iterable[GlobalStoreSpec], directory: str, default_persistent: bool,
-                       default_key_serde: Serde, default_value_serde: Serde) -> dict[str, GlobalKeyValueStore]:
-    """Open every global store empty (a persistent one under ``directory/<store>``, wiped): it is
-    then read from the topic's beginning, the only log it has (no checkpoint yet)."""
+                       default_key_serde: Serde, default_value_serde: Serde,
+                       ) -> tuple[dict[str, GlobalKeyValueStore], dict[TopicPartition, int]]:
+    """Open every global store (a persistent one under ``directory/<store>``) and return them with
+    the offsets to read their topics from: a persistent store the checkpoint covers goes on where
+    it stopped; every other store starts empty, read from the beginning (missing offsets: 0)."""
+    offsets = checkpoint.read(directory)
+    # Gone while running: a crash must not leave offsets the stores may have moved past or lost.
+    checkpoint.remove(directory)
     stores: dict[str, GlobalKeyValueStore] = {}
+    start: dict[TopicPartition, int] = {}
     try:
         for spec in specs:
             builder = spec.builder
@@ -88,14 +100,28 @@ def open_global_stores(specs: Iterable[GlobalStoreSpec], directory: str, default
             else:
                 inner = InMemoryBytesStore(spec.name)
             inner.open()
-            inner.wipe()
+            kept = {tp: o for tp, o in offsets.items() if tp.topic == spec.topic} if inner.persistent else {}
+            if kept:
+                start.update(kept)
+            else:
+                inner.wipe()
             stores[spec.name] = GlobalKeyValueStore(
                 spec.name, inner, builder.key_serde or default_key_serde, builder.value_serde or default_value_serde,
                 None, None, f"global/{spec.name}", _never, _no_source)
     except BaseException:
         close_global_stores(stores.values())
         raise
-    return stores
+    return stores, start
+
+
+def checkpoint_global_stores(stores_by_topic: Mapping[str, GlobalKeyValueStore], directory: str,
+                             positions: Mapping[TopicPartition, int]) -> None:
+    """After a clean stop: flush the stores and record how far into its topic each persistent one is."""
+    for store in stores_by_topic.values():
+        store.flush()
+    offsets = {tp: o for tp, o in positions.items() if stores_by_topic[tp.topic].persistent}
+    if offsets:
+        checkpoint.write(directory, offsets)
 
 
 def close_global_stores(stores: Iterable[GlobalKeyValueStore]) -> None:

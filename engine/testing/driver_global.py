@@ -17,7 +17,9 @@ from engine.topology.topology import Topology
 class DriverGlobalTables:
     def __init__(self, topology: Topology, config: StreamsConfig, state_dir: str) -> None:
         specs = list(topology.global_stores.values())
-        self.stores: dict[str, GlobalKeyValueStore] = open_global_stores(
+        # The driver's state directory is new: no checkpoint, every store starts empty.
+        self.stores: dict[str, GlobalKeyValueStore]
+        self.stores, _start = open_global_stores(
             specs, f"{state_dir}/global", config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
             wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE))
         self._by_topic = {spec.topic: self.stores[spec.name] for spec in specs}

@@ -31,7 +31,12 @@ from engine import config as cfg
 from engine.config import StreamsConfig
 from engine.errors import StreamsTimeoutError
 from engine.records import ConsumerRecord, TopicPartition
-from engine.state.global_store import GlobalKeyValueStore, close_global_stores, open_global_stores
+from engine.state.global_store import (
+    GlobalKeyValueStore,
+    checkpoint_global_stores,
+    close_global_stores,
+    open_global_stores,
+)
 from engine.state.store import StateStore
 from engine.tasks import wiring
 from engine.topology.topology import Topology
@@ -45,7 +50,8 @@ class GlobalStreamThread:
 
     def __init__(self, *, client_id: str, stores_by_topic: Mapping[str, GlobalKeyValueStore],
                  transport: Transport, poll_ms: int, read_committed: bool,
-                 on_failure: Callable[[BaseException], None]) -> None:
+                 on_failure: Callable[[BaseException], None],
+                 start_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         self.name = f"{client_id}-GlobalStreamThread"
         self._stores = dict(stores_by_topic)
         self._transport = transport
@@ -61,6 +67,10 @@ class GlobalStreamThread:
         self._lock = threading.Lock()  # between shut_down and the loop publishing its scope
         self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self.applied = 0
+        # The next offset to read of each partition: where it starts (a checkpoint, else 0), then
+        # past each record applied. Read by the caller once the thread ended (the checkpoint).
+        self.positions: dict[TopicPartition, int] = {}
+        self._start_offsets = dict(start_offsets or {})
 
     # -- caller's side ----------------------------------------------------------------
     def start(self, timeout: float) -> None:
@@ -75,6 +85,11 @@ class GlobalStreamThread:
                 self.shut_down(5.0)
                 raise StreamsTimeoutError(f"Global tables were not bootstrapped within the timeout "
                                           f"(topics {sorted(self._stores)})")
+
+    @property
+    def ended_cleanly(self) -> bool:
+        """Stopped by ``shut_down`` after its bootstrap, without a failure: its positions are applied."""
+        return self._done.is_set() and self._bootstrapped.is_set() and self._failure is None
 
     def shut_down(self, timeout: float | None = None) -> None:
         with self._lock:
@@ -124,20 +139,18 @@ class GlobalStreamThread:
                     await reader.close(leave_group=False)
 
     async def _bootstrap(self, reader: Consumer, partitions: Sequence[TopicPartition]) -> None:
-        """Read every partition from its beginning up to its end offset (as of now)."""
+        """Read every partition from its start offset up to its end offset (as of now)."""
         reader.assign(partitions)
+        positions = self.positions
         for tp in partitions:
-            reader.seek(tp, 0)
+            positions[tp] = self._start_offsets.get(tp, 0)
+            reader.seek(tp, positions[tp])
         ends = await reader.end_offsets(partitions)
-        positions = dict.fromkeys(partitions, 0)
         while True:
             behind = [tp for tp in partitions if positions[tp] < ends.get(tp, 0)]
             if not behind:
                 return
             batch = await reader.poll(self._poll_ms)
-            for tp, records in batch.items():
-                if records:
-                    positions[tp] = max(positions.get(tp, 0), records[-1].offset + 1)
             self._apply(batch)
             for tp in behind:
                 if not batch.get(tp):
@@ -150,6 +163,8 @@ class GlobalStreamThread:
             for record in records:
                 if store.apply(record.key, record.value):
                     self.applied += 1
+            if records:
+                self.positions[tp] = records[-1].offset + 1
 
 
 class GlobalTables:
@@ -164,20 +179,22 @@ class GlobalTables:
         self._client_id = client_id
         self.stores: dict[str, GlobalKeyValueStore] = {}
         self.thread: GlobalStreamThread | None = None
+        self._directory = ""
 
     def start(self, app_state_dir: str, on_failure: Callable[[], None],
               timeout: float | None = None) -> dict[str, StateStore]:
         """Open the stores and return once they hold their topics up to the end (``timeout`` s, None: no limit)."""
         config = self._config
         specs = list(self._topology.global_stores.values())
-        self.stores = open_global_stores(
-            specs, f"{app_state_dir}/global", config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
+        self._directory = f"{app_state_dir}/global"
+        self.stores, start_offsets = open_global_stores(
+            specs, self._directory, config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
             wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE))
         self.thread = GlobalStreamThread(
             client_id=self._client_id, stores_by_topic={s.topic: self.stores[s.name] for s in specs},
             transport=self._transport, poll_ms=config[cfg.POLL_MS],
             read_committed=config[cfg.PROCESSING_GUARANTEE] == cfg.EXACTLY_ONCE_V2,
-            on_failure=lambda _exc: on_failure())
+            on_failure=lambda _exc: on_failure(), start_offsets=start_offsets)
         try:
             self.thread.start(float("inf") if timeout is None else timeout)
         except BaseException:
@@ -193,4 +210,7 @@ class GlobalTables:
         thread, self.thread = self.thread, None
         if thread is not None:
             thread.shut_down(30.0)
+            if thread.ended_cleanly:
+                by_topic = {spec.topic: self.stores[spec.name] for spec in self._topology.global_stores.values()}
+                checkpoint_global_stores(by_topic, self._directory, thread.positions)
         close_global_stores(self.stores.values())

@@ -7,11 +7,14 @@ import uuid
 import anyio.to_thread
 import pytest
 
+from engine import StreamsBuilder
+from engine.config import StreamsConfig
 from engine.serdes import StringSerde
+from engine.state import Materialized, checkpoint
 from engine.state.global_store import GlobalStoreSpec, open_global_stores
 from engine.state.stores import StoreBuilder, StoreSupplier
 from engine.testing import eventually_async
-from engine.threads.global_thread import GlobalStreamThread
+from engine.threads.global_thread import GlobalStreamThread, GlobalTables
 from engine.transport import open_transport
 from tests.support.cluster import Cluster
 
@@ -26,7 +29,7 @@ async def test_start_returns_once_the_store_holds_every_partition_to_its_end(tmp
     await cluster.produce("rows", [(f"k{i}", f"v{i}") for i in range(3000)] + [("k0", None), (None, "no key")],
                           STR, STR, partitions=3)
     spec = GlobalStoreSpec(StoreBuilder(StoreSupplier("g", False), STR, STR, logging=False), "rows", "src", "proc")
-    store = open_global_stores([spec], str(tmp_path), False, STR, STR)["g"]
+    store = open_global_stores([spec], str(tmp_path), False, STR, STR)[0]["g"]
     failures: list[BaseException] = []
     thread = GlobalStreamThread(client_id="c", stores_by_topic={"rows": store}, transport=cluster.transport,
                                 poll_ms=10, read_committed=False, on_failure=failures.append)
@@ -43,3 +46,43 @@ async def test_start_returns_once_the_store_holds_every_partition_to_its_end(tmp
     assert not thread._thread.is_alive()
     assert failures == []
     store.close()
+
+
+async def test_a_persistent_global_store_reads_only_the_tail_after_a_clean_stop_and_all_after_a_crash(
+        tmp_path) -> None:
+    bootstrap = f"memory://global-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    await cluster.create_topics({"rows": 2})
+    await cluster.produce("rows", [(f"k{i}", f"v{i}") for i in range(100)], STR, STR, partitions=2)
+    builder = StreamsBuilder()
+    builder.global_table("rows", key_serde=STR, value_serde=STR, materialized=Materialized("g", persistent=True))
+    topology = builder.build()
+    config = StreamsConfig({"application.id": "app", "bootstrap.servers": bootstrap, "poll.ms": 10})
+    directory = str(tmp_path / "app")
+    checkpoint_file = tmp_path / "app" / "global" / checkpoint.FILE_NAME
+
+    async def started() -> GlobalTables:
+        tables = GlobalTables(config, topology, cluster.transport, "c")
+        await anyio.to_thread.run_sync(tables.start, directory, lambda: None)
+        # While running there is no checkpoint: a crash now must read everything again.
+        assert not checkpoint_file.exists()
+        return tables
+
+    tables = await started()
+    assert tables.thread is not None and tables.thread.applied == 100
+    await anyio.to_thread.run_sync(tables.shut_down)
+    assert checkpoint_file.exists()
+    await cluster.produce("rows", [("k1", "new"), ("k200", "v200")], STR, STR, partitions=2)
+
+    tables = await started()
+    assert tables.thread is not None and tables.thread.applied == 2  # the tail only
+    store = tables.stores["g"]
+    assert len(dict(store.all())) == 101 and store.get("k1") == "new" and store.get("k5") == "v5"
+    thread, tables.thread = tables.thread, None  # a crash: the thread stops, no checkpoint is written
+    await anyio.to_thread.run_sync(thread.shut_down, 10.0)
+    tables.shut_down()
+
+    tables = await started()
+    assert tables.thread is not None and tables.thread.applied == 102  # all of it again
+    assert len(dict(tables.stores["g"].all())) == 101
+    await anyio.to_thread.run_sync(tables.shut_down)
