@@ -72,6 +72,17 @@ def stream_global_join(stream: KStream, table: GlobalKTable, key_selector: Any, 
     return builder._stream_at(node, stream._key_changed, stream._key_serde, key_kind=stream._key_kind)
 
 
+def describe_global_store(spec: GlobalStoreSpec, subtopology: int) -> list[str]:
+    """A global table in ``Topology.describe``, as Kafka Streams' ``TopologyDescription`` shows one."""
+    return [f"   Sub-topology: {subtopology} for global store (will not generate tasks)",
+            f"    Source: {spec.source} (topics: [{spec.topic}])",
+            f"      --> {spec.processor}",
+            f"    Processor: {spec.processor} (stores: [{spec.name}])",
+            "      --> none",
+            f"      <-- {spec.source}",
+            ""]
+
+
 def _plain(fn: Callable[..., Any] | Any, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} needs a callable, got {fn!r}")

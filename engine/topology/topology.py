@@ -24,6 +24,7 @@ from engine.state.global_store import GlobalStoreSpec
 from engine.state.stores import StoreBuilder, StoreType
 from engine.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
 from engine.topology.copartition import check_copartition_groups, repartition_counts
+from engine.topology.global_tables import describe_global_store
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
@@ -524,6 +525,9 @@ class Topology:
                     lines.append(f"      --> {listed(spec.children)}")
                     lines.append(f"      <-- {listed(spec.parents)}")
             lines.append("")
+        # Global tables after the task sub-topologies, numbered on (no task has their ids).
+        for number, global_spec in enumerate(self.global_stores.values(), len(self.subtopologies)):
+            lines.extend(describe_global_store(global_spec, number))
         return "\n".join(lines) + "\n"
 
     def _subtree_sizes(self, sub: SubTopology) -> dict[str, int]:

@@ -146,3 +146,18 @@ def test_a_topology_of_only_a_global_table_is_valid_and_its_topic_is_a_source_of
         driver.create_input_topic("global", STR, STR).pipe_input("a", "1")
         assert driver.get_key_value_store("only").get("a") == "1"
         assert not driver.unused_topics()  # piped to: neither an unused source nor an unread output
+
+
+def test_describe_shows_a_global_table_as_kafka_streams_does() -> None:
+    builder = StreamsBuilder()
+    table = builder.global_table("g", materialized="gs")
+    builder.stream("in").join(table, lambda k, _v: k, lambda v, _o: v).to("out")
+    described = builder.build().describe()
+    assert described.endswith("\n\n")  # each sub-topology ends with a blank line
+    assert described.split("\n\n")[1] == (
+        "   Sub-topology: 1 for global store (will not generate tasks)\n"
+        "    Source: KSTREAM-SOURCE-0000000000 (topics: [g])\n"
+        "      --> KTABLE-SOURCE-0000000001\n"
+        "    Processor: KTABLE-SOURCE-0000000001 (stores: [gs])\n"
+        "      --> none\n"
+        "      <-- KSTREAM-SOURCE-0000000000")
