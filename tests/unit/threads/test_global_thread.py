@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import anyio.to_thread
 import pytest
@@ -86,3 +87,56 @@ async def test_a_persistent_global_store_reads_only_the_tail_after_a_clean_stop_
     assert tables.thread is not None and tables.thread.applied == 102  # all of it again
     assert len(dict(tables.stores["g"].all())) == 101
     await anyio.to_thread.run_sync(tables.shut_down)
+
+
+class FailingReads:
+    """The memory transport, but its readers' ``poll`` raises once ``fail`` is set."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.fail: BaseException | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def reader(self, client_id: str, read_committed: bool = False) -> Any:
+        inner = self._transport.reader(client_id, read_committed)
+        outer = self
+
+        class Reader:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            async def poll(self, timeout_ms: int, max_records: int | None = None) -> Any:
+                if outer.fail is not None:
+                    raise outer.fail
+                return await inner.poll(timeout_ms, max_records)
+        return Reader()
+
+
+async def test_a_failure_fails_start_during_the_bootstrap_and_is_reported_after_it(tmp_path) -> None:
+    bootstrap = f"memory://global-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    await cluster.create_topics({"rows": 1})
+    await cluster.produce("rows", [("k", "v")], STR, STR, partitions=1)
+    spec = GlobalStoreSpec(StoreBuilder(StoreSupplier("g", False), STR, STR, logging=False), "rows", "src", "proc")
+    transport = FailingReads(cluster.transport)
+    failures: list[BaseException] = []
+
+    def thread() -> GlobalStreamThread:
+        store = open_global_stores([spec], str(tmp_path), False, STR, STR)[0]["g"]
+        return GlobalStreamThread(client_id="c", stores_by_topic={"rows": store}, transport=transport,
+                                  poll_ms=10, read_committed=False, on_failure=failures.append)
+
+    transport.fail = RuntimeError("broker gone")
+    with pytest.raises(RuntimeError, match="broker gone"):
+        await anyio.to_thread.run_sync(thread().start, 30.0)
+    assert failures == []  # start raised it: nothing more to report
+
+    transport.fail = None
+    running = thread()
+    await anyio.to_thread.run_sync(running.start, 30.0)
+    transport.fail = RuntimeError("broker gone later")
+    await eventually_async(lambda: failures, timeout=10, what="the failure reported")
+    assert str(failures[0]) == "broker gone later" and not running.ended_cleanly
+    await anyio.to_thread.run_sync(running.shut_down, 10.0)
