@@ -120,12 +120,15 @@ class _Snapshot:
 class StreamsMetadataState:
     """A client's view of which endpoint owns which partitions of each store.
 
-    ``store_sources`` names, for each store, the source topics of the sub-topology that holds it.
+    ``store_sources`` names, for each store, the source topics of the sub-topology that holds it;
+    ``global_stores`` the global tables' stores, which every instance holds in full.
     """
 
-    def __init__(self, this_host: HostInfo | None, store_sources: Mapping[str, Iterable[str]]) -> None:
+    def __init__(self, this_host: HostInfo | None, store_sources: Mapping[str, Iterable[str]],
+                 global_stores: Iterable[str] = ()) -> None:
         self.this_host = this_host if this_host is not None else UNKNOWN_HOST
         self._store_sources = {store: tuple(topics) for store, topics in store_sources.items()}
+        self._global_stores = frozenset(global_stores)
         self._lock = threading.Lock()
         self._snapshot = _Snapshot((), {}, None)
 
@@ -133,7 +136,8 @@ class StreamsMetadataState:
     def for_topology(cls, endpoint: str, topology: Topology) -> StreamsMetadataState:
         """The state of a client (or test driver) with ``application.server`` ``endpoint`` running ``topology``."""
         return cls(HostInfo.build_from_endpoint(endpoint),
-                   {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names})
+                   {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names},
+                   topology.global_stores)
 
     # -- written by the assignors --------------------------------------------------------
     def on_change(self, active_by_host: HostPartitions, standby_by_host: HostPartitions) -> None:
@@ -155,7 +159,9 @@ class StreamsMetadataState:
 
     def _stores_on(self, partitions: Iterable[TopicPartition]) -> frozenset[str]:
         topics = {tp.topic for tp in partitions}
-        return frozenset(store for store, sources in self._store_sources.items() if topics.intersection(sources))
+        # Every instance holds the global stores, as Kafka Streams lists them on every host.
+        return frozenset(store for store, sources in self._store_sources.items()
+                         if topics.intersection(sources)) | self._global_stores
 
     # -- read from any thread ----------------------------------------------------------------
     def _read(self) -> _Snapshot:
@@ -179,7 +185,11 @@ class StreamsMetadataState:
         """The instances that hold an active or standby copy of a part of ``store_name``."""
         if store_name is None:
             raise TypeError("store_name must not be None")
-        if not self.is_initialized or store_name not in self._store_sources:
+        if not self.is_initialized:
+            return []
+        if store_name in self._global_stores:
+            return self.all_metadata()
+        if store_name not in self._store_sources:
             return []
         return [m for m in self._read().all_metadata
                 if store_name in m.state_store_names or store_name in m.standby_state_store_names]
@@ -194,6 +204,9 @@ class StreamsMetadataState:
         snapshot = self._read()
         if not snapshot.partition_counts or snapshot.local is None:
             return KeyQueryMetadata.NOT_AVAILABLE
+        if store_name in self._global_stores:
+            # Every instance has every key: this one (Kafka Streams), with no partition.
+            return KeyQueryMetadata(self.this_host, frozenset(), -1)
         sources = self._store_sources.get(store_name)
         if not sources:
             return None

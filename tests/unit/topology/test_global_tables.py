@@ -161,3 +161,14 @@ def test_describe_shows_a_global_table_as_kafka_streams_does() -> None:
         "    Processor: KTABLE-SOURCE-0000000001 (stores: [gs])\n"
         "      --> none\n"
         "      <-- KSTREAM-SOURCE-0000000000")
+
+
+def test_every_instance_holds_a_global_store_in_the_query_metadata() -> None:
+    """Kafka Streams' StreamsMetadataState: a global store is listed on every host, and a key of it
+    is on this host, with no partition (StreamsMetadataStateTest.shouldGetQueryMetadataForGlobalStoreWithKey)."""
+    driver, *_ = drive(left=False, config={"application.server": "localhost:7070"})
+    with driver:
+        metadata = driver.query_metadata_for_key("globals", "FKey1", STR)
+        assert (metadata.active_host.endpoint, metadata.standby_hosts, metadata.partition) == (
+            "localhost:7070", frozenset(), -1)
+        assert ["globals" in m.state_store_names for m in driver.metadata_for_all_clients()] == [True]
