@@ -53,7 +53,7 @@ from engine.state.session_windows import ReadOnlySessionStore
 from engine.state.store import StateStore
 from engine.state.stores import StoreType
 from engine.threads.client_threads import ClientThreads
-from engine.threads.global_thread import GlobalTables
+from engine.threads.global_thread import GLOBAL_DIR, GlobalTables
 from engine.threads.states import StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
 from engine.timestamps import load_timestamp_extractor
@@ -217,7 +217,9 @@ class KafkaStreams:
         threads = [t for t in self._threads.snapshot() if t.is_alive]
         if not threads:
             return None
-        return {str(task.task_id) for t in threads for task in t.metadata().active_tasks}
+        owned = {str(task.task_id) for t in threads for task in t.metadata().active_tasks}
+        # The global stores' directory is the client's, never a task's to clean up.
+        return owned | {GLOBAL_DIR} if self.topology.global_stores else owned
 
     def _stop_cleaner_when_done(self, _old: ClientState, new: ClientState) -> None:
         if new not in (ClientState.NOT_RUNNING, ClientState.ERROR):
@@ -254,21 +256,21 @@ class KafkaStreams:
             lock = StateDirectoryLock(self.config[cfg.STATE_DIR], self.config[cfg.APPLICATION_ID])
             lock.acquire()
             self._state_lock = lock
-        if self.topology.global_stores:
-            # Before any stream thread: their first records must find the global tables complete.
-            try:
-                self._threads.global_stores = self._global.start(self._app_state_dir, self._close_to_error)
-            except BaseException:
-                if self._state_lock is not None:
-                    self._state_lock.release()
-                raise
         self._start_prometheus()
         if not self._state.maybe_transition_to(ClientState.REBALANCING):
             self._stop_prometheus()
-            self._global.shut_down()
             if self._state_lock is not None:
                 self._state_lock.release()
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        if self.topology.global_stores:
+            # In REBALANCING and before any stream thread, as Kafka Streams' global thread: their
+            # first records must find the global tables whole.
+            try:
+                self._threads.global_stores = self._global.start(self._app_state_dir, self._close_to_error)
+            except BaseException:
+                if self._begin_shutdown(ClientState.ERROR):
+                    raise
+                return  # closed meanwhile, which ended the bootstrap
         self.log.info("Starting %d stream threads", self.config[cfg.NUM_STREAM_THREADS])
         if not self._threads.start_all(self.config[cfg.NUM_STREAM_THREADS]):
             return

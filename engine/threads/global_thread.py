@@ -44,6 +44,9 @@ from engine.transport.base import Consumer, Transport
 
 log = logging.getLogger(__name__)
 
+# The global stores' directory under ``<state.dir>/<application.id>``, beside the tasks'.
+GLOBAL_DIR = "global"
+
 
 class GlobalStreamThread:
     """Caller: ``KafkaStreams`` (``start`` before the stream threads, ``shut_down`` after them)."""
@@ -186,17 +189,18 @@ class GlobalTables:
         """Open the stores and return once they hold their topics up to the end (``timeout`` s, None: no limit)."""
         config = self._config
         specs = list(self._topology.global_stores.values())
-        self._directory = f"{app_state_dir}/global"
+        self._directory = f"{app_state_dir}/{GLOBAL_DIR}"
         self.stores, start_offsets = open_global_stores(
             specs, self._directory, config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
             wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE))
-        self.thread = GlobalStreamThread(
+        self.thread = thread = GlobalStreamThread(
             client_id=self._client_id, stores_by_topic={s.topic: self.stores[s.name] for s in specs},
             transport=self._transport, poll_ms=config[cfg.POLL_MS],
             read_committed=config[cfg.PROCESSING_GUARANTEE] == cfg.EXACTLY_ONCE_V2,
             on_failure=lambda _exc: on_failure(), start_offsets=start_offsets)
         try:
-            self.thread.start(float("inf") if timeout is None else timeout)
+            # ``thread``: shut_down (a close meanwhile) may take ``self.thread`` away.
+            thread.start(float("inf") if timeout is None else timeout)
         except BaseException:
             self.shut_down()
             raise

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
+from engine import ClientState, KafkaStreams, StreamsBuilder
 from engine.errors import InvalidStateStoreError, TopologyError
 from engine.serdes import IntegerSerde, StringSerde
 from engine.state import Materialized
-from engine.testing import TopologyTestDriver
+from engine.testing import TopologyTestDriver, eventually
 from engine.topology.global_tables import GlobalKTable
+from engine.transport.memory import MemoryBroker
 
 STR, INT = StringSerde(), IntegerSerde()
 
@@ -172,3 +174,23 @@ def test_every_instance_holds_a_global_store_in_the_query_metadata() -> None:
         assert (metadata.active_host.endpoint, metadata.standby_hosts, metadata.partition) == (
             "localhost:7070", frozenset(), -1)
         assert ["globals" in m.state_store_names for m in driver.metadata_for_all_clients()] == [True]
+
+
+def test_the_state_cleaner_leaves_the_global_stores_directory_alone(tmp_path) -> None:
+    """Kafka Streams' StateDirectory cleans only task directories, never the global one."""
+    bootstrap = f"memory://global-{uuid.uuid4().hex[:8]}"
+    MemoryBroker.for_url(bootstrap).create_topics({"global": 1, "in": 1, "out": 1})
+    builder = StreamsBuilder()
+    table = builder.global_table("global", key_serde=STR, value_serde=STR,
+                                 materialized=Materialized("g", persistent=True))
+    builder.stream("in", key_serde=STR, value_serde=STR).group_by_key().count(materialized="counts")
+    builder.stream("out").join(table, lambda k, _v: k, lambda v, _o: v)
+    config = {"application.id": "cleaning", "bootstrap.servers": bootstrap, "state.dir": str(tmp_path),
+              "state.cleanup.delay.ms": 0, "poll.ms": 10}
+    with KafkaStreams(builder.build(), config) as streams:
+        assert streams.wait_for_state(ClientState.RUNNING, timeout=30)
+        cleaner = streams._cleaner
+        assert cleaner is not None
+        eventually(lambda: streams.metadata_for_local_threads()[0].active_tasks, timeout=30, what="tasks")
+        cleaner.clean_once()
+        assert "global" not in cleaner.deleted and (tmp_path / "cleaning" / "global" / "g").is_dir()
