@@ -149,10 +149,20 @@ class GlobalStreamThread:
             positions[tp] = self._start_offsets.get(tp, 0)
             reader.seek(tp, positions[tp])
         ends = await reader.end_offsets(partitions)
+        extended: set[TopicPartition] = set()
         while True:
             behind = [tp for tp in partitions if positions[tp] < ends.get(tp, 0)]
             if not behind:
-                return
+                # Some Kafka-protocol brokers answer ListOffsets "latest" short of the end; the
+                # fetch responses' end is right (as a changelog restore checks, engine.state.restore).
+                # Once per partition: a busy topic's end moves on, and the bootstrap must end.
+                further = {tp: end for tp in partitions if tp not in extended
+                           and (end := reader.fetched_end(tp)) is not None and end > ends.get(tp, 0)}
+                if not further:
+                    return
+                ends.update(further)
+                extended.update(further)
+                continue
             batch = await reader.poll(self._poll_ms)
             self._apply(batch)
             for tp in behind:
