@@ -25,7 +25,8 @@ per-processor ``concurrency`` are ignored (records of a task go one at a time, w
 is one of the orders the engine allows), and ``blocking=True`` functions run inline
 (no OS threads). State stores are the engine's, in a temporary ``state.dir`` of the
 driver's own, restored from the driver's changelog topics after ``crash()`` or
-``rebalance()``; ``get_key_value_store`` / ``get_window_store`` read them.
+``rebalance()``; ``get_key_value_store`` / ``get_window_store`` read them. A record piped
+to a global table's topic updates the table at once (``engine.testing.driver_global``).
 """
 
 from __future__ import annotations
