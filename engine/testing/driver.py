@@ -217,9 +217,9 @@ class TopologyTestDriver:
                 partition = self._collector.default_partition(topic, key, count)
         elif not 0 <= partition < count:
             raise ValueError(f"Topic '{topic}' has partitions 0..{count - 1}, not {partition}")
-        log_.append(partition, key, value, self.wall_clock_ms if timestamp is None else timestamp, headers)
+        record = log_.append(partition, key, value, self.wall_clock_ms if timestamp is None else timestamp, headers)
         if self._global.reads(topic):
-            self._global.apply(topic, key, value)  # no task reads a global table's topic
+            self._global.apply(record)  # no task reads a global table's topic
             return
         self._runner.run(self._pump())
 

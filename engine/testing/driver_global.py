@@ -3,13 +3,18 @@
 A ``KafkaStreams`` client fills a global table on its global thread; the driver has no
 threads, so ``pipe_input`` to a global table's topic writes the store at once (as Kafka's
 ``TopologyTestDriver`` runs its global state task), and every task reads the same stores.
+Records are read as a running client's global thread reads them (engine.state.global_updates):
+one the serdes cannot read goes to the deserialization exception handler, and unless it
+answers ``CONTINUE`` the call raises ``DeserializationError``.
 """
 
 from __future__ import annotations
 
 from engine import config as cfg
-from engine.config import StreamsConfig
+from engine.config import StreamsConfig, load_handler
+from engine.records import FetchedRecord
 from engine.state.global_store import GlobalKeyValueStore, close_global_stores, open_global_stores
+from engine.state.global_updates import GlobalUpdates
 from engine.tasks import wiring
 from engine.topology.topology import Topology
 
@@ -23,12 +28,13 @@ class DriverGlobalTables:
             specs, f"{state_dir}/global", config[cfg.DEFAULT_DSL_STORE] == "rocksDB",
             wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE))
         self._by_topic = {spec.topic: self.stores[spec.name] for spec in specs}
+        self.updates = GlobalUpdates(load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER))
 
     def reads(self, topic: str) -> bool:
         return topic in self._by_topic
 
-    def apply(self, topic: str, key: bytes | None, value: bytes | None) -> None:
-        self._by_topic[topic].apply(key, value)
+    def apply(self, record: FetchedRecord) -> None:
+        self.updates.apply(self._by_topic[record.topic], record, read=True)
 
     def close(self) -> None:
         close_global_stores(self.stores.values())

@@ -28,7 +28,7 @@ import anyio.lowlevel
 from anyio import CancelScope
 
 from engine import config as cfg
-from engine.config import StreamsConfig
+from engine.config import StreamsConfig, load_handler
 from engine.errors import StreamsTimeoutError
 from engine.records import ConsumerRecord, TopicPartition
 from engine.state.global_store import (
@@ -37,6 +37,7 @@ from engine.state.global_store import (
     close_global_stores,
     open_global_stores,
 )
+from engine.state.global_updates import GlobalUpdates
 from engine.state.store import StateStore
 from engine.tasks import wiring
 from engine.topology.topology import Topology
@@ -54,7 +55,8 @@ class GlobalStreamThread:
     def __init__(self, *, client_id: str, stores_by_topic: Mapping[str, GlobalKeyValueStore],
                  transport: Transport, poll_ms: int, read_committed: bool,
                  on_failure: Callable[[BaseException], None],
-                 start_offsets: Mapping[TopicPartition, int] | None = None) -> None:
+                 start_offsets: Mapping[TopicPartition, int] | None = None,
+                 updates: GlobalUpdates | None = None) -> None:
         self.name = f"{client_id}-GlobalStreamThread"
         self._stores = dict(stores_by_topic)
         self._transport = transport
@@ -74,6 +76,7 @@ class GlobalStreamThread:
         # past each record applied. Read by the caller once the thread ended (the checkpoint).
         self.positions: dict[TopicPartition, int] = {}
         self._start_offsets = dict(start_offsets or {})
+        self.updates = updates or GlobalUpdates(None)
 
     # -- caller's side ----------------------------------------------------------------
     def start(self, timeout: float) -> None:
@@ -171,10 +174,13 @@ class GlobalStreamThread:
                     positions[tp] = max(positions[tp], await reader.position(tp))
 
     def _apply(self, batch: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> None:
+        # Bootstrapping copies bytes; afterwards records are read first (engine.state.global_updates).
+        read = self._bootstrapped.is_set()
+        apply = self.updates.apply
         for tp, records in batch.items():
             store = self._stores[tp.topic]
             for record in records:
-                if store.apply(record.key, record.value):
+                if apply(store, record, read):
                     self.applied += 1
             if records:
                 self.positions[tp] = records[-1].offset + 1
@@ -207,7 +213,8 @@ class GlobalTables:
             client_id=self._client_id, stores_by_topic={s.topic: self.stores[s.name] for s in specs},
             transport=self._transport, poll_ms=config[cfg.POLL_MS],
             read_committed=config[cfg.PROCESSING_GUARANTEE] == cfg.EXACTLY_ONCE_V2,
-            on_failure=lambda _exc: on_failure(), start_offsets=start_offsets)
+            on_failure=lambda _exc: on_failure(), start_offsets=start_offsets,
+            updates=GlobalUpdates(load_handler(config, cfg.DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER)))
         try:
             # ``thread``: shut_down (a close meanwhile) may take ``self.thread`` away.
             thread.start(float("inf") if timeout is None else timeout)

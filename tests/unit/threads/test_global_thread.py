@@ -10,17 +10,20 @@ import pytest
 
 from engine import StreamsBuilder
 from engine.config import StreamsConfig
-from engine.serdes import StringSerde
+from engine.errors import DeserializationError
+from engine.serdes import BytesSerde, IntegerSerde, StringSerde
 from engine.state import Materialized, checkpoint
 from engine.state.global_store import GlobalStoreSpec, open_global_stores
+from engine.state.global_updates import GlobalUpdates
 from engine.state.stores import StoreBuilder, StoreSupplier
 from engine.testing import eventually_async
 from engine.threads.global_thread import GlobalStreamThread, GlobalTables
 from engine.transport import open_transport
+from handlers import LogAndFailExceptionHandler
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.asyncio
-STR = StringSerde()
+STR, INT = StringSerde(), IntegerSerde()
 
 
 async def test_start_returns_once_the_store_holds_every_partition_to_its_end(tmp_path) -> None:
@@ -140,3 +143,26 @@ async def test_a_failure_fails_start_during_the_bootstrap_and_is_reported_after_
     await eventually_async(lambda: failures, timeout=10, what="the failure reported")
     assert str(failures[0]) == "broker gone later" and not running.ended_cleanly
     await anyio.to_thread.run_sync(running.shut_down, 10.0)
+
+
+async def test_records_are_copied_while_bootstrapping_and_read_with_the_handler_after(tmp_path) -> None:
+    """Kafka Streams restores a DSL global table's bytes as they are and reads each later record
+    through its global task, whose deserialization handler (LogAndFail) ends the thread."""
+    bootstrap = f"memory://global-{uuid.uuid4().hex[:8]}"
+    cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
+    await cluster.create_topics({"rows": 1})
+    await cluster.produce("rows", [("bad", b"\x01")], STR, BytesSerde(), partitions=1)
+    spec = GlobalStoreSpec(StoreBuilder(StoreSupplier("g", False), STR, INT, logging=False), "rows", "src", "proc")
+    store = open_global_stores([spec], str(tmp_path), False, STR, INT)[0]["g"]
+    failures: list[BaseException] = []
+    thread = GlobalStreamThread(client_id="c", stores_by_topic={"rows": store}, transport=cluster.transport,
+                                poll_ms=10, read_committed=False, on_failure=failures.append,
+                                updates=GlobalUpdates(LogAndFailExceptionHandler()))
+    await anyio.to_thread.run_sync(thread.start, 30.0)
+    try:
+        assert store.inner.get(b"bad") == b"\x01"  # copied: the bootstrap reads no record
+        await cluster.produce("rows", [("worse", b"\x02")], STR, BytesSerde(), partitions=1)
+        await eventually_async(lambda: failures, timeout=10, what="the thread failed")
+        assert isinstance(failures[0], DeserializationError) and store.inner.get(b"worse") is None
+    finally:
+        await anyio.to_thread.run_sync(thread.shut_down, 10.0)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import InvalidStateStoreError, TopologyError
+from engine.errors import DeserializationError, InvalidStateStoreError, TopologyError
 from engine.serdes import IntegerSerde, StringSerde
 from engine.state import Materialized
 from engine.testing import TopologyTestDriver, eventually
@@ -194,3 +194,23 @@ def test_the_state_cleaner_leaves_the_global_stores_directory_alone(tmp_path) ->
         eventually(lambda: streams.metadata_for_local_threads()[0].active_tasks, timeout=30, what="tasks")
         cleaner.clean_once()
         assert "global" not in cleaner.deleted and (tmp_path / "cleaning" / "global" / "g").is_dir()
+
+
+def test_a_record_the_serdes_cannot_read_goes_to_the_deserialization_handler() -> None:
+    """As Kafka Streams' global task reads a record (GlobalStateUpdateTask): LogAndFail fails,
+    LogAndContinue skips the record and the table keeps its row."""
+    with (TopologyTestDriver(_ints_topology(), {"default.dsl.store": "in_memory"}) as driver,
+          pytest.raises(DeserializationError, match="value of the record at global-0 offset 0")):
+        driver.pipe_raw("global", b"k", b"not four bytes")
+    config = {"default.dsl.store": "in_memory",
+              "default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+    with TopologyTestDriver(_ints_topology(), config) as driver:
+        driver.create_input_topic("global", STR, INT).pipe_input("k", 1)
+        driver.pipe_raw("global", b"k", b"not four bytes")
+        assert driver.get_key_value_store("ints").get("k") == 1
+
+
+def _ints_topology() -> Any:
+    builder = StreamsBuilder()
+    builder.global_table("global", key_serde=STR, value_serde=INT, materialized="ints")
+    return builder.build()
