@@ -65,6 +65,8 @@ class GlobalStreamThread:
         self._on_failure = on_failure
         self._bootstrapped = threading.Event()
         self._done = threading.Event()
+        # Set once the bootstrap is done or the thread ended without it: what ``start`` waits for.
+        self._settled = threading.Event()
         self._failure: BaseException | None = None
         self._scope: CancelScope | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -82,15 +84,12 @@ class GlobalStreamThread:
     def start(self, timeout: float) -> None:
         """Start and wait for the bootstrap; raises its failure, or ``StreamsTimeoutError`` after ``timeout`` s."""
         self._thread.start()
-        while not self._bootstrapped.wait(0.05):
-            if self._done.is_set():
-                failure = self._failure or RuntimeError("the global stream thread ended before its bootstrap")
-                raise failure
-            timeout -= 0.05
-            if timeout <= 0:
-                self.shut_down(5.0)
-                raise StreamsTimeoutError(f"Global tables were not bootstrapped within the timeout "
-                                          f"(topics {sorted(self._stores)})")
+        if not self._settled.wait(None if timeout == float("inf") else timeout):
+            self.shut_down(5.0)
+            raise StreamsTimeoutError(f"Global tables were not bootstrapped within {timeout} s "
+                                      f"(topics {sorted(self._stores)})")
+        if not self._bootstrapped.is_set():
+            raise self._failure or RuntimeError("the global stream thread ended before its bootstrap")
 
     @property
     def ended_cleanly(self) -> bool:
@@ -118,6 +117,7 @@ class GlobalStreamThread:
                 self._on_failure(exc)
         finally:
             self._done.set()
+            self._settled.set()
 
     async def _run(self) -> None:
         with CancelScope() as scope:
@@ -137,6 +137,7 @@ class GlobalStreamThread:
             try:
                 await self._bootstrap(reader, partitions)
                 self._bootstrapped.set()
+                self._settled.set()
                 log.info("%s bootstrapped %d records of %s", self.name, self.applied, sorted(self._stores))
                 while True:
                     self._apply(await reader.poll(self._poll_ms))
