@@ -217,7 +217,9 @@ class KafkaStreams:
         threads = [t for t in self._threads.snapshot() if t.is_alive]
         if not threads:
             return None
-        owned = {str(task.task_id) for t in threads for task in t.metadata().active_tasks}
+        # A standby's directory is owned too: it holds the warm copy.
+        owned = {str(task.task_id) for t in threads for m in [t.metadata()]
+                 for task in (*m.active_tasks, *m.standby_tasks)}
         # The global stores' directory is the client's, never a task's to clean up.
         return owned | {GLOBAL_DIR} if self.topology.global_stores else owned
 

@@ -194,6 +194,7 @@ APPLICATION_SERVER = "application.server"
 BOOTSTRAP_SERVERS = "bootstrap.servers"
 CLIENT_ID = "client.id"
 NUM_STREAM_THREADS = "num.stream.threads"
+NUM_STANDBY_REPLICAS = "num.standby.replicas"
 COMMIT_INTERVAL_MS = "commit.interval.ms"
 CACHE_MAX_BYTES_BUFFERING = "cache.max.bytes.buffering"
 TASK_TIMEOUT_MS = "task.timeout.ms"
@@ -302,6 +303,9 @@ KEYS: tuple[ConfigKey, ...] = (
               "ConfigError that suggests the closest known key; 'warn' logs that and ignores the key.",
               _one_of("error", "warn")),
     ConfigKey(NUM_STREAM_THREADS, int, 1, "Stream threads started by start().", _at_least(0)),
+    ConfigKey(NUM_STANDBY_REPLICAS, int, 0,
+              "Standby copies of each task with persistent logged stores, kept warm from their changelogs "
+              "on other instances, so a failover restores only the tail.", _at_least(0)),
     ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
               "How often a stream thread commits the offsets of fully processed records "
               "(100 under exactly_once_v2 unless set).", _at_least(0)),

@@ -152,7 +152,7 @@ class TaskStateManager:
         ``first_buffered(tp)`` is the offset of the first record already fetched for the
         task, if any: where processing starts when nothing is committed yet.
         """
-        await self._open_stores()
+        await self.open_stores()
         if not self.changelogs:
             return 0
         offsets = checkpoint.read(self.directory) if self.persistent else {}
@@ -189,7 +189,7 @@ class TaskStateManager:
         self.restored = total
         return total
 
-    async def _open_stores(self, patience_s: float = 60.0) -> None:
+    async def open_stores(self, patience_s: float = 60.0) -> None:
         """Open the stores; a store still held by the task's previous owner here is retried."""
         deadline = time.monotonic() + patience_s
         for store in self.stores.values():

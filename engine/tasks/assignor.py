@@ -12,6 +12,10 @@ answers every member with the partitions each endpoint's tasks own (Kafka Stream
 ``partitionsByHost``), which the member hands to its client's ``StreamsMetadataState`` for
 queries across instances.
 
+With ``num.standby.replicas`` the leader also gives each stateful task standbys on other
+instances (``engine.tasks.standby_placement``) and tells every member the standby partitions
+by host (``KeyQueryMetadata.standby_hosts``).
+
 The member metadata also carries a shutdown request (KIP-671
 SHUTDOWN_APPLICATION): if any member asks, the leader answers every member with
 no tasks and the error code, and every instance shuts down.
@@ -20,7 +24,7 @@ no tasks and the error code, and every instance shuts down.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -30,6 +34,7 @@ import orjson
 from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
+from engine.tasks.standby_placement import assign_standbys
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription
 
@@ -54,11 +59,14 @@ class SubscriptionInfo:
     error_code: AssignorError = AssignorError.NONE
     endpoint: str = ""
     """The instance's ``application.server``; empty when unset."""
+    standby_tasks: list[TaskId] = field(default_factory=list)
+    """The standby tasks the member held (their state is on its disk): standbys stick to them."""
 
     def encode(self) -> bytes:
         return orjson.dumps({
             "v": _VERSION, "process": self.process_id, "thread": self.thread,
             "prev": [str(t) for t in self.previous_tasks], "err": int(self.error_code), "ep": self.endpoint,
+            "sb": [str(t) for t in self.standby_tasks],
         })
 
     @classmethod
@@ -68,7 +76,7 @@ class SubscriptionInfo:
         raw = orjson.loads(data)
         return cls(raw.get("process", ""), raw.get("thread", ""),
                    [TaskId.parse(t) for t in raw.get("prev", [])], AssignorError(raw.get("err", 0)),
-                   raw.get("ep", ""))
+                   raw.get("ep", ""), [TaskId.parse(t) for t in raw.get("sb", [])])
 
 
 @dataclass
@@ -77,11 +85,14 @@ class AssignmentInfo:
     error_code: AssignorError = AssignorError.NONE
     partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
     standby_partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
+    standby_tasks: list[TaskId] = field(default_factory=list)
+    """The member's standby tasks (``engine.tasks.standby``)."""
 
     def encode(self) -> bytes:
         return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
                              "hosts": _encode_hosts(self.partitions_by_host),
-                             "standby_hosts": _encode_hosts(self.standby_partitions_by_host)})
+                             "standby_hosts": _encode_hosts(self.standby_partitions_by_host),
+                             "standby": [str(t) for t in self.standby_tasks]})
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentInfo:
@@ -89,7 +100,8 @@ class AssignmentInfo:
             return cls([])
         raw = orjson.loads(data)
         return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)),
-                   _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])))
+                   _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])),
+                   [TaskId.parse(t) for t in raw.get("standby", [])])
 
 
 def _encode_hosts(by_host: HostPartitions) -> list[Any]:
@@ -198,13 +210,19 @@ class StreamsAssignor:
     name = "streamloop"
 
     def __init__(self, topology: Topology, process_id: str, thread_name: str, endpoint: str = "",
-                 metadata: StreamsMetadataState | None = None) -> None:
+                 metadata: StreamsMetadataState | None = None, standby_replicas: int = 0,
+                 replicated: Callable[[int], bool] = lambda _subtopology: False) -> None:
         self._topology = topology
         self._process_id = process_id
         self._thread_name = thread_name
         self._endpoint = endpoint
         self._host = HostInfo.build_from_endpoint(endpoint)
         self._metadata = metadata
+        self._standby_replicas = standby_replicas
+        # Whether a sub-topology's tasks get standbys (they have a persistent logged store).
+        self._replicated = replicated
+        self.owned_standby_tasks: list[TaskId] = []
+        self.standby_tasks: list[TaskId] = []
         self.rejoin_for_endpoint = False
         """Set when an assignment lacks this instance's endpoint; the stream thread then rejoins."""
         self.owned_tasks: list[TaskId] = []
@@ -214,7 +232,7 @@ class StreamsAssignor:
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
         return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
-                                self.shutdown_requested, self._endpoint).encode()
+                                self.shutdown_requested, self._endpoint, list(self.owned_standby_tasks)).encode()
 
     def assign(
         self,
@@ -230,16 +248,26 @@ class StreamsAssignor:
         tasks = tasks_for(self._topology, partitions_per_topic)
         spread = balance(sorted(tasks), members, {m: infos[m].previous_tasks for m in members})
         by_host = partitions_by_host(spread, infos, tasks)
+        standbys = assign_standbys(
+            spread, {m: infos[m].process_id or m for m in members},
+            [t for t in sorted(tasks) if self._replicated(t.subtopology)], self._standby_replicas,
+            {m: [*infos[m].previous_tasks, *infos[m].standby_tasks] for m in members})
+        standby_by_host = partitions_by_host(standbys, infos, tasks)
         result = {}
         for member, member_tasks in spread.items():
             tps = tuple(tp for t in member_tasks for tp in tasks[t])
-            result[member] = MemberAssignment(tps, AssignmentInfo(member_tasks, partitions_by_host=by_host).encode())
+            info = AssignmentInfo(member_tasks, partitions_by_host=by_host, standby_partitions_by_host=standby_by_host,
+                                  standby_tasks=standbys[member])
+            result[member] = MemberAssignment(tps, info.encode())
         log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
+        if any(standbys.values()):
+            log.debug("Standby tasks: %s", {m: [str(t) for t in ts] for m, ts in standbys.items()})
         return result
 
     def on_assignment(self, assignment: MemberAssignment) -> None:
         info = AssignmentInfo.decode(assignment.user_data)
         self.assigned_tasks = info.tasks
+        self.standby_tasks = info.standby_tasks
         self.error_code = info.error_code
         if self._metadata is not None:
             self._metadata.on_change(info.partitions_by_host, info.standby_partitions_by_host)

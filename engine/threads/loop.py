@@ -28,6 +28,7 @@ from engine.tasks import wiring
 from engine.tasks.assignor import AssignorError
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.manager import ExactlyOnce, TaskManager
+from engine.tasks.standby import StandbyTask, StandbyTasks
 from engine.tasks.task import StreamTask
 from engine.tasks.timeouts import StartupDeadline
 from engine.threads.states import StreamThreadState
@@ -58,6 +59,7 @@ class ThreadLoop:
         self._failed_member = False
         self._next_lag_ms = 0
         self._next_nudge_ms = 0
+        self.standbys: StandbyTasks | None = None
         config = self._config
         self._producer_settings = ProducerSettings(
             client_id=thread.producer_client_id,
@@ -165,15 +167,21 @@ class ThreadLoop:
         if self.errors is None:
             self.errors = wiring.error_handling(config, collector)
         errors = self.errors
+        state = wiring.state_settings(
+            config, config[cfg.STATE_DIR], thread.cache,
+            lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
+            thread.restore_listener, thread.global_stores)
+        self.standbys = StandbyTasks(
+            config[cfg.APPLICATION_ID], thread.topology, state,
+            wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE),
+            consumer.committed, lambda task: self._spawn_standby(group, task),
+            config[cfg.COMMIT_INTERVAL_MS], self._log)
         manager = wiring.task_manager(
             config, thread.topology, consumer, collector, committer,
             spawn=lambda task: self._spawn(group, task),
             logger=self._log, clock_ms=clock.wall_ms, monotonic_ms=clock.monotonic_ms,
             errors=errors,
-            state=wiring.state_settings(
-                config, config[cfg.STATE_DIR], thread.cache,
-                lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
-                thread.restore_listener, thread.global_stores),
+            state=state,
             on_tasks_changed=self._publish_tasks,
             spark=thread.spark,
             exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,
@@ -307,6 +315,9 @@ class ThreadLoop:
     def _spawn(self, group: anyio.abc.TaskGroup, task: StreamTask) -> None:
         group.start_soon(self._run_task, task, name=f"{self._thread.name} task {task.id}")
 
+    def _spawn_standby(self, group: anyio.abc.TaskGroup, task: StandbyTask) -> None:
+        group.start_soon(task.run, name=f"{self._thread.name} standby {task.id}")
+
     async def _run_task(self, task: StreamTask) -> None:
         with CancelScope() as scope:
             task.cancel_scope = scope
@@ -348,6 +359,8 @@ class ThreadLoop:
                 await manager.shutdown(clean=clean, timeout=timeout)
             except Exception:  # closing must go on
                 self._log.exception("Failed to close the tasks cleanly")
+        if self.standbys is not None:
+            await self.standbys.shutdown()
         self._thread.view.clear_tasks()
         interrupted: BaseException | None = None
         for client in (consumer, producer, admin):
@@ -399,6 +412,9 @@ class ThreadLoop:
             self._log.debug("Skipping task creation: the thread is shutting down")
             return
         manager = thread.view.manager
+        if self.standbys is not None:
+            # First: a standby promoted to active here releases its stores to the new active task.
+            await self.standbys.update(thread.assignor.standby_tasks, self._inputs_of)
         if manager is not None:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             manager.handle_assignment(assigned)
@@ -410,6 +426,13 @@ class ThreadLoop:
         view.publish_tasks()
         if view.manager is not None:
             self._thread.assignor.owned_tasks = sorted(view.manager.tasks)
+        if self.standbys is not None:
+            view.publish_standbys(self.standbys.tasks.values())
+            self._thread.assignor.owned_standby_tasks = sorted(self.standbys.tasks)
+
+    def _inputs_of(self, task_id: TaskId) -> list[TopicPartition]:
+        sub = self._thread.topology.subtopologies[task_id.subtopology]
+        return [TopicPartition(topic, task_id.partition) for topic in sub.source_topics]
 
 
 def real_error(exc: BaseException | None) -> BaseException | None:

@@ -31,6 +31,7 @@ from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.error_handling import ErrorHandling
+from engine.tasks.standby import replicated
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.threads.loop import LAG_REFRESH_MS, ThreadLoop, unwrap
 from engine.threads.states import THREAD_TRANSITIONS, StreamThreadState
@@ -110,7 +111,9 @@ class StreamThread:
         self.cache = ThreadCache(cache_size)
         self.error: BaseException | None = None
         # The client's metadata of queries across instances: each assignment updates it.
-        self.assignor = StreamsAssignor(topology, process_id, self.name, config[cfg.APPLICATION_SERVER], metadata)
+        self.assignor = StreamsAssignor(
+            topology, process_id, self.name, config[cfg.APPLICATION_SERVER], metadata,
+            config[cfg.NUM_STANDBY_REPLICAS], replicated(topology, config[cfg.DEFAULT_DSL_STORE] == "rocksDB"))
         self.consumer_client_id = f"{self.name}-consumer"
         self.producer_client_id = f"{self.name}-producer"
         self.view = ThreadView(self.name)
@@ -221,7 +224,7 @@ class StreamThread:
 
     def metadata(self) -> ThreadMetadata:
         return ThreadMetadata(self.name, self.state.state, self.view.active, self.consumer_client_id,
-                              self.producer_client_id, self.cache_size)
+                              self.producer_client_id, self.cache_size, self.view.standby)
 
     # -- the OS thread ------------------------------------------------------------
     def _main(self) -> None:

@@ -18,8 +18,11 @@ from engine.tasks.task import StreamTask, TaskState
 from engine.threads.states import StreamThreadState
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from engine.state.store import StateStore
     from engine.tasks.manager import TaskManager
+    from engine.tasks.standby import StandbyTask
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class ThreadMetadata:
     consumer_client_id: str
     producer_client_id: str
     cache_size_bytes: int
+    standby_tasks: frozenset[TaskMetadata] = frozenset()
+    """The thread's standby tasks (``num.standby.replicas``): stores kept warm, no processing."""
 
 
 class ThreadView:
@@ -83,6 +88,7 @@ class ThreadView:
         self.tasks: tuple[StreamTask, ...] = ()
         """The tasks as of the last change."""
         self.active: frozenset[TaskMetadata] = frozenset()
+        self.standby: frozenset[TaskMetadata] = frozenset()
         self.log_ends: dict[TopicPartition, int] = {}
         """Log end offsets of the tasks' partitions, refreshed at most once a second by the loop."""
         self.records_polled = 0
@@ -96,8 +102,12 @@ class ThreadView:
                                     for t in manager.tasks.values())
             self.tasks = tuple(manager.tasks.values())
 
+    def publish_standbys(self, tasks: Iterable[StandbyTask]) -> None:
+        self.standby = frozenset(TaskMetadata(t.id, frozenset(t.inputs)) for t in tasks)
+
     def clear_tasks(self) -> None:
         self.active = frozenset()
+        self.standby = frozenset()
 
     # -- read from any thread ------------------------------------------------------
     def local_stores(self, name: str) -> list[StateStore]:
