@@ -77,18 +77,26 @@ class StandbyTask:
         self._pending: dict[TopicPartition, list[ConsumerRecord]] = {}
         self._next_refresh_ms = 0
         self._checkpointed: dict[TopicPartition, int] = {}
+        # Cancelled by a stop while the stores are still being opened (a lock may hold that up).
+        self._opening: anyio.CancelScope | None = None
 
     async def close(self) -> None:
         """Stop reading, write the checkpoint, close the stores; returns once they are released."""
-        self._stop.set()
+        self.request_stop()
         await self.finished.wait()
 
     async def run(self) -> None:
         reader: Consumer | None = None
         opened = False
         try:
-            await self.state.open_stores()
-            opened = True
+            with anyio.CancelScope() as self._opening:
+                if self._stop.is_set():
+                    return
+                await self.state.open_stores()
+                opened = True
+            self._opening = None
+            if not opened:
+                return
             logged = {tp: self.state.stores[name] for name, tp in self.state.changelogs.items()
                       if self.state.stores[name].persistent}
             if logged:
@@ -197,6 +205,8 @@ class StandbyTask:
 
     def request_stop(self) -> None:
         self._stop.set()
+        if self._opening is not None:
+            self._opening.cancel()
 
 
 def _now_ms() -> int:
@@ -224,7 +234,8 @@ class StandbyTasks:
         """Close the standbys no longer wanted (a promoted one first releases its stores to the new
         active task), then open the new ones."""
         wanted = set(wanted)
-        gone = [task for task_id, task in self.tasks.items() if task_id not in wanted]
+        # A standby that failed is opened again: the failure may have been passing (a broker away).
+        gone = [task for task_id, task in self.tasks.items() if task_id not in wanted or task.finished.is_set()]
         await self._close(gone)
         for task_id in sorted(wanted - set(self.tasks)):
             task = self._create(task_id, partitions_of(task_id))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from engine.ids import TaskId
@@ -90,3 +91,33 @@ async def test_updates_wait_for_their_input_records_commit_and_the_checkpoint_fo
         store.close()
     await producer.close()
     await admin.close()
+
+
+async def test_a_standby_waiting_for_its_stores_lock_closes_at_once(tmp_path) -> None:
+    """Its stores are still open elsewhere (the task's previous owner on this instance): closing it
+    must not wait out the lock's patience (60 s), or the thread's rebalance would."""
+    MemoryBroker.reset("standby-unit-lock")
+    transport = open_transport({"bootstrap.servers": "memory://standby-unit-lock"})
+    log = LogContext(logging.getLogger(__name__), "")
+    builder = Stores.key_value_store_builder(Stores.persistent_key_value_store("counts"))
+
+    def state() -> TaskStateManager:
+        return TaskStateManager("0_0", "app", str(tmp_path), 0, [builder], True, BytesSerde(), BytesSerde(),
+                                lambda *_: None, None, lambda: 0, lambda: None, log)
+
+    holder = state()
+    await holder.open_stores()
+
+    async def nothing_committed(_tp: TopicPartition) -> OffsetAndMetadata | None:
+        return None
+
+    standby = StandbyTask(TaskId(0, 0), [INPUT], state(), lambda: transport.reader("r"), nothing_committed, 50, log)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(standby.run)
+            await anyio.lowlevel.checkpoint()  # it starts opening and waits for the lock
+            with anyio.fail_after(5):
+                await standby.close()
+    finally:
+        holder.close(clean=True)
+    assert checkpoint.read(str(tmp_path / "app" / "0_0")) == {}
