@@ -37,7 +37,7 @@ PACKAGES = ("engine", "handlers")
 # machinery (threads, tasks, client, topology, transport, ...) nor the handlers.
 FOUNDATION = ("engine.config", "engine.errors", "engine.records", "engine.serdes", "engine.clock",
               "engine.lifecycle", "engine.logcontext", "engine.ids", "engine.completed_offsets",
-              "engine.loop_signal")
+              "engine.loop_signal", "engine.timestamps")
 
 
 @dataclass(frozen=True)
@@ -276,6 +276,13 @@ def test_the_foundation_imports_only_the_foundation() -> None:
 def test_the_transport_knows_no_tasks_threads_or_client() -> None:
     wrong = _never(["engine.transport"], ["engine.tasks", "engine.threads", "engine.client"])
     assert not wrong, "engine/transport imports the machinery above it:\n" + "\n".join(f"  {e}" for e in wrong)
+
+
+def test_the_schema_registry_serdes_stand_on_the_foundation_alone() -> None:
+    """Serdes a user may take without the engine's machinery: only the foundation and themselves."""
+    wrong = [e for e in edges() if is_under(e.source, "engine.schema_registry")
+             and not any(is_under(e.target, f) for f in (*FOUNDATION, "engine.schema_registry"))]
+    assert not wrong, "engine/schema_registry imports the machinery:\n" + "\n".join(f"  {e}" for e in wrong)
 
 
 def test_a_cycle_is_reported_by_its_edges() -> None:
