@@ -204,7 +204,8 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
 
     MemoryBroker.reset("demo")
     try:
-        assert main(["demo", "--orders", "300", "--rate", "100000"]) == 0
+        # The demo's Spark stage has its own tests (tests/unit/test_demo.py); here, the command.
+        assert main(["demo", "--orders", "300", "--rate", "100000", "--no-spark"]) == 0
     finally:
         MemoryBroker.reset("demo")
     assert "Check: every kept order is in the output" in capsys.readouterr().out
