@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
 from engine.processors.fk_join import (
     ForeignTableChangeProcessor,
     JoinSerdes,
@@ -39,7 +38,7 @@ from engine.processors.table_ops import MaterializedTableOpProcessor
 from engine.serdes import BytesSerde
 from engine.state.stores import Materialized, StoreBuilder, StoreSupplier
 from engine.topology.copartition import add_copartition_group
-from engine.topology.table_ops import add_table_store, derived, plain_function, send_old_values, view_of
+from engine.topology.table_ops import add_table_store, derived, join_views, plain_function, send_old_values
 
 if TYPE_CHECKING:
     from engine.topology.tables import KTable
@@ -51,11 +50,7 @@ def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], An
     what = "left_join()" if left_join else "join()"
     plain_function(extractor, f"{what} foreign_key_extractor")
     plain_function(joiner, what)
-    if not isinstance(other, type(table)):
-        raise TopologyError(f"{what} needs a KTable, got {other!r}")
-    if other._builder is not table._builder:
-        raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
-    left_view, right_view = view_of(table, what), view_of(other, what)
+    left_view, right_view = join_views(table, other, what)
     builder = table._builder
     topology = builder._topology
     serdes = JoinSerdes(table._key_serde, table._value_serde, other._key_serde, other._value_serde)

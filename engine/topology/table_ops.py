@@ -131,15 +131,21 @@ def map_table_values(table: KTable, mapper: Callable[[Any], Any], materialized: 
                         "KTABLE-MAPVALUES-STATE-STORE")
 
 
-def join_tables(table: KTable, other: KTable, joiner: Callable[[Any, Any], Any], kind: str,
-                materialized: Materialized | str | None, name: str | None) -> KTable:
-    what = {"inner": "join()", "left": "left_join()", "outer": "outer_join()"}[kind]
-    plain_function(joiner, what)
+def join_views(table: KTable, other: KTable, what: str) -> tuple[TableView, TableView]:
+    """How a join of ``table`` with ``other`` reads each side, once both are checked to be tables
+    of one builder (key-to-key and foreign-key joins alike)."""
     if not isinstance(other, type(table)):
         raise TopologyError(f"{what} needs a KTable, got {other!r}")
     if other._builder is not table._builder:
         raise TopologyError(f"{what}: both tables must come from the same StreamsBuilder")
-    left_view, right_view = view_of(table, what), view_of(other, what)
+    return view_of(table, what), view_of(other, what)
+
+
+def join_tables(table: KTable, other: KTable, joiner: Callable[[Any, Any], Any], kind: str,
+                materialized: Materialized | str | None, name: str | None) -> KTable:
+    what = {"inner": "join()", "left": "left_join()", "outer": "outer_join()"}[kind]
+    plain_function(joiner, what)
+    left_view, right_view = join_views(table, other, what)
     builder = table._builder
     topology = builder._topology
     base = builder._name(name, "KTABLE-JOINTHIS" if kind == "inner" else f"KTABLE-{kind.upper()}JOIN")

@@ -23,8 +23,6 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.processors.api import BaseProcessor
-from engine.records import Record
 from engine.serdes import JsonSerde, StringSerde
 from engine.state.bytes_stores import InMemoryBytesStore
 from engine.state.timestamped import ValueAndTimestamp
@@ -39,6 +37,7 @@ from engine.timestamps import ConsumedRecord
 from engine.topology.builder import StreamsBuilder
 from tests.unit.state.test_timestamped_store import latest_topology
 from tests.unit.tasks.test_task import A, B, TaskRig, plain
+from tests.unit.tasks.test_timestamps import Seen
 
 Drawn = list[list[tuple[str, int]]]  # per partition: (name, event time) in offset order
 
@@ -48,15 +47,6 @@ class SkipNegative:
 
     def extract(self, record: ConsumedRecord, partition_time: int) -> int:
         return int(record.value["t"])
-
-
-class Seen(BaseProcessor):
-    def __init__(self, rig: list[TaskRig]) -> None:
-        self.rig = rig
-        self.seen: list[tuple[str, int, int]] = []
-
-    def process(self, record: Record) -> None:
-        self.seen.append((record.value["n"], record.timestamp, self.rig[0].task.stream_time))
 
 
 def model(partitions: Drawn) -> tuple[list[tuple[str, int, int]], int]:
