@@ -52,7 +52,7 @@ from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
 from engine.processors.context import TaskContext
 from engine.records import ConsumerRecord, TopicPartition
-from engine.topology.topology import TaskGraph
+from engine.topology.specs import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
 from .bulk import BatchWindow, bulk_window

@@ -71,3 +71,16 @@ def _all_source_topics(topology: Topology, node: str) -> list[str]:
             topics.extend(spec.topics)
             pending.extend(spec.parents)
     return topics
+
+
+def check_copartitioning(topology: Topology, partition_counts: Mapping[str, int]) -> dict[int, int]:
+    """Partitions (= tasks) per sub-topology; its source topics must have equal counts."""
+    result: dict[int, int] = {}
+    for sub in topology.subtopologies:
+        counts = {t: partition_counts[t] for t in sub.source_topics if t in partition_counts}
+        if len(set(counts.values())) > 1:
+            raise TopologyError(
+                f"Source topics of sub-topology {sub.id} must have the same number of partitions, got {counts}"
+            )
+        result[sub.id] = max(counts.values(), default=0)
+    return result

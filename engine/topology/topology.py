@@ -10,8 +10,6 @@ by ``build_task_graph``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import MissingSerdeError, TopologyError
@@ -24,69 +22,12 @@ from engine.state.global_store import GlobalStoreSpec
 from engine.state.stores import StoreBuilder, StoreType
 from engine.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
 from engine.topology.copartition import check_copartition_groups, repartition_counts
-from engine.topology.global_tables import describe_global_store
+from engine.topology.describe import callable_name, describe
+from engine.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
     from engine.state.task_state import TaskStateManager
-
-
-class NodeKind(Enum):
-    SOURCE = "Source"
-    PROCESSOR = "Processor"
-    SINK = "Sink"
-
-
-@dataclass
-class NodeSpec:
-    name: str
-    kind: NodeKind
-    parents: tuple[str, ...]
-    factory: Callable[[], Node]
-    topics: tuple[str, ...] = ()
-    sink_topic: str | Callable[..., str] | None = None
-    key_serde: Serde | None = None
-    value_serde: Serde | None = None
-    children: list[str] = field(default_factory=list)
-    concurrency: int | Callable[[Mapping[str, Any]], int] | None = None
-    ordering: str | None = None
-    stores: tuple[str, ...] = ()
-    # Internal (repartition) topics are named relative to the application id until it is set.
-    internal: bool = False
-    # Sinks only. Whether key_serde/value_serde are the stream's rather than given to the sink;
-    # what keys/values are known to be when no serde is known and they are never bytes; and the
-    # call that takes the sink's serdes (None when none does), for the errors about them.
-    inherited: tuple[bool, bool] = (False, False)
-    kinds: tuple[str | None, str | None] = (None, None)
-    serde_call: str | None = "add_sink()"
-    # Sources only: the source's own timestamp extractor (None: default.timestamp.extractor).
-    timestamp_extractor: TimestampExtractor | None = None
-    # Sources of repartition topics only: a partition count fixed by ``repartition()`` (None: derived).
-    partitions: int | None = None
-
-
-ORDERINGS = ("partition", "key", "unordered")  # strictest first
-
-
-@dataclass(frozen=True)
-class SubTopology:
-    id: int
-    node_names: tuple[str, ...]
-    source_topics: tuple[str, ...]
-    sink_topics: tuple[str, ...]
-
-
-@dataclass
-class TaskGraph:
-    """One task's node instances: sources by topic, every node in build order."""
-
-    sources: dict[str, SourceNode]
-    nodes: list[Node]
-    sinks: list[SinkNode]
-
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
 
 
 class Topology:
@@ -343,7 +284,7 @@ class Topology:
             for what, serde, default, kind in (("key", spec.key_serde, default_key_serde, spec.kinds[0]),
                                                ("value", spec.value_serde, default_value_serde, spec.kinds[1])):
                 if kind is not None and serde is None and default is None:
-                    topic = spec.sink_topic if isinstance(spec.sink_topic, str) else _callable_name(spec.sink_topic)
+                    topic = spec.sink_topic if isinstance(spec.sink_topic, str) else callable_name(spec.sink_topic)
                     raise MissingSerdeError(spec.name, topic, what, kind, spec.serde_call)
 
     def set_concurrency(self, name: str, concurrency: int | Callable[[Mapping[str, Any]], int] | None,
@@ -492,55 +433,8 @@ class Topology:
 
     # -- description ----------------------------------------------------------
     def describe(self) -> str:
-        """The topology in Kafka Streams' ``TopologyDescription`` text form.
-
-        As in Kafka Streams, the nodes of a sub-topology, and the names after ``-->`` and
-        ``<--``, are listed largest sub-tree first (a node's size is one plus its
-        successors' sizes), then by name; every sub-topology ends with a blank line.
-        """
-        lines = ["Topologies:"]
-        for sub in self.subtopologies:
-            size = self._subtree_sizes(sub)
-
-            def order(names: Iterable[str], size: dict[str, int] = size) -> list[str]:
-                return sorted(names, key=lambda n: (-size[n], n))
-
-            def listed(names: Iterable[str]) -> str:
-                return ", ".join(order(names)) or "none"
-
-            lines.append(f"   Sub-topology: {sub.id}")
-            for name in order(sub.node_names):
-                spec = self._specs[name]
-                if spec.kind is NodeKind.SOURCE:
-                    lines.append(f"    Source: {name} (topics: [{', '.join(spec.topics)}])")
-                    lines.append(f"      --> {listed(spec.children)}")
-                elif spec.kind is NodeKind.SINK:
-                    if isinstance(spec.sink_topic, str):
-                        lines.append(f"    Sink: {name} (topic: {spec.sink_topic})")
-                    else:
-                        lines.append(f"    Sink: {name} (extractor class: {_callable_name(spec.sink_topic)})")
-                    lines.append(f"      <-- {listed(spec.parents)}")
-                else:
-                    lines.append(f"    Processor: {name} (stores: [{', '.join(spec.stores)}])")
-                    lines.append(f"      --> {listed(spec.children)}")
-                    lines.append(f"      <-- {listed(spec.parents)}")
-            lines.append("")
-        # Global tables after the task sub-topologies, numbered on (no task has their ids).
-        for number, global_spec in enumerate(self.global_stores.values(), len(self.subtopologies)):
-            lines.extend(describe_global_store(global_spec, number))
-        return "\n".join(lines) + "\n"
-
-    def _subtree_sizes(self, sub: SubTopology) -> dict[str, int]:
-        size: dict[str, int] = {}
-
-        def measure(name: str) -> int:
-            if name not in size:
-                size[name] = 1 + sum(measure(child) for child in self._specs[name].children)
-            return size[name]
-
-        for name in sub.node_names:
-            measure(name)
-        return size
+        """The topology in Kafka Streams' ``TopologyDescription`` text form (``engine.topology.describe``)."""
+        return describe(self)
 
     def __str__(self) -> str:
         return self.describe()
@@ -563,27 +457,6 @@ def _with_default(serde: Serde | None, default: Serde) -> Serde:
 
 def _origin(serde: Serde | None, inherited: bool) -> str:
     return "default" if serde is None else "stream" if inherited else "sink"
-
-
-def _callable_name(fn: object) -> str:
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{module}.{name}"
-
-
-def check_copartitioning(topology: Topology, partition_counts: Mapping[str, int]) -> dict[int, int]:
-    """Partitions (= tasks) per sub-topology; its source topics must have equal counts."""
-    result: dict[int, int] = {}
-    for sub in topology.subtopologies:
-        counts = {t: partition_counts[t] for t in sub.source_topics if t in partition_counts}
-        if len(set(counts.values())) > 1:
-            raise TopologyError(
-                f"Source topics of sub-topology {sub.id} must have the same number of partitions, got {counts}"
-            )
-        result[sub.id] = max(counts.values(), default=0)
-    return result
-
-
 
 
 def _fast_path(extractor: TimestampExtractor | None) -> TimestampExtractor | None:

@@ -13,7 +13,8 @@ from engine.processors.nodes import Node
 from engine.records import Record
 from engine.serdes import StringSerde
 from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.topology import Topology, check_copartitioning
+from engine.topology.copartition import check_copartitioning
+from engine.topology.topology import Topology
 
 
 def keep_all(_key: Any, _value: Any) -> bool:
