@@ -48,7 +48,8 @@ from engine.timestamps import (
     UsePartitionTimeOnInvalidTimestamp,
     WallclockTimestampExtractor,
 )
-from engine.topology.builder import BranchedKStream, KStream, StreamsBuilder
+from engine.topology.branches import BranchedKStream
+from engine.topology.builder import KStream, StreamsBuilder
 from engine.topology.global_tables import GlobalKTable
 from engine.topology.grouped_table import KGroupedTable
 from engine.topology.joins import StreamJoined

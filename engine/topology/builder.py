@@ -26,6 +26,7 @@ from engine.processors.nodes import Node, Partitioner
 from engine.serdes import Serde, as_serde
 from engine.state.join_windows import JoinWindows
 from engine.state.stores import Materialized, StoreBuilder
+from engine.topology.branches import BranchedKStream
 from engine.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from engine.topology.joins import StreamJoined, stream_stream_join
 from engine.topology.repartition import Repartitioned, repartition
@@ -479,39 +480,6 @@ class KStream:
             inherited=(key_serde is None and ks is not None, value_serde is None and vs is not None),
             kinds=self._kinds(ks, vs), call="to()",
         )
-
-
-class BranchedKStream:
-    """The branches of a ``split()``; ``branch`` adds one, ``default_branch``/``no_default_branch`` end it."""
-
-    def __init__(self, stream: KStream, name: str | None) -> None:
-        self._stream = stream
-        self._prefix = name or ""
-        self._predicates: list[Callable[[Any, Any], Any]] = []
-        self._names: list[str] = []
-        self._done = False
-
-    def branch(self, predicate: Callable[[Any, Any], Any], *, name: str | None = None) -> BranchedKStream:
-        if self._done:
-            raise TopologyError("split() is already closed by default_branch()/no_default_branch()")
-        self._predicates.append(predicate)
-        self._names.append(name or str(len(self._predicates)))
-        return self
-
-    def default_branch(self, *, name: str | None = None) -> dict[str, KStream]:
-        self._predicates.append(lambda _k, _v: True)
-        self._names.append(name or "0")
-        return self._close()
-
-    def no_default_branch(self) -> dict[str, KStream]:
-        return self._close()
-
-    def _close(self) -> dict[str, KStream]:
-        if not self._predicates:
-            raise TopologyError("split() needs at least one branch")
-        self._done = True
-        streams = self._stream.branch(*self._predicates, name=f"{self._prefix}split" if self._prefix else None)
-        return {f"{self._prefix}{n}": s for n, s in zip(self._names, streams, strict=True)}
 
 
 def _common(mine: Any, theirs: Any) -> Any:
