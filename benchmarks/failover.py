@@ -29,6 +29,7 @@ from engine.records import TopicPartition
 from engine.serdes import LongSerde, StringSerde
 from engine.state import Materialized, checkpoint
 from engine.state.changelog import changelog_topic
+from engine.testing import eventually_async
 from engine.transport import open_transport
 from tests.support.cluster import Cluster
 
@@ -58,14 +59,6 @@ class Restored:
 
     def on_restore_end(self, partition: TopicPartition, store: str, total: int) -> None:
         self.total += total
-
-
-async def until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def count_of(streams: KafkaStreams, key: str) -> int | None:
@@ -101,23 +94,23 @@ async def failover(bootstrap: str, cluster: Cluster, source: str, entries: int, 
     a, b = instance("a"), instance("b")
     await a.start_async()
     try:
-        await until(lambda: count_of(a, f"k{entries - 1}") == 1, timeout, "the first instance's counts")
+        await eventually_async(lambda: count_of(a, f"k{entries - 1}") == 1, timeout, "the first instance's counts")
         await b.start_async()
         try:
-            await until(lambda: a.state is ClientState.RUNNING and b.state is ClientState.RUNNING
+            await eventually_async(lambda: a.state is ClientState.RUNNING and b.state is ClientState.RUNNING
                         and (has(a, "active_tasks") or has(b, "active_tasks")), timeout, "a settled group")
             active, survivor, survivor_name = (a, b, "b") if has(a, "active_tasks") else (b, a, "a")
             if replicas:
                 changelog = TopicPartition(changelog_topic(app, "counts"), 0)
                 task_dir = f"{tmp}/{survivor_name}/{app}/{TASK}"
-                await until(lambda: checkpoint.read(task_dir).get(changelog, 0) >= entries, timeout,
+                await eventually_async(lambda: checkpoint.read(task_dir).get(changelog, 0) >= entries, timeout,
                             "the standby's checkpoint at the changelog's end")
             restored[survivor_name].total = 0
             started = time.monotonic()
             await active.close_async()
             closed = time.monotonic()
             await cluster.produce(source, [("probe", "v")], STR, STR, partitions=1)
-            await until(lambda: count_of(survivor, "probe") == 1, timeout, "the survivor processing again")
+            await eventually_async(lambda: count_of(survivor, "probe") == 1, timeout, "the survivor processing again")
             return time.monotonic() - started, restored[survivor_name].total, closed - started
         finally:
             await b.close_async()

@@ -14,37 +14,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.stateful import _TableProcessor
+from engine.processors.stateful import _WindowedAggregate
 from engine.records import Record
 from engine.state.session_windows import SessionStore, SessionWindows
 from engine.state.windows import Windowed
 
 
-class SessionWindowAggregateProcessor(_TableProcessor):
+class SessionWindowAggregateProcessor(_WindowedAggregate):
     def __init__(self, store_name: str, windows: SessionWindows, initializer: Callable[[], Any],
                  aggregator: Callable[[Any, Any, Any], Any], merger: Callable[[Any, Any, Any], Any]) -> None:
-        super().__init__(store_name)
+        super().__init__(store_name, initializer, aggregator)
         self.windows = windows
-        self.initializer = initializer
-        self.aggregator = aggregator
         self.merger = merger
-        self.observed_time = -1
 
     def _forward(self, key: Any, value: Any, timestamp: int) -> None:
         self.context.forward(Record(key, value, key.end))
 
     def process(self, record: Record) -> None:
-        if record.key is None:
-            # Kafka Streams drops only records without a key here: the aggregator sees None values.
-            self._drop(record, "it has no key")
+        # Kafka Streams drops only records without a key here: the aggregator sees None values.
+        if not self._admit(record, needs_value=False):
             return
         timestamp = record.timestamp
-        if timestamp < 0:
-            self._drop(record, f"its timestamp {timestamp} is negative")
-            return
         windows = self.windows
-        if timestamp > self.observed_time:
-            self.observed_time = timestamp
         close_time = self.observed_time - windows.close_after_ms
         store: SessionStore = self.store
         gap = windows.inactivity_gap_ms

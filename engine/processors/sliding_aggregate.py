@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.stateful import _TableProcessor
+from engine.processors.stateful import _WindowedAggregate
 from engine.records import Record
 from engine.state.sliding_windows import SlidingWindows, TimestampedWindowStore
 
@@ -26,25 +26,16 @@ from engine.state.sliding_windows import SlidingWindows, TimestampedWindowStore
 Stamped = tuple[Any, int]
 
 
-class SlidingWindowAggregateProcessor(_TableProcessor):
+class SlidingWindowAggregateProcessor(_WindowedAggregate):
     def __init__(self, store_name: str, windows: SlidingWindows, initializer: Callable[[], Any],
                  aggregator: Callable[[Any, Any, Any], Any]) -> None:
-        super().__init__(store_name)
+        super().__init__(store_name, initializer, aggregator)
         self.windows = windows
-        self.initializer = initializer
-        self.aggregator = aggregator
-        self.observed_time = -1
 
     def process(self, record: Record) -> None:
-        if record.key is None or record.value is None:
-            self._drop(record, "it has no key" if record.key is None else "it has no value")
+        if not self._admit(record):
             return
         timestamp = record.timestamp
-        if timestamp < 0:
-            self._drop(record, f"its timestamp {timestamp} is negative")
-            return
-        if timestamp > self.observed_time:
-            self.observed_time = timestamp
         close_time = self.observed_time - self.windows.grace_ms
         diff = self.windows.time_difference_ms
         if timestamp + 1 + diff <= close_time:

@@ -84,28 +84,44 @@ class ReduceProcessor(_TableProcessor):
         store.put(record.key, record.value if old is None else self.reducer(old, record.value))
 
 
-class WindowedAggregateProcessor(_TableProcessor):
-    """Updates every window a record falls in; records for windows closed by the grace period are late."""
+class _WindowedAggregate(_TableProcessor):
+    """A windowed aggregation (time, sliding or session windows): the records it cannot place in
+    a window are dropped, and it keeps the largest timestamp it saw, its stream time."""
 
-    def __init__(self, store_name: str, windows: TimeWindows, initializer: Callable[[], Any],
+    def __init__(self, store_name: str, initializer: Callable[[], Any],
                  aggregator: Callable[[Any, Any, Any], Any]) -> None:
         super().__init__(store_name)
-        self.windows = windows
         self.initializer = initializer
         self.aggregator = aggregator
         self.observed_time = -1
 
-    def process(self, record: Record) -> None:
-        if record.key is None or record.value is None:
+    def _admit(self, record: Record, needs_value: bool = True) -> bool:
+        """Whether ``record`` has a key (and a value, if ``needs_value``) and a timestamp of 0 or
+        more; if so, stream time moves up to it."""
+        if record.key is None or (needs_value and record.value is None):
             self._drop(record, "it has no key" if record.key is None else "it has no value")
-            return
+            return False
         if record.timestamp < 0:
             self._drop(record, f"its timestamp {record.timestamp} is negative")
+            return False
+        if record.timestamp > self.observed_time:
+            self.observed_time = record.timestamp
+        return True
+
+
+class WindowedAggregateProcessor(_WindowedAggregate):
+    """Updates every window a record falls in; records for windows closed by the grace period are late."""
+
+    def __init__(self, store_name: str, windows: TimeWindows, initializer: Callable[[], Any],
+                 aggregator: Callable[[Any, Any, Any], Any]) -> None:
+        super().__init__(store_name, initializer, aggregator)
+        self.windows = windows
+
+    def process(self, record: Record) -> None:
+        if not self._admit(record):
             return
         store: WindowStore = self.store
         windows = self.windows
-        if record.timestamp > self.observed_time:
-            self.observed_time = record.timestamp
         closed_before = self.observed_time - windows.size_ms - windows.grace_ms
         for start in windows.windows_for(record.timestamp):
             if start <= closed_before:
