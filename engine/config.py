@@ -195,6 +195,9 @@ BOOTSTRAP_SERVERS = "bootstrap.servers"
 CLIENT_ID = "client.id"
 NUM_STREAM_THREADS = "num.stream.threads"
 NUM_STANDBY_REPLICAS = "num.standby.replicas"
+REBALANCE_PROTOCOL = "rebalance.protocol"
+COOPERATIVE = "cooperative"
+EAGER = "eager"
 COMMIT_INTERVAL_MS = "commit.interval.ms"
 CACHE_MAX_BYTES_BUFFERING = "cache.max.bytes.buffering"
 TASK_TIMEOUT_MS = "task.timeout.ms"
@@ -306,6 +309,11 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(NUM_STANDBY_REPLICAS, int, 0,
               "Standby copies of each task with persistent logged stores, kept warm from their changelogs "
               "on other instances, so a failover restores only the tail.", _at_least(0)),
+    ConfigKey(REBALANCE_PROTOCOL, str, COOPERATIVE,
+              "cooperative: tasks that stay with a thread keep running through a rebalance and only moved "
+              "tasks are closed, handed over in a follow-up rebalance (Kafka Streams' default, KIP-429); "
+              "eager: every rebalance closes every task first (Kafka Streams with upgrade.from < 2.4).",
+              _one_of(COOPERATIVE, EAGER)),
     ConfigKey(COMMIT_INTERVAL_MS, int, 30_000,
               "How often a stream thread commits the offsets of fully processed records "
               "(100 under exactly_once_v2 unless set).", _at_least(0)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.errors import CommitFailedError, ProduceError
+from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
 from engine.records import TopicPartition
 from engine.transport.base import OffsetAndMetadata
 from engine.transport.kafka.errors import is_retriable as is_timeout
@@ -54,6 +54,12 @@ class AtLeastOnce(CommitProtocol):
                         self.clear_commit_timer(task)
                 return 0
             await self._consumer.commit(offsets)
+        except RebalanceInProgressError as exc:
+            # Cooperative: the tasks keep running through the rebalance; their offsets go with the
+            # first commit after it (retried at the next poll, not at the next interval).
+            self._log.debug("%s", exc)
+            self._last_commit = self._clock_ms() - self._interval_ms
+            return 0
         except CommitFailedError:
             self._log.warning("Commit of %s failed: the group rebalanced; the tasks will be revoked",
                               sorted(str(tp) for tp in offsets))

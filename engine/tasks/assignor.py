@@ -16,6 +16,10 @@ With ``num.standby.replicas`` the leader also gives each stateful task standbys 
 instances (``engine.tasks.standby_placement``) and tells every member the standby partitions
 by host (``KeyQueryMetadata.standby_hosts``).
 
+Under the cooperative protocol (KIP-429) a task moves in two rebalances: the first gives it to
+no one while another member still owns it (``withhold_owned``), so its owner closes it; that owner
+then rejoins at once, and the second gives the task to its new member. Tasks that stay keep running.
+
 The member metadata also carries a shutdown request (KIP-671
 SHUTDOWN_APPLICATION): if any member asks, the leader answers every member with
 no tasks and the error code, and every instance shuts down.
@@ -171,7 +175,9 @@ def balance(
     taken: set[TaskId] = set()
 
     def keep(member: str, limit: int) -> None:
-        for task in previous.get(member, ()):
+        # Partition by partition across the sub-topologies: a member trimmed to its share keeps
+        # some tasks of each (a stateful sub-topology's stores do not all stay on one member).
+        for task in sorted(previous.get(member, ()), key=lambda t: (t.partition, t.subtopology)):
             if len(result[member]) >= limit:
                 return
             if task in wanted and task not in taken:
@@ -200,6 +206,37 @@ def balance(
     return result
 
 
+def _tp(tp: TopicPartition) -> TopicPartition:
+    return TopicPartition(tp[0], tp[1])
+
+
+def withhold_owned(
+    spread: Mapping[str, Sequence[TaskId]], holding: Mapping[str, Sequence[TaskId]]
+) -> tuple[dict[str, list[TaskId]], dict[TaskId, str]]:
+    """Cooperative: take out of ``spread`` every task another member still holds.
+
+    Returns the spread to hand out and, for each withheld task, the member that still owns it
+    (where queries for its keys go until the follow-up rebalance). A task two members claim (a
+    member that came back after being removed) goes to neither this round, unless it was given to
+    one of them: the other closes its copy.
+    """
+    owners: dict[TaskId, list[str]] = {}
+    for member, tasks in holding.items():
+        for task in tasks:
+            owners.setdefault(task, []).append(member)
+    kept: dict[str, list[TaskId]] = {}
+    withheld: dict[TaskId, str] = {}
+    for member, tasks in spread.items():
+        kept[member] = []
+        for task in tasks:
+            claimants = owners.get(task, ())
+            if not claimants or member in claimants:
+                kept[member].append(task)
+            else:
+                withheld[task] = claimants[0]
+    return kept, withheld
+
+
 class StreamsAssignor:
     """One per stream thread (member). Implements ``engine.transport.base.GroupAssignor``.
 
@@ -211,7 +248,7 @@ class StreamsAssignor:
 
     def __init__(self, topology: Topology, process_id: str, thread_name: str, endpoint: str = "",
                  metadata: StreamsMetadataState | None = None, standby_replicas: int = 0,
-                 replicated: Callable[[int], bool] = lambda _subtopology: False) -> None:
+                 replicated: Callable[[int], bool] = lambda _subtopology: False, cooperative: bool = False) -> None:
         self._topology = topology
         self._process_id = process_id
         self._thread_name = thread_name
@@ -221,6 +258,7 @@ class StreamsAssignor:
         self._standby_replicas = standby_replicas
         # Whether a sub-topology's tasks get standbys (they have a persistent logged store).
         self._replicated = replicated
+        self._cooperative = cooperative
         self.owned_standby_tasks: list[TaskId] = []
         self.standby_tasks: list[TaskId] = []
         self.rejoin_for_endpoint = False
@@ -246,10 +284,27 @@ class StreamsAssignor:
             error = AssignmentInfo([], AssignorError.SHUTDOWN_REQUESTED).encode()
             return {m: MemberAssignment((), error) for m in members}
         tasks = tasks_for(self._topology, partitions_per_topic)
-        spread = balance(sorted(tasks), members, {m: infos[m].previous_tasks for m in members})
-        by_host = partitions_by_host(spread, infos, tasks)
+        previous = {m: infos[m].previous_tasks for m in members}
+        target = balance(sorted(tasks), members, previous)
+        spread, withheld = target, dict[TaskId, str]()
+        if self._cooperative:
+            # What each member's consumer holds right now, not what its tasks were: a thread that
+            # failed, or closed its tasks, may still hold their partitions until it revokes them.
+            task_of = {tp: task for task, tps in tasks.items() for tp in tps}
+            holding = {m: sorted({task_of[tp] for tp in map(_tp, subscriptions[m].owned) if tp in task_of})
+                       for m in members}
+            spread, withheld = withhold_owned(target, holding)
+        # Queries for a withheld task's keys still go to the member that runs it until it moves.
+        owners: dict[str, list[TaskId]] = {}
+        for task, owner in withheld.items():
+            owners.setdefault(owner, []).append(task)
+        by_host = partitions_by_host({m: [*spread[m], *owners.get(m, ())] for m in members}, infos, tasks)
+        if withheld:
+            log.debug("Cooperative rebalance: %d task(s) move in a follow-up rebalance, once their owners "
+                     "have closed them: %s", len(withheld), sorted(str(t) for t in withheld))
+        # Standbys follow the target spread, so they stay put when the withheld tasks move.
         standbys = assign_standbys(
-            spread, {m: infos[m].process_id or m for m in members},
+            target, {m: infos[m].process_id or m for m in members},
             [t for t in sorted(tasks) if self._replicated(t.subtopology)], self._standby_replicas,
             {m: [*infos[m].previous_tasks, *infos[m].standby_tasks] for m in members})
         standby_by_host = partitions_by_host(standbys, infos, tasks)

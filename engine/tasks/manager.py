@@ -93,6 +93,7 @@ class TaskManager:
         self._threads_per_task = threads_per_task
         self._ordering = ordering
         self._on_tasks_changed = on_tasks_changed
+        self._last_logged: list[str] = []
         self._config = config
         self._spark = spark
         self._monotonic_ms = monotonic_ms
@@ -140,11 +141,20 @@ class TaskManager:
             for tp in tps:
                 self._by_partition[tp] = task
             created.append(task)
+            # A partition kept through a cooperative rebalance may still be paused from a task closed
+            # before it (``_hold_at_commit``); a new task fetches it.
+            held = self._consumer.paused().intersection(tps)
+            if held:
+                self._consumer.resume(*held)
             self._spawn(task)
         if created:
             self._log.debug("Created tasks %s", [str(t.id) for t in created])
-        # The one INFO line of a rebalance on this thread.
-        self._log.info("Assigned tasks %s", [str(task_id) for task_id in sorted(self.tasks)])
+        # The one INFO line of a rebalance on this thread, when its tasks changed (a cooperative
+        # rebalance often leaves them as they were, and a task moves in two rebalances).
+        assigned = [str(task_id) for task_id in sorted(self.tasks)]
+        level = logging.INFO if assigned != self._last_logged else logging.DEBUG
+        self._last_logged = assigned
+        self._log.log(level, "Assigned tasks %s", assigned)
         return created
 
     def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
@@ -391,7 +401,9 @@ class TaskManager:
         if any(isinstance(t.transaction_error, TaskMigratedError) for t in failed):
             self._log.warning("Producer of tasks %s fenced: closing every task dirty and rejoining the group",
                               [str(t.id) for t in failed])
-            await self.close_tasks(list(self.tasks.values()), clean=False, timeout=timeout)
+            tasks = list(self.tasks.values())
+            await self.close_tasks(tasks, clean=False, timeout=timeout)
+            await self._hold_at_commit([tp for task in tasks for tp in task.partitions])
             self._consumer.request_rejoin()
             self._on_tasks_changed()
             return
@@ -520,6 +532,15 @@ class TaskManager:
             if task.id in timers:
                 task.timer = timers[task.id]
 
+    async def _hold_at_commit(self, partitions: list[TopicPartition]) -> None:
+        """Partitions whose tasks were closed dirty until the rejoin: rewound to their last commit and
+        paused. A cooperative member keeps them through the rebalance, with their positions; the
+        task created for one of them again starts from its commit (``handle_assignment`` resumes it)."""
+        for tp in partitions:
+            committed = await self._committed_of_reopened(tp, {})
+            self._consumer.seek(tp, committed.offset if committed is not None else 0)
+        self._consumer.pause(*partitions)
+
     async def _committed_of_reopened(self, tp: TopicPartition,
                                      timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
         """The committed offset of a partition being reopened. The broker may still be away (a task
@@ -538,7 +559,15 @@ class TaskManager:
                 await anyio.sleep(backoff)
 
     async def maybe_commit(self) -> int:
-        return await self._committer.maybe_commit(self.tasks.values())
+        try:
+            return await self._committer.maybe_commit(self.tasks.values())
+        except CommitFailedError as exc:
+            # The group moved to a generation this member is not in (yet). Its tasks keep their
+            # state: a rebalance revokes (eager) or keeps (cooperative) them, and a later commit
+            # covers what this one would have. Kafka Streams rejoins too (TaskMigratedException).
+            self._log.warning("Periodic commit refused, rejoining the group: %s", exc)
+            self._consumer.request_rejoin()
+            return 0
 
     async def commit_all(self) -> int:
         return await self._committer.commit(list(self.tasks.values()))

@@ -108,6 +108,7 @@ class ThreadLoop:
             request_timeout_ms=config[cfg.REQUEST_TIMEOUT_MS],
             retry_backoff_ms=config[cfg.RETRY_BACKOFF_MS],
             isolation_level="read_committed" if exactly_once else "read_uncommitted",
+            cooperative=config[cfg.REBALANCE_PROTOCOL] == cfg.COOPERATIVE,
             extra=config.with_prefix("consumer."),
         ))
         producer = self._producer = transport.producer(self._producer_settings)
@@ -396,7 +397,9 @@ class ThreadLoop:
                 await manager.shutdown(clean=False, timeout=0)
             else:
                 await manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
-            self._publish_tasks()
+            # The assignor's owned tasks stay as they were: the rejoin's subscription names the
+            # tasks whose state this thread holds, so the leader can keep them here (sticky).
+            self._thread.view.publish_tasks()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         thread = self._thread

@@ -113,7 +113,8 @@ class StreamThread:
         # The client's metadata of queries across instances: each assignment updates it.
         self.assignor = StreamsAssignor(
             topology, process_id, self.name, config[cfg.APPLICATION_SERVER], metadata,
-            config[cfg.NUM_STANDBY_REPLICAS], replicated(topology, config[cfg.DEFAULT_DSL_STORE] == "rocksDB"))
+            config[cfg.NUM_STANDBY_REPLICAS], replicated(topology, config[cfg.DEFAULT_DSL_STORE] == "rocksDB"),
+            cooperative=config[cfg.REBALANCE_PROTOCOL] == cfg.COOPERATIVE)
         self.consumer_client_id = f"{self.name}-consumer"
         self.producer_client_id = f"{self.name}-producer"
         self.view = ThreadView(self.name)

@@ -35,6 +35,9 @@ class MemberSubscription:
     member_id: str
     topics: tuple[str, ...]
     user_data: bytes = b""
+    owned: tuple[TopicPartition, ...] = ()
+    """The partitions the member holds as it joins: cooperative members keep them through a
+    rebalance, and the assignor must not give them to another member until they are revoked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +71,21 @@ class GroupAssignor(Protocol):
 
 
 class RebalanceListener(Protocol):
-    """Called on the consumer's loop during a rebalance (eager protocol).
+    """Called on the consumer's loop during a rebalance.
 
-    ``on_partitions_revoked`` runs before the member rejoins; offsets committed in
-    it are accepted (the member still belongs to the old generation).
+    Eager protocol (``ConsumerSettings.cooperative`` False): ``on_partitions_revoked`` runs
+    with every owned partition before the member rejoins; offsets committed in it are
+    accepted (the member still belongs to the old generation). Then ``on_partitions_assigned``
+    with the new assignment.
+
+    Cooperative protocol (KIP-429): before each (re)join ``on_partitions_revoked`` runs with
+    an empty set, and the member keeps its partitions: ``poll`` goes on returning their records
+    while the group rebalances, and commits for them are accepted. When the new assignment
+    arrives, ``on_partitions_revoked`` runs with only the partitions the member loses (while it
+    still owns them), then ``on_partitions_assigned`` with the whole new assignment; partitions
+    it keeps keep their positions and pause flags. A member that lost partitions rejoins at once,
+    so that a follow-up rebalance can give them to their new owner (the assignor must not give
+    a partition away while another member still owns it).
     """
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None: ...
@@ -97,6 +111,8 @@ class ConsumerSettings:
     max_partition_fetch_bytes: int = 1_048_576
     # "read_committed" under exactly-once: records of open or aborted transactions are never returned.
     isolation_level: str = "read_uncommitted"
+    # The rebalance protocol the listener sees (``RebalanceListener``): cooperative or eager.
+    cooperative: bool = False
     # Raw pass-through of ``consumer.*`` keys for the Kafka transport; not in repr (it may hold secrets).
     extra: Mapping[str, object] = field(default_factory=dict, repr=False)
 

@@ -473,10 +473,17 @@ async def test_failed_stream_threads_counts_threads_that_died_exceptionally(
         assert await streams.add_stream_thread_async() is not None
         await wait_settled(streams, 2)
         assert streams.metric("failed-stream-threads") == 0  # removed is not failed
-        await produce(cluster, topics, [{"seq": 0, "crash": True}, {"seq": 1, "crash": True}])  # partitions 0, 1
-        await wait_for_output(cluster, topics, {0, 1}, "both poison records, after the crashes")
+        # One poison record at a time: two sent at once may both fail one thread (sticky
+        # assignment keeps tasks 0_0 and 0_1 together), which is one failed thread.
+        await produce(cluster, topics, [{"seq": 0, "crash": True}])  # partition 0
+        await wait_for_output(cluster, topics, {0}, "the first poison record, after the crash")
         # Another thread can take a crashed thread's partition over as soon as the crashed one
         # has left the group, which it does before it is counted: wait for the count.
+        await eventually_async(lambda: streams.metric("failed-stream-threads") == 1, DEADLINE,
+                               "one failed thread counted")
+        await wait_settled(streams, 2)
+        await produce(cluster, topics, [{"seq": 1}, {"seq": 2, "crash": True}])  # partitions 0, 1
+        await wait_for_output(cluster, topics, {1, 2}, "the second poison record, after the crash")
         await eventually_async(lambda: streams.metric("failed-stream-threads") == 2, DEADLINE,
                                "two failed threads counted")
         await wait_settled(streams, 2)

@@ -99,10 +99,13 @@ def test_a_rebalance_takes_one_info_line_per_thread(two_threads: KafkaStreams, l
 
     rebalance = lines.take()
     assigned = [line for line in rebalance if "Assigned tasks" in line]
-    assert len(assigned) == 3, "\n".join(rebalance)
+    # One line for each thread whose tasks changed: the one that handed a task over and the new
+    # one. The thread whose tasks stayed (a cooperative rebalance leaves them running) logs at DEBUG.
+    assert len(assigned) == 2, "\n".join(rebalance)
     others = [line for line in rebalance if line not in assigned]
-    # "Adding <thread>", and the client's REBALANCING and RUNNING.
-    assert len(others) <= 3, "\n".join(others)
+    # "Adding <thread>", and the client's REBALANCING and RUNNING, once for each of the two
+    # rebalances of a cooperative hand-over (the second gives the new thread its tasks).
+    assert len(others) <= 5, "\n".join(others)
 
 
 def test_the_generated_client_id_is_the_application_id_and_six_hex_digits(two_threads: KafkaStreams) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka import errors as aioerrors
 
-from engine.errors import IllegalStateError
+from engine.errors import IllegalStateError, RebalanceInProgressError
 from engine.records import ConsumerRecord, TopicPartition
 from engine.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
 from engine.transport.kafka.errors import commit_failed, illegal_state, transport_error
@@ -67,7 +67,8 @@ class KafkaConsumer:
         self._closed = False
         self._subscription: tuple[list[str], ListenerAdapter] | None = None
         self._manual: list[Any] | None = None  # aiokafka TopicPartitions
-        self._rebalance = RebalanceState(client_id)
+        self._rebalance = RebalanceState(client_id, settings is not None and settings.cooperative,
+                                         lambda: self._consumer)
         # Validate pass-through options early (at construction, not at start).
         self._kwargs = self._build_kwargs()
 
@@ -162,7 +163,7 @@ class KafkaConsumer:
             raise IllegalStateError("a reader has no group: use assign()")
         if self._manual is not None:
             raise IllegalStateError("the consumer uses manual assignment")
-        adapter = ListenerAdapter(listener, self._rebalance)
+        adapter = ListenerAdapter(listener, self._rebalance, self._rejoin_later)
         self._subscription = (list(topics), adapter)
         if self._consumer is not None:
             self._consumer.subscribe(topics=list(topics), listener=adapter)
@@ -198,6 +199,10 @@ class KafkaConsumer:
             raise IllegalStateError("a reader has no group to rejoin")
         self._rebalance.rejoin_count += 1
         consumer._coordinator.request_rejoin()
+
+    def _rejoin_later(self) -> None:
+        if self._consumer is not None:
+            self.request_rejoin()
 
     # -- fetching --------------------------------------------------------------------
 
@@ -317,14 +322,29 @@ class KafkaConsumer:
             raise IllegalStateError("a reader has no group to commit for")
         if not offsets:
             return
+        if self._rebalance.held is not None:
+            # As Java's consumer under the cooperative protocol: no commit between JoinGroup and the
+            # new assignment. One sent under the old generation can reach the broker after the join
+            # completed, and its IllegalGeneration answer would make aiokafka drop the membership.
+            raise RebalanceInProgressError(f"Commit of {sorted(map(str, offsets))} waits: the group is rebalancing")
         payload = aio_offsets(offsets)
+        revoking = self._rebalance.revoking
+        # Cooperative: partitions being revoked left aiokafka's assignment already, and its commit()
+        # refuses them; the coordinator takes them (the broker checks the member and generation).
+        commit = (consumer._coordinator.commit_offsets(None, payload) if not revoking.isdisjoint(offsets)
+                  else consumer.commit(payload))
         try:
             # aiokafka retries a commit with no deadline of its own (a stalled coordinator
             # hangs it for good); bound it like Java's commitSync is bounded by its API timeout.
-            await asyncio.wait_for(consumer.commit(payload), self._settings.request_timeout_ms / 1000)
+            await asyncio.wait_for(commit, self._settings.request_timeout_ms / 1000)
         except TimeoutError as exc:
             raise transport_error(exc, "commit") from exc
         except (aioerrors.CommitFailedError, aioerrors.IllegalStateError) as exc:
+            if self._rebalance.cooperative and isinstance(exc.__cause__, aioerrors.RebalanceInProgressError):
+                # Cooperative: the member still owns its partitions while the group completes a
+                # rebalance (KIP-429); the commit is retried, as Kafka Streams does.
+                raise RebalanceInProgressError(f"Commit of {sorted(map(str, offsets))} waits: "
+                                               "the group is completing a rebalance") from exc
             # The group rebalanced, or the partitions are no longer (or not yet) this member's.
             raise commit_failed(exc, sorted(str(tp) for tp in offsets)) from exc
         except aioerrors.KafkaError as exc:

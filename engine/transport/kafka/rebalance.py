@@ -16,6 +16,19 @@ Group membership and rebalance callbacks
     ``on_partitions_assigned`` the state's *gate* is closed: the consumer's ``poll``
     returns no records of the new assignment before the engine has taken it on.
 
+Cooperative rebalancing (KIP-429) over aiokafka's eager group client
+    aiokafka revokes everything before each JoinGroup and replaces its assignment, positions
+    and pause flags included, after SyncGroup. With ``ConsumerSettings.cooperative`` the
+    adapters turn that into the cooperative protocol (``engine.transport.base.RebalanceListener``):
+    before the join the engine is told of no revocation, the old assignment is held
+    (:attr:`RebalanceState.held`) and aiokafka's "reassignment in progress" flag is cleared, so
+    ``getmany`` keeps returning the held partitions' records during the rebalance (aiokafka's
+    background fetcher keeps fetching them). When the assignment arrives, the partitions that stay
+    get their positions and pause flags back from the held assignment, the engine revokes the ones
+    it lost (their commits go to the coordinator directly: aiokafka's ``commit`` refuses partitions
+    it no longer assigns), and the member rejoins at once for the follow-up rebalance. The broker
+    does not take part: the classic group protocol is the same for both.
+
 ``request_rejoin()``
     Uses the coordinator's private ``request_rejoin()`` (aiokafka has no
     ``enforceRebalance``). A follower that rejoins with an unchanged
@@ -30,9 +43,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import orjson
 from aiokafka import errors as aioerrors
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -58,9 +72,16 @@ class RebalanceState:
     all on the consumer's loop.
     """
 
-    def __init__(self, client_id: str) -> None:
+    def __init__(self, client_id: str, cooperative: bool = False,
+                 consumer: Callable[[], Any] = lambda: None) -> None:
         self._client_id = client_id
+        self.cooperative = cooperative
+        # The aiokafka consumer once started (None before): the adapters reach its subscription.
+        self._consumer = consumer
         self.rejoin_count = 0
+        # Cooperative: aiokafka's assignment held through a rejoin, then the partitions being revoked.
+        self.held: Any = None
+        self.revoking: set[TopicPartition] = set()
         self._callback_error: BaseException | None = None
         # An asyncio future, as aiokafka's coordination task resolves it.
         self._gate: asyncio.Future[None] | None = None
@@ -95,6 +116,41 @@ class RebalanceState:
         if self._gate is None or self._gate.done():
             self._gate = asyncio.get_running_loop().create_future()
 
+    def hold_assignment(self) -> bool:
+        """Cooperative, before a JoinGroup: keep the assignment, and let ``getmany`` go on returning it.
+
+        False when the member is no longer in the group (aiokafka reset its generation after an
+        unknown-member or illegal-generation answer): its partitions may have new owners already,
+        so it gives them all up (its commits are refused), as after Kafka's ``onPartitionsLost``."""
+        consumer = self._consumer()
+        subscription = None if consumer is None else consumer._subscription.subscription
+        assignment = None if subscription is None else subscription.assignment
+        self.held = None
+        if subscription is None or assignment is None or not assignment.tps:
+            return True
+        if consumer._coordinator.generation < 0:
+            return False
+        self.held = assignment
+        # Set by aiokafka's _on_join_prepare: fetched_records waits for the new assignment while it is.
+        subscription._reassignment_in_progress = False
+        return True
+
+    def carry_over(self) -> None:
+        """Cooperative, on a new assignment: the partitions that stay continue where they were;
+        ``revoking`` becomes the partitions lost."""
+        held, self.held = self.held, None
+        consumer = self._consumer()
+        if held is None or consumer is None:
+            return
+        assignment = consumer._subscription.subscription.assignment
+        for tp in held.tps & assignment.tps:
+            before, after = held.state_value(tp), assignment.state_value(tp)
+            if before.has_valid_position:
+                after.seek(before.position)
+            if before.paused:
+                after.pause()
+        self.revoking = our_tps(held.tps - assignment.tps)
+
     def assignment_finished(self) -> None:
         gate, self._gate = self._gate, None
         if gate is not None and not gate.done():
@@ -102,22 +158,30 @@ class RebalanceState:
 
 
 # The subscription user data on the wire is the engine's bytes behind a short
-# header carrying this member's request_rejoin() count. The broker starts a
-# rebalance when a follower rejoins only if its subscription changed (a leader
-# always triggers one), so request_rejoin() bumps the count to make sure the
-# whole group rebalances, as Kafka Streams does with its "unique field".
-_USER_DATA_MAGIC = b"\xffSL"
+# header carrying this member's request_rejoin() count and the partitions it holds.
+# The broker starts a rebalance when a follower rejoins only if its subscription
+# changed (a leader always triggers one), so request_rejoin() bumps the count to
+# make sure the whole group rebalances, as Kafka Streams does with its "unique
+# field". The held partitions are the cooperative protocol's "owned partitions"
+# (ConsumerProtocol v1+ has a field for them; aiokafka writes v0).
+_USER_DATA_MAGIC = b"\xffSO"
 
 
-def _wrap_user_data(rejoin_count: int, user_data: bytes) -> bytes:
-    return _USER_DATA_MAGIC + (rejoin_count & 0xFFFFFFFF).to_bytes(4, "big") + user_data
+def _wrap_user_data(rejoin_count: int, owned: Iterable[tuple[str, int]], user_data: bytes) -> bytes:
+    held = orjson.dumps(sorted([tp[0], tp[1]] for tp in owned))
+    return (_USER_DATA_MAGIC + (rejoin_count & 0xFFFFFFFF).to_bytes(4, "big") + len(held).to_bytes(4, "big")
+            + held + user_data)
 
 
-def _unwrap_user_data(wire: bytes | None) -> bytes:
+def _unwrap_user_data(wire: bytes | None) -> tuple[tuple[TopicPartition, ...], bytes]:
+    """The held partitions and the engine's user data."""
     data = bytes(wire or b"")
-    if data.startswith(_USER_DATA_MAGIC) and len(data) >= len(_USER_DATA_MAGIC) + 4:
-        return data[len(_USER_DATA_MAGIC) + 4 :]
-    return data  # a member that does not use this transport
+    start = len(_USER_DATA_MAGIC) + 8
+    if not data.startswith(_USER_DATA_MAGIC) or len(data) < start:
+        return (), data  # a member that does not use this transport
+    size = int.from_bytes(data[start - 4 : start], "big")
+    owned = tuple(TopicPartition(topic, partition) for topic, partition in orjson.loads(data[start : start + size]))
+    return owned, data[start + size :]
 
 
 class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
@@ -143,16 +207,15 @@ class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aioka
             user_data = self._assignor.subscription_user_data(ordered) or b""
         except Exception as exc:
             raise self._state.callback_failed(exc, "subscription_user_data") from exc
-        wire = _wrap_user_data(self._state.rejoin_count, bytes(user_data))
+        held = self._state.held
+        wire = _wrap_user_data(self._state.rejoin_count, () if held is None else held.tps, bytes(user_data))
         return ConsumerProtocolMemberMetadata(0, ordered, wire)
 
     def assign(self, cluster: Any, members: Mapping[str, Any]) -> dict[str, Any]:
-        subscriptions = {
-            member_id: MemberSubscription(
-                member_id, tuple(meta.subscription), _unwrap_user_data(meta.user_data)
-            )
-            for member_id, meta in members.items()
-        }
+        subscriptions = {}
+        for member_id, meta in members.items():
+            owned, user_data = _unwrap_user_data(meta.user_data)
+            subscriptions[member_id] = MemberSubscription(member_id, tuple(meta.subscription), user_data, owned)
         partitions_per_topic: dict[str, int] = {}
         for topic in sorted({t for s in subscriptions.values() for t in s.topics}):
             partitions = cluster.partitions_for_topic(topic)
@@ -179,6 +242,8 @@ class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aioka
         # Called right after aiokafka installed the new assignment and before
         # the listener's on_partitions_assigned: close the poll gate now.
         self._state.assignment_started()
+        if self._state.cooperative:
+            self._state.carry_over()
         ours = MemberAssignment(
             tuple(TopicPartition(topic, p) for topic, parts in assignment.assignment for p in parts),
             bytes(assignment.user_data or b""),
@@ -193,23 +258,36 @@ class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aioka
 class ListenerAdapter(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     """Adapts the engine's :class:`RebalanceListener` (engine ``TopicPartition`` sets)."""
 
-    def __init__(self, listener: RebalanceListener | None, state: RebalanceState) -> None:
+    def __init__(self, listener: RebalanceListener | None, state: RebalanceState,
+                 rejoin: Callable[[], None] = lambda: None) -> None:
         self._listener = listener
         self._state = state
+        self._rejoin = rejoin
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        state = self._state
+        if state.cooperative and state.hold_assignment():
+            revoked = ()
         if self._listener is None:
             return
         try:
             await self._listener.on_partitions_revoked(our_tps(revoked))
         except Exception as exc:
-            self._state.callback_failed(exc, "on_partitions_revoked")
+            state.callback_failed(exc, "on_partitions_revoked")
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        state = self._state
+        lost = state.revoking
         try:
+            if lost and self._listener is not None:
+                await self._listener.on_partitions_revoked(set(lost))
             if self._listener is not None:
                 await self._listener.on_partitions_assigned(our_tps(assigned))
         except Exception as exc:
-            self._state.callback_failed(exc, "on_partitions_assigned")
+            state.callback_failed(exc, "on_partitions_assigned")
         finally:
-            self._state.assignment_finished()
+            state.revoking = set()
+            state.assignment_finished()
+            if lost:
+                # The follow-up rebalance that hands the lost partitions to their new owners.
+                self._rejoin()

@@ -29,6 +29,16 @@ class AssignmentState:
         self._paused = set()
         self._rotation = 0
 
+    def reassign(self, partitions: Iterable[TopicPartition]) -> None:
+        """A new assignment that keeps the positions and pause flags of the partitions that stay
+        (cooperative); the new ones start unknown. Same as ``assign`` after a full revocation."""
+        kept = {tp: self._positions[tp] for tp in map(lambda tp: TopicPartition(*tp), partitions)
+                if tp in self._positions}
+        paused = self._paused & set(kept)
+        self.assign(partitions)
+        self._positions.update(kept)
+        self._paused = paused
+
     def clear(self) -> None:
         self.assign(())
 

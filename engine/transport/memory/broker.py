@@ -304,6 +304,11 @@ class MemoryBroker:
                 member_id, generation, assignments, self.clock.monotonic_ms()
             )
 
+    def assignment_applied(self, group_id: str, member_id: str | None, generation: int,
+                           partitions: Iterable[TopicPartition]) -> None:
+        with self._locked():
+            self._group(group_id).applied(member_id, generation, partitions)
+
     def leave_group(self, group_id: str, member_id: str | None) -> None:
         with self._locked():
             self._group(group_id).leave(member_id, self.clock.monotonic_ms())

@@ -117,8 +117,9 @@ class MemoryConsumer:
                     wait_limit = await self._membership.coordinate()
                 if self._closed:
                     return {}
-                if wait_limit is None:
-                    wait_limit = math.inf
+                if wait_limit is None or (self._membership is not None and self._membership.holding):
+                    # Stable, or cooperative and still holding its partitions during the rebalance.
+                    wait_limit = math.inf if wait_limit is None else wait_limit
                     records = self._fetch(max_records)
                     if records:
                         return records

@@ -22,6 +22,10 @@ It follows Kafka's group coordinator with the eager rebalance protocol::
   member rejoins (after its ``on_partitions_revoked``) or leaves the group. Commits
   are accepted only for owned partitions. Ownership never overlaps: the next sync
   needs every member to have rejoined, or to be gone.
+- A cooperative member (KIP-429) keeps its partitions through the rebalance: it owns
+  them while it rejoins, and after the sync until it takes its new assignment on, once
+  it has revoked what it lost (:meth:`applied`). So a sync that gives a partition to
+  one member while another still owns it is refused.
 
 Liveness is checked lazily, whenever a member calls in, on the broker's monotonic
 clock (milliseconds): a member is removed when it has not polled within ``max_poll_interval_ms``
@@ -84,6 +88,8 @@ class JoinRequest:
     max_poll_interval_ms: int
     session_timeout_ms: int
     wakeup: LoopWakeup
+    cooperative: bool = False
+    owned: tuple[TopicPartition, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +190,8 @@ class ConsumerGroup:
         if member is not None:
             member.request = request
             member.subscription = self._subscription(member.member_id, request)
-            member.owned = frozenset()
+            if not request.cooperative:
+                member.owned = frozenset()
             member.last_poll = now
             self._prepare_rebalance(f"member {member.member_id} rejoined", now)
             member.joined = True
@@ -284,10 +291,19 @@ class ConsumerGroup:
         self._check_assignment(assignments)
         for member in self._members.values():
             member.assignment = assignments.get(member.member_id, MemberAssignment(()))
-            member.owned = frozenset(member.assignment.partitions)
+            if not member.request.cooperative:
+                member.owned = frozenset(TopicPartition(*tp) for tp in member.assignment.partitions)
         self._transition_to(GroupState.STABLE, f"leader {member_id} assigned generation {generation}")
         self._wake_all()
         return True
+
+    def applied(self, member_id: str | None, generation: int, partitions: Iterable[TopicPartition]) -> None:
+        """A cooperative member revoked what it lost and takes its new assignment on: it owns that now.
+
+        The member says what it took on: a rebalance started meanwhile has dropped the group's copy."""
+        member = self._members.get(member_id) if member_id else None
+        if member is not None and generation == self.generation:
+            member.owned = frozenset(partitions)
 
     def leave(self, member_id: str | None, now: int) -> None:
         """The member leaves at once (``close(leave_group=True)``); the rest rebalance."""
@@ -456,6 +472,14 @@ class ConsumerGroup:
                         f"{owner[tp]} and {member_id}; a partition has one owner per generation."
                     )
                 owner[tp] = member_id
+        for member in self._members.values():
+            for tp in member.owned:
+                if tp in owner and owner[tp] != member.member_id:
+                    raise TransportError(
+                        f"Group '{self.group_id}': the assignor gave {tp} to {owner[tp]} while member "
+                        f"{member.member_id} still owns it; a cooperative assignor hands a partition over "
+                        "in a second rebalance, after its owner revoked it."
+                    )
 
     def _check_assignor(self, request: JoinRequest) -> None:
         for member in self._members.values():
@@ -478,7 +502,7 @@ class ConsumerGroup:
 
     @staticmethod
     def _subscription(member_id: str, request: JoinRequest) -> MemberSubscription:
-        return MemberSubscription(member_id, request.topics, request.user_data)
+        return MemberSubscription(member_id, request.topics, request.user_data, request.owned)
 
     def _wake_all(self) -> None:
         for member in self._members.values():

@@ -20,6 +20,13 @@ asks (revoke and rejoin, run the leader's assignor, apply an assignment), and
 returns when the member is STABLE (fetch) or has to wait for the rest of the group.
 Rebalance callbacks therefore always run on the consumer's own loop, inside poll.
 
+A cooperative member (``ConsumerSettings.cooperative``) goes through the same states but
+keeps its assignment from STABLE through REVOKING, UNJOINED and JOINING (``holding``):
+``poll`` fetches its partitions meanwhile. ASSIGNING revokes only what the new assignment
+lost, keeps the positions of what stays, tells the broker (``assignment_applied``), and
+rejoins at once when it lost partitions, for the follow-up rebalance. A member the group
+removed has lost everything and revokes it all, as an eager one.
+
 Caller: ``MemoryConsumer``. Affects: the consumer's ``AssignmentState``.
 """
 
@@ -144,6 +151,8 @@ class GroupMembership:
                 max_poll_interval_ms=self._settings.max_poll_interval_ms,
                 session_timeout_ms=self._settings.session_timeout_ms,
                 wakeup=self._wakeup,
+                cooperative=self._settings.cooperative,
+                owned=tuple(sorted(self._assignment.partitions)),
             ),
         )
         self._transition_to(MemberState.JOINING)
@@ -164,10 +173,11 @@ class GroupMembership:
             must_join = view.fenced or not view.member_known or (
                 view.state is GroupState.PREPARING_REBALANCE and not view.joined
             )
-            if must_join and self.state is not MemberState.UNJOINED:
+            keep = self._settings.cooperative and view.member_known and not view.fenced
+            if must_join and (self.state is not MemberState.UNJOINED or (not keep and self._assignment.partitions)):
                 if not view.member_known:
                     self._log.info("Member %s is no longer in the group", self.member_id)
-                await self._drop_assignment()
+                await self._drop_assignment(keep)
                 continue  # look again: the group (or this consumer) moved on during the callback
             if view.fenced:
                 self._transition_to(MemberState.FENCED)
@@ -209,27 +219,47 @@ class GroupMembership:
 
     # ----------------------------------------------------------------- steps
 
-    async def _drop_assignment(self) -> None:
-        """Before (re)joining: revoke what the member holds (STABLE), or just forget the join."""
-        if self.state is MemberState.JOINING:
-            self._transition_to(MemberState.UNJOINED)
-        elif self.state is MemberState.STABLE:
-            await self._revoke()
+    @property
+    def holding(self) -> bool:
+        """Cooperative, between a rebalance's start and its assignment: ``poll`` may fetch."""
+        return self._settings.cooperative and self.state in (MemberState.UNJOINED, MemberState.JOINING) \
+            and bool(self._assignment.partitions)
 
-    async def _revoke(self) -> None:
+    async def _drop_assignment(self, keep: bool) -> None:
+        """Before (re)joining: revoke what the member holds (STABLE), or just forget the join.
+
+        ``keep``: cooperative, the member stays in the group and keeps its partitions."""
+        if self.state is MemberState.JOINING:
+            if not keep and self._assignment.partitions:
+                # A cooperative member removed while it was rejoining: it lost what it held.
+                await self._require_listener().on_partitions_revoked(self._assignment.partitions)
+                self._release()
+            self._transition_to(MemberState.UNJOINED)
+        elif self.state is MemberState.UNJOINED and not keep and self._assignment.partitions:
+            await self._require_listener().on_partitions_revoked(self._assignment.partitions)
+            self._release()
+        elif self.state is MemberState.STABLE:
+            await self._revoke(keep)
+
+    async def _revoke(self, keep: bool) -> None:
         self._transition_to(MemberState.REVOKING)
-        revoked = self._assignment.partitions
+        revoked = set() if keep else self._assignment.partitions
         self._log.debug(
             "Member %s revoking %s (generation %s)", self.member_id, sorted(revoked), self.generation
         )
         try:
             await self._require_listener().on_partitions_revoked(revoked)
         finally:
-            self._assignment.clear()
-            self.generation = None
+            if not keep:
+                self._release()
             if self.state is MemberState.REVOKING:  # not closed from inside the callback
-                self._broker.register_fetcher(self._wakeup, ())
                 self._transition_to(MemberState.UNJOINED)
+
+    def _release(self) -> None:
+        self._assignment.clear()
+        self.generation = None
+        if self.state is not MemberState.CLOSED:
+            self._broker.register_fetcher(self._wakeup, ())
 
     def _lead(self, task: LeaderTask) -> None:
         self._log.debug(
@@ -243,19 +273,28 @@ class GroupMembership:
 
     async def _apply(self, generation: int, assignment: MemberAssignment) -> None:
         self._transition_to(MemberState.ASSIGNING)
-        self.generation = generation
         partitions = {TopicPartition(*tp) for tp in assignment.partitions}
-        self._assignment.assign(partitions)
-        self._broker.register_fetcher(self._wakeup, partitions)
-        self._log.debug(
-            "Member %s assigned %s (generation %s)", self.member_id, sorted(partitions), generation
-        )
+        lost = self._assignment.partitions - partitions
         try:
+            if lost:
+                # Cooperative only (an eager member holds nothing here): revoked while still owned.
+                self._log.debug("Member %s revoking %s (generation %s)", self.member_id, sorted(lost), generation)
+                await self._require_listener().on_partitions_revoked(lost)
+            self.generation = generation
+            if self._settings.cooperative:
+                self._broker.assignment_applied(self.group_id, self.member_id, generation, partitions)
+            self._assignment.reassign(partitions)
+            self._broker.register_fetcher(self._wakeup, partitions)
+            self._log.debug(
+                "Member %s assigned %s (generation %s)", self.member_id, sorted(partitions), generation
+            )
             self._settings.assignor.on_assignment(assignment)
             await self._require_listener().on_partitions_assigned(set(partitions))
         finally:
             if self.state is MemberState.ASSIGNING:
                 self._transition_to(MemberState.STABLE)
+                if lost:
+                    self.request_rejoin()
 
     def _require_listener(self) -> RebalanceListener:
         if self._listener is None:

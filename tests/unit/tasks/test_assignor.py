@@ -16,6 +16,7 @@ from engine.tasks.assignor import (
     SubscriptionInfo,
     balance,
     tasks_for,
+    withhold_owned,
 )
 from engine.tasks.task_id import TaskId
 from engine.topology.builder import StreamsBuilder
@@ -330,3 +331,50 @@ def test_member_without_user_data_still_gets_tasks() -> None:
     result = group["t-1"].assign(subscriptions, {"in": 2})
 
     assert len(result["other"].partitions) == 1
+
+
+# -- cooperative (KIP-429) -----------------------------------------------------------
+
+
+@given(group=balanced_groups(), new_position=st.integers(min_value=0, max_value=5))
+def test_cooperative_withholds_exactly_the_tasks_that_move_until_their_holders_let_go(  # type: ignore[no-untyped-def]
+        group, new_position: int) -> None:
+    """Kafka Streams' StreamsPartitionAssignorTest "...shouldNotAssignTasksOwnedByOtherConsumers": a task
+    another member still holds goes to no one; after its holder let it go, the follow-up gives it."""
+    tasks, members, previous = group
+    new_member = f"m{2 * min(new_position, len(members))}"
+    grown = sorted([*members, new_member])
+    target = balance(tasks, grown, previous)
+
+    first, withheld = withhold_owned(target, previous)
+
+    assert set(withheld) == set(moved(previous, target))
+    assert all(withheld[task] in members and task in previous[withheld[task]] for task in withheld)
+    for member in members:
+        assert first[member] == target[member]  # what stays keeps running, nothing new is withheld
+    # The holders close the withheld tasks and rejoin: the same spread now goes through.
+    released = {m: [task for task in previous.get(m, []) if task not in withheld] for m in grown}
+    assert withhold_owned(balance(tasks, grown, released), released) == (target, {})
+
+
+def cooperative_subscription(assignor: StreamsAssignor, member: str, owned: Sequence[TopicPartition]
+                             ) -> MemberSubscription:
+    return MemberSubscription(member, ("in",), assignor.subscription_user_data(["in"]), tuple(owned))
+
+
+def test_cooperative_assign_gives_no_partition_another_member_holds() -> None:
+    holder = StreamsAssignor(single_topic(), "p1", "t-1", cooperative=True)
+    holder.owned_tasks = [t(0), t(1)]
+    newcomer = StreamsAssignor(single_topic(), "p2", "t-2", cooperative=True)
+    held = [TopicPartition("in", 0), TopicPartition("in", 1)]
+
+    result = holder.assign({"t-1": cooperative_subscription(holder, "t-1", held),
+                            "t-2": cooperative_subscription(newcomer, "t-2", [])}, {"in": 2})
+
+    assert result["t-1"].partitions == (TopicPartition("in", 0),)
+    assert result["t-2"].partitions == ()  # "in-1" moves in the follow-up rebalance
+    eager = StreamsAssignor(single_topic(), "p1", "t-1", cooperative=False)
+    eager.owned_tasks = [t(0), t(1)]
+    at_once = eager.assign({"t-1": cooperative_subscription(eager, "t-1", held),
+                            "t-2": cooperative_subscription(newcomer, "t-2", [])}, {"in": 2})
+    assert at_once["t-2"].partitions == (TopicPartition("in", 1),)
