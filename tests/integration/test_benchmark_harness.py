@@ -67,3 +67,18 @@ async def test_a_peer_that_dies_is_reported_with_its_error(kafka_bootstrap: str)
     with pytest.raises(measure.PeerFailed, match="dying peer exited with code 1: cannot import the peer"):
         await measure.throughput(_DyingPeer, workload, kafka_bootstrap, source,  # type: ignore[arg-type]
                                  workload.expectation(inputs), timeout=30)
+
+
+@pytest.mark.asyncio
+async def test_the_rebalance_pause_run_measures_both_protocols_on_the_memory_broker() -> None:
+    from benchmarks import rebalance_pause
+
+    settings = rebalance_pause.Settings(partitions=2, rate=200, warmup=0.6, after=0.3, timeout=30)
+    results = await rebalance_pause.main_async(f"memory://bench-pause-{uuid.uuid4().hex[:6]}", settings)
+
+    assert set(results) == {"eager", "cooperative"}
+    for figures in results.values():
+        assert figures is not None
+        assert figures.produced > 0 and figures.processed >= figures.produced   # every record processed
+        assert figures.settle_s >= 0 and figures.stayed_gap_ms > 0 and figures.moved_gap_ms > 0
+        assert 0 <= figures.stayed_p50_ms <= figures.stayed_p99_ms <= figures.stayed_max_ms
