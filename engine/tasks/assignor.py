@@ -91,12 +91,15 @@ class AssignmentInfo:
     standby_partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
     standby_tasks: list[TaskId] = field(default_factory=list)
     """The member's standby tasks (``engine.tasks.standby``)."""
+    follow_up: bool = False
+    """Cooperative: tasks were withheld this round, so another rebalance follows at once; the
+    group has not settled (the threads stay PARTITIONS_ASSIGNED, the client REBALANCING)."""
 
     def encode(self) -> bytes:
         return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
                              "hosts": _encode_hosts(self.partitions_by_host),
                              "standby_hosts": _encode_hosts(self.standby_partitions_by_host),
-                             "standby": [str(t) for t in self.standby_tasks]})
+                             "standby": [str(t) for t in self.standby_tasks], "fu": self.follow_up})
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentInfo:
@@ -105,7 +108,7 @@ class AssignmentInfo:
         raw = orjson.loads(data)
         return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)),
                    _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])),
-                   [TaskId.parse(t) for t in raw.get("standby", [])])
+                   [TaskId.parse(t) for t in raw.get("standby", [])], bool(raw.get("fu", False)))
 
 
 def _encode_hosts(by_host: HostPartitions) -> list[Any]:
@@ -266,6 +269,7 @@ class StreamsAssignor:
         self.owned_tasks: list[TaskId] = []
         self.shutdown_requested = AssignorError.NONE
         self.assigned_tasks: list[TaskId] = []
+        self.follow_up = False
         self.error_code = AssignorError.NONE
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
@@ -312,7 +316,7 @@ class StreamsAssignor:
         for member, member_tasks in spread.items():
             tps = tuple(tp for t in member_tasks for tp in tasks[t])
             info = AssignmentInfo(member_tasks, partitions_by_host=by_host, standby_partitions_by_host=standby_by_host,
-                                  standby_tasks=standbys[member])
+                                  standby_tasks=standbys[member], follow_up=bool(withheld))
             result[member] = MemberAssignment(tps, info.encode())
         log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
         if any(standbys.values()):
@@ -322,6 +326,7 @@ class StreamsAssignor:
     def on_assignment(self, assignment: MemberAssignment) -> None:
         info = AssignmentInfo.decode(assignment.user_data)
         self.assigned_tasks = info.tasks
+        self.follow_up = info.follow_up
         self.standby_tasks = info.standby_tasks
         self.error_code = info.error_code
         if self._metadata is not None:

@@ -422,6 +422,10 @@ class ThreadLoop:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             manager.handle_assignment(assigned)
             self._publish_tasks()
+        if thread.assignor.follow_up:
+            # Cooperative: the tasks run on, but the group settles only in the follow-up rebalance.
+            self._log.debug("Waiting for the follow-up rebalance that moves the withheld tasks")
+            return
         thread.state.maybe_transition_to(StreamThreadState.RUNNING)
 
     def _publish_tasks(self) -> None:

@@ -147,7 +147,8 @@ async def test_commits_while_the_group_rebalances_wait_for_it_instead_of_failing
             await second.start_async()
             await eventually_async(lambda: split_between(first, second), DEADLINE, "two tasks on each instance")
             stop.set()
-        assert first.state is ClientState.RUNNING and second.state is ClientState.RUNNING
+        await eventually_async(lambda: first.state is second.state is ClientState.RUNNING, DEADLINE,
+                               "both instances RUNNING")
         await wait_for_output(cluster, topics, set(range(sent)), "every record")
         assert first.metric("failed-stream-threads") == 0
     finally:
