@@ -204,6 +204,7 @@ class TaskManager:
                 self._consumer, reader_factory, inputs, listener, task.first_buffered_offset)  # type: ignore[arg-type]  # state exists only with state settings
         if isinstance(collector, HeldCollector):
             task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
+        task.committed = lambda tp: self._consumer.committed(tp)  # its partition times start from the commit
         task.errors = self._errors
         task.on_pause = self._on_pause
         task.meter = self.meter

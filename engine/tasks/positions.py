@@ -1,11 +1,21 @@
-"""What a task has finished, per partition: the positions a commit may take, and what it took."""
+"""What a task has finished, per partition: the positions a commit may take, and what it took.
+
+Each committed position carries its partition's time in the commit metadata (with the offsets
+done above it when records are in flight; ``engine.completed_offsets`` holds the format), as
+Kafka Streams does, so that a task initialised from the commit restores its stream time.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from engine.completed_offsets import UNKNOWN_TIME, decode_metadata, encode_metadata
 from engine.records import TopicPartition
 from engine.transport.base import OffsetAndMetadata
+
+
+def _unknown_time(_tp: TopicPartition) -> int:
+    return UNKNOWN_TIME
 
 
 class Positions:
@@ -14,13 +24,20 @@ class Positions:
     ``next``: the offset of the next record to process per partition, once one was
     processed (a record done, dropped by a handler, or paused at). Keyed by plain
     ``TopicPartition`` tuples; the hot path writes it once per record.
+
+    ``time_of(tp)``: the partition's time now (negative: unknown), committed with its position.
     """
 
-    def __init__(self, partitions: Iterable[TopicPartition]) -> None:
+    def __init__(self, partitions: Iterable[TopicPartition],
+                 time_of: Callable[[TopicPartition], int] = _unknown_time) -> None:
         self._partitions = frozenset(partitions)
+        self._time_of = time_of
         self.next: dict[TopicPartition, int] = {}
-        # ``next`` as of the last cache flush: what a commit may take when stores cache updates.
+        # ``next`` as of the last cache flush: what a commit may take when stores cache updates,
+        # and the partition times then: a later record's time must not be committed with a
+        # position below it (it would be processed again after a crash, under a time it raised).
         self._flushed: dict[TopicPartition, int] = {}
+        self._flushed_times: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._committed_meta: dict[TopicPartition, OffsetAndMetadata] = {}
         # Records in flight: the highest offset done per partition.
@@ -29,6 +46,7 @@ class Positions:
     def flushed(self) -> None:
         """The caches' updates went down: every position so far may be committed."""
         self._flushed = dict(self.next)
+        self._flushed_times = {tp: self._time_of(tp) for tp in self._flushed}
 
     def advance_past(self, tp: TopicPartition, offset: int, bounds: list[int], cap: int | None) -> int:
         """``offset`` is done in flight; the position becomes the contiguous watermark (returned): the
@@ -44,22 +62,30 @@ class Positions:
         return watermark
 
     def moved(self, flushed_only: bool) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Positions that moved since the last commit (``flushed_only``: as of the last cache flush)."""
+        """Positions that moved since the last commit (``flushed_only``: as of the last cache flush),
+        each with its partition's time. A time that moved while the offset did not is not a reason
+        to commit (Kafka Streams commits a partition when its offset moved): it cannot, in fact,
+        without a record taken, and the next moved offset carries it."""
         positions = self._flushed if flushed_only else self.next
-        return {
-            TopicPartition(*tp): OffsetAndMetadata(offset)
-            for tp, offset in positions.items()
-            if self._committed.get(tp) != offset
-        }
+        times = self._flushed_times if flushed_only else None
+        moved = {}
+        for tp, offset in positions.items():
+            if self._committed.get(tp) == offset:
+                continue
+            time = times.get(tp, UNKNOWN_TIME) if times is not None else self._time_of(tp)
+            moved[TopicPartition(*tp)] = OffsetAndMetadata(offset, encode_metadata(offset, time, frozenset()))
+        return moved
 
     def moved_with_metadata(self, metadata: Callable[[TopicPartition, int], str]) -> dict[TopicPartition,
                                                                                           OffsetAndMetadata]:
-        """Records in flight: the metadata (offsets done above the watermark) may change while the
-        watermark stays, so a position is new when either changed."""
-        with_meta = {
-            TopicPartition(*tp): OffsetAndMetadata(offset, metadata(TopicPartition(*tp), offset))
-            for tp, offset in self.next.items()
-        }
+        """Records in flight: the metadata (offsets done above the watermark, as the window wrote
+        them, and the partition time) may change while the watermark stays, so a position is new
+        when either changed."""
+        with_meta = {}
+        for tp, offset in self.next.items():
+            key = TopicPartition(*tp)
+            completed = decode_metadata(offset, metadata(key, offset)).completed
+            with_meta[key] = OffsetAndMetadata(offset, encode_metadata(offset, self._time_of(tp), completed))
         return {tp: om for tp, om in with_meta.items() if self._committed_meta.get(tp) != om}
 
     def mark_committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:

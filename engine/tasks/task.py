@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import CancelScope
 
+from engine.completed_offsets import decode_metadata
 from engine.errors import (
     ProcessingError,
     ProducerFencedError,
@@ -120,7 +121,7 @@ class StreamTask:
         self._queues: dict[TopicPartition, deque[ConsumerRecord]] = {tp: deque() for tp in self.partitions}
         # Set when there is something to do; a fresh event replaces a set one (anyio's cannot be cleared).
         self._wakeup = anyio.Event()
-        self.positions = Positions(self.partitions)
+        self.positions = Positions(self.partitions, self.partition_time)
         # The group's committed offsets as last read for the lag metric, for partitions this
         # task has not committed itself yet (what the console shows for a task just assigned).
         self.group_committed: dict[TopicPartition, int] = {}
@@ -162,6 +163,9 @@ class StreamTask:
         self.initialize: Callable[[], Awaitable[object]] | None = None
         self.transaction_error: TaskCorruptedError | TaskMigratedError | None = None
         self.on_transaction_failed: Callable[[StreamTask], None] | None = None
+        # The group's committed offset of a partition (set by the manager): the partition times
+        # a previous owner committed are restored from it before the first record.
+        self.committed: Callable[[TopicPartition], Awaitable[OffsetAndMetadata | None]] | None = None
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
@@ -270,6 +274,8 @@ class StreamTask:
 
     async def _run(self) -> None:
         if self.initialize is not None and not await self._prepare(self.initialize, "initialising"):
+            return
+        if self.committed is not None and not await self._prepare(self.restore_time, "reading the partition times"):
             return
         if self.restore is not None:
             if self.closing:
@@ -446,6 +452,47 @@ class StreamTask:
         then may a clean close checkpoint them. A task closed before that (a rebalance at
         start-up) holds empty or partial stores, and a checkpoint would make them final."""
         return self.state.state in (TaskState.RUNNING, TaskState.PAUSED)
+
+    # -- time --------------------------------------------------------------------------
+    def partition_time(self, tp: TopicPartition) -> int:
+        """The time committed with ``tp``'s position: the partition's own, where it is tracked
+        (sources with an extractor), else the task's stream time. The hot path of sources without
+        an extractor keeps only the latter; it is what a restart needs (stream time is the largest
+        of the restored times), and it is never below the partition's own time."""
+        own = self.partition_times.get((tp[0], tp[1]))
+        return own if own is not None else self.stream_time
+
+    async def restore_time(self) -> None:
+        """Kafka Streams' ``StreamTask.initializeTaskTime``: each partition's time and the task's
+        stream time (the largest of them) start from what the last commit of its partitions says,
+        so stream time does not fall back to -1 after a restart or a move: records late before
+        stay late, stream-time punctuations do not fire again for times already passed."""
+        assert self.committed is not None
+        restored = {}
+        for tp in sorted(self.partitions):
+            committed = await self.committed(tp)
+            if committed is None or not committed.metadata:
+                continue
+            time = decode_metadata(committed.offset, committed.metadata).partition_time
+            if time >= 0:
+                restored[(tp.topic, tp.partition)] = time
+        if not restored:
+            return
+        for key, time in restored.items():
+            self.partition_times[key] = max(self.partition_times.get(key, -1), time)
+        self.stream_time = max(self.stream_time, *restored.values())
+        self._seed_observed_time(self.stream_time)
+        self.log.debug("Restored partition times %s from the commit: stream time %d", restored, self.stream_time)
+
+    def _seed_observed_time(self, stream_time: int) -> None:
+        """Windowed aggregations and suppress keep the stream time they observed (``observed_time``,
+        -1 at start): they start from the restored one, so a window closed before the restart stays
+        closed. (They read no stream time from the task; when they do, this goes.)"""
+        for node in self.graph.nodes:
+            processor = getattr(node, "processor", None)
+            observed = getattr(processor, "observed_time", None)
+            if isinstance(observed, int) and observed < stream_time:
+                processor.observed_time = stream_time  # type: ignore[union-attr]  # has it: read above
 
     # -- positions and commit ------------------------------------------------------------
     def position(self, partition: TopicPartition) -> int | None:

@@ -79,6 +79,9 @@ class RecordingConsumer:
     async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: 100 for tp in partitions}  # changelogs that hold updates
 
+    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        return None  # nothing committed before: a task starts with no partition time
+
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         if self.fail_commits:
             raise CommitFailedError("the group rebalanced")
