@@ -1,0 +1,70 @@
+"""Stream time survives a restart: it comes back from the partition time in the commit metadata.
+
+Kafka Streams commits each partition's time with its offset (``StreamTask.encodeTimestamp``) and
+a task initialised from the commit starts from it (``StreamTask.initializeTaskTime``; unit-level
+counterpart: ``StreamTaskTest.shouldReadCommittedStreamTimeOnInitialize``). On the memory broker
+and on real Kafka, at-least-once and (Kafka only: the memory broker has no transactions)
+exactly-once, whose offsets go through the transaction.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import Materialized, StreamsBuilder, TimeWindows
+from engine.completed_offsets import decode_metadata
+from engine.records import TopicPartition
+from engine.serdes import JsonSerde, StringSerde
+from engine.testing import eventually_async
+from engine.timestamps import ConsumedRecord
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_position
+
+pytestmark = pytest.mark.asyncio
+
+STR, JSON = StringSerde(), JsonSerde()
+
+
+class EventTime:
+    """The value's ``at`` field (ms)."""
+
+    def extract(self, record: ConsumedRecord, partition_time: int) -> int:
+        return int(record.value["at"])
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
+async def test_a_window_closed_before_a_restart_stays_closed_after_it(
+        cluster: Cluster, names, tmp_path, guarantee: str) -> None:
+    """A windowed count with no grace reaches stream time 61000, so the window [0, 60000) is
+    closed; the application closes cleanly and a new instance (same application.id, a fresh
+    state directory: its store comes back from the changelog) gets a record at 2000. Only the
+    restored stream time tells it that the window is closed: the record is late, not counted."""
+    if guarantee == "exactly_once_v2" and cluster.bootstrap.startswith("memory://"):
+        pytest.skip("the memory broker has no transactions")
+    source = names("readings")
+    await cluster.create_topics({source: 1})
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=STR, value_serde=JSON).group_by_key().windowed_by(
+        TimeWindows.of_size_with_no_grace(60_000)).count(materialized=Materialized("per-minute", persistent=False))
+    topology = builder.build()
+    settings = {"default_timestamp_extractor": EventTime(), "commit_interval_ms": 100,
+                "processing_guarantee": guarantee}
+
+    def counts(streams: object) -> dict[int, int]:
+        return dict(streams.store("per-minute").fetch_range("s", 0, 120_000))  # type: ignore[attr-defined]
+
+    await cluster.produce(source, [("s", {"at": 1_000}), ("s", {"at": 61_000})], STR, JSON, partitions=1)
+    async with make_streams(topology, cluster.bootstrap, names.app, state_dir=str(tmp_path / "first"),
+                            **settings) as first:
+        await eventually_async(lambda: counts(first) == {0: 1, 60_000: 1}, timeout=30, what="the first counts")
+    committed = await committed_position(cluster, names.app, TopicPartition(source, 0))
+    assert committed is not None and committed[0] == 2
+    assert decode_metadata(committed[0], committed[1]).partition_time == 61_000
+
+    await cluster.produce(source, [("s", {"at": 2_000}), ("s", {"at": 62_000})], STR, JSON, partitions=1)
+    async with make_streams(topology, cluster.bootstrap, names.app, state_dir=str(tmp_path / "second"),
+                            **settings) as second:
+        # 62000 comes after 2000 in the partition: once it is counted, 2000 was dealt with.
+        await eventually_async(lambda: counts(second).get(60_000) == 2, timeout=30, what="the record at 62000")
+        # Without the restored stream time, 2000 would open [0, 60000) again: {0: 2}.
+        assert counts(second) == {0: 1, 60_000: 2}
