@@ -454,13 +454,19 @@ class StreamTask:
         return self.state.state in (TaskState.RUNNING, TaskState.PAUSED)
 
     # -- time --------------------------------------------------------------------------
+    def _tracks_partition_time(self, topic: str) -> bool:
+        """Whether the run loops keep ``topic``'s partition times: sources with an extractor (it is
+        given the partition time); the hot path of the others keeps only the task's stream time."""
+        source = self.graph.sources.get(topic)
+        return source is not None and source.timestamp_extractor is not None
+
     def partition_time(self, tp: TopicPartition) -> int:
-        """The time committed with ``tp``'s position: the partition's own, where it is tracked
-        (sources with an extractor), else the task's stream time. The hot path of sources without
-        an extractor keeps only the latter; it is what a restart needs (stream time is the largest
-        of the restored times), and it is never below the partition's own time."""
-        own = self.partition_times.get((tp[0], tp[1]))
-        return own if own is not None else self.stream_time
+        """The time committed with ``tp``'s position: the partition's own where it is tracked, else
+        the task's stream time, which is never below it and is what a restart needs (stream time
+        is the largest of the restored times)."""
+        if self._tracks_partition_time(tp[0]):
+            return self.partition_times.get((tp[0], tp[1]), -1)
+        return self.stream_time
 
     async def restore_time(self) -> None:
         """Kafka Streams' ``StreamTask.initializeTaskTime``: each partition's time and the task's
@@ -479,7 +485,8 @@ class StreamTask:
         if not restored:
             return
         for key, time in restored.items():
-            self.partition_times[key] = max(self.partition_times.get(key, -1), time)
+            if self._tracks_partition_time(key[0]):
+                self.partition_times[key] = max(self.partition_times.get(key, -1), time)
         self.stream_time = max(self.stream_time, *restored.values())
         self._seed_observed_time(self.stream_time)
         self.log.debug("Restored partition times %s from the commit: stream time %d", restored, self.stream_time)

@@ -151,12 +151,13 @@ async def test_a_task_started_from_a_commit_restores_partition_and_stream_time()
     async with rig.running():
         await rig.processed(1)
         assert rig.task.stream_time == 61_000
-        assert rig.task.partition_times == {("in", 2): 61_000}
         assert processor.fired == []  # without the restore: fired at 2000, stream time went back
         rig.add(IN, plain(3, b"on", 72_000))
         await rig.processed(2)
     assert asked == [IN]
     assert processor.fired == [72_000]
+    # The next commit carries the time the task moved on to, not the restored one.
+    assert decode_metadata(4, rig.task.committable_offsets()[IN].metadata).partition_time == 72_000
 
 
 @pytest.mark.asyncio
@@ -171,3 +172,33 @@ async def test_a_commit_without_a_time_leaves_the_task_at_unknown_time() -> None
     async with rig.running():
         await rig.processed(1)
     assert rig.task.stream_time == 2_000
+
+
+class ValueTime:
+    """The value (bytes of a decimal number) is the event time."""
+
+    def extract(self, record: Any, partition_time: int) -> int:
+        return int(record.value)
+
+
+@pytest.mark.asyncio
+async def test_with_an_extractor_each_partition_restores_and_commits_its_own_time() -> None:
+    from engine.topology.builder import StreamsBuilder
+
+    from .test_task import A, B
+
+    builder = StreamsBuilder()
+    builder.stream(["a", "b"], timestamp_extractor=ValueTime()).to("out")
+    rig = TaskRig(builder.build(), partitions=[A, B])
+    commits = {A: OffsetAndMetadata(1, "sl2:5000"), B: OffsetAndMetadata(1, "sl2:70000")}
+
+    async def committed(tp: TopicPartition) -> OffsetAndMetadata | None:
+        return commits[tp]
+
+    rig.task.committed = committed
+    rig.add(A, plain(1, b"6000", 6_000))
+    async with rig.running():
+        await rig.processed(1)
+    assert rig.task.partition_times == {("a", 2): 6_000, ("b", 2): 70_000}
+    assert rig.task.stream_time == 70_000
+    assert rig.task.committable_offsets() == {A: OffsetAndMetadata(2, "sl2:6000")}
