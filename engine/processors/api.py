@@ -79,6 +79,15 @@ class Processor(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ObservesStreamTime(Protocol):
+    """A processor that keeps the stream time it observed (windowed aggregations, suppress). A task
+    that starts from a commit starts it at the restored stream time (Kafka Streams'
+    ``initializeTaskTime``), so a window closed before a restart stays closed after it."""
+
+    def observe_stream_time(self, time: int) -> None: ...
+
+
 class BaseProcessor:
     """A convenience base: keeps the context and has no-op ``init``/``close``."""
 

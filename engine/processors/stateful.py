@@ -104,9 +104,12 @@ class _WindowedAggregate(_TableProcessor):
         if record.timestamp < 0:
             self._drop(record, f"its timestamp {record.timestamp} is negative")
             return False
-        if record.timestamp > self.observed_time:
-            self.observed_time = record.timestamp
+        self.observe_stream_time(record.timestamp)
         return True
+
+    def observe_stream_time(self, time: int) -> None:
+        if time > self.observed_time:
+            self.observed_time = time
 
 
 class WindowedAggregateProcessor(_WindowedAggregate):

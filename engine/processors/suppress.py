@@ -110,6 +110,10 @@ class SuppressProcessor(BaseProcessor):
     def _stale(self) -> None:
         self._loaded = False
 
+    def observe_stream_time(self, time: int) -> None:
+        if time > self.observed_time:
+            self.observed_time = time
+
     def _load(self) -> None:
         """The time order of what the buffer store holds (restored from its changelog)."""
         self._times: dict[bytes, int] = {}
@@ -128,8 +132,7 @@ class SuppressProcessor(BaseProcessor):
             self._load()
         if record.key is None:
             return
-        if record.timestamp > self.observed_time:
-            self.observed_time = record.timestamp
+        self.observe_stream_time(record.timestamp)
         key = self._encode_key(record.key)
         buffer_time = self._times.get(key)
         if buffer_time is None:

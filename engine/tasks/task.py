@@ -51,7 +51,9 @@ from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
+from engine.processors.api import ObservesStreamTime
 from engine.processors.context import TaskContext
+from engine.processors.nodes import ProcessorNode
 from engine.records import ConsumerRecord, TopicPartition
 from engine.topology.specs import TaskGraph
 from engine.transport.base import OffsetAndMetadata
@@ -492,14 +494,10 @@ class StreamTask:
         self.log.debug("Restored partition times %s from the commit: stream time %d", restored, self.stream_time)
 
     def _seed_observed_time(self, stream_time: int) -> None:
-        """Windowed aggregations and suppress keep the stream time they observed (``observed_time``,
-        -1 at start): they start from the restored one, so a window closed before the restart stays
-        closed. (They read no stream time from the task; when they do, this goes.)"""
+        """Processors that keep the stream time they observed start from the restored one."""
         for node in self.graph.nodes:
-            processor = getattr(node, "processor", None)
-            observed = getattr(processor, "observed_time", None)
-            if isinstance(observed, int) and observed < stream_time:
-                processor.observed_time = stream_time  # type: ignore[union-attr]  # has it: read above
+            if isinstance(node, ProcessorNode) and isinstance(node.processor, ObservesStreamTime):
+                node.processor.observe_stream_time(stream_time)
 
     # -- positions and commit ------------------------------------------------------------
     def position(self, partition: TopicPartition) -> int | None:
