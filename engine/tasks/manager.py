@@ -4,14 +4,15 @@ It owns the maps from task id and from partition to task, feeds fetched records
 to their task, applies back-pressure per partition (fetching from a partition
 pauses while its task holds ``buffered.records.per.partition`` records), and
 closes tasks cleanly (finish the record in flight, flush, commit) or dirtily
-(no commit, after a failure).
+(no commit, after a failure). Starting tasks again from their last commit after a
+failure is ``engine.tasks.revival``, built on these open and close steps.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ import anyio
 
 from engine.collector import RecordCollector
 from engine.commit import CommitProtocol
-from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError, TaskMigratedError
+from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError
 from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
@@ -29,11 +30,12 @@ from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.timestamps import TimestampExtractor
 from engine.topology.topology import Topology
-from engine.transport.base import Consumer, OffsetAndMetadata, Producer
+from engine.transport.base import Consumer, Producer
 
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
+from .revival import TaskRevival
 from .task import StreamTask
 from .timeouts import TaskTimer, is_timeout
 
@@ -99,7 +101,8 @@ class TaskManager:
         self._monotonic_ms = monotonic_ms
         self._state = state
         self._eos = exactly_once
-        # Exactly-once: tasks whose transaction failed, waiting for the poll loop to revive or migrate them.
+        # Exactly-once: tasks whose transaction failed, waiting for the poll loop to revive or migrate
+        # them (``TaskRevival.handle_failed_transactions``).
         self.failed_transactions: list[StreamTask] = []
         self.tasks: dict[TaskId, StreamTask] = {}
         # Counts of tasks already closed, so the thread's totals survive rebalances.
@@ -112,8 +115,9 @@ class TaskManager:
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
-        # When revive_all last reopened the tasks (monotonic ms): the start of their next produce attempt.
-        self._revived_at_ms = 0
+        # Starts tasks again from their last commit after lost output or a failed transaction: the poll
+        # loop calls it between polls (engine.tasks.revival).
+        self.revival = TaskRevival(self, consumer, committer, logger, monotonic_ms, on_tasks_changed)
 
     # -- assignment -------------------------------------------------------------
     def task_id_of(self, tp: TopicPartition) -> TaskId:
@@ -142,7 +146,7 @@ class TaskManager:
                 self._by_partition[tp] = task
             created.append(task)
             # A partition kept through a cooperative rebalance may still be paused from a task closed
-            # before it (``_hold_at_commit``); a new task fetches it.
+            # before it (``TaskRevival._hold_at_commit``); a new task fetches it.
             held = self._consumer.paused().intersection(tps)
             if held:
                 self._consumer.resume(*held)
@@ -392,30 +396,6 @@ class TaskManager:
             except Exception as exc:  # closing must go on
                 self._log.warning("Closing the producer of task %s failed: %s", task.id, exc)
 
-    async def handle_failed_transactions(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Exactly-once: revive corrupted tasks from their last commit; after a fence, close every task
-        dirty and rejoin (Kafka Streams' TaskMigratedException)."""
-        failed = [t for t in self.failed_transactions if t.id in self.tasks and self.tasks[t.id] is t]
-        self.failed_transactions.clear()
-        if not failed:
-            return
-        if any(isinstance(t.transaction_error, TaskMigratedError) for t in failed):
-            self._log.warning("Producer of tasks %s fenced: closing every task dirty and rejoining the group",
-                              [str(t.id) for t in failed])
-            tasks = list(self.tasks.values())
-            await self.close_tasks(tasks, clean=False, timeout=timeout)
-            await self._hold_at_commit([tp for task in tasks for tp in task.partitions])
-            self._consumer.request_rejoin()
-            self._on_tasks_changed()
-            return
-        timers = {task.id: task.timer for task in failed}
-        partitions = [tp for task in failed for tp in task.partitions]
-        await self.close_tasks(failed, clean=False, timeout=timeout)
-        await self._reopen_from_commit(partitions, timers)
-        self._log.warning("Revived tasks %s from their last commit: %s", [str(t.id) for t in failed],
-                          "; ".join(str(t.transaction_error) for t in failed))
-        self._on_tasks_changed()
-
     async def shutdown(self, clean: bool, timeout: float) -> None:  # noqa: ASYNC109
         self.shut_down = True
         await self.close_tasks(list(self.tasks.values()), clean=clean, timeout=timeout)
@@ -484,80 +464,6 @@ class TaskManager:
     @property
     def producer_failed(self) -> BaseException | None:
         return self._committer.producer_failed
-
-    async def revive_all(self, replace_producer: Callable[[], Awaitable[None]], timeout: float) -> None:  # noqa: ASYNC109
-        """After output was lost to a producer timeout: close every task dirty, take a new
-        producer, rewind each partition to its last commit and start the tasks again.
-
-        The records since the last commit are processed again (at-least-once); each
-        task keeps its KIP-572 timer, so an outage longer than ``task.timeout.ms``
-        still ends in ``TaskTimeoutError``.
-        """
-        cause = self._committer.producer_failed
-        tasks = list(self.tasks.values())
-        timers = {task.id: task.timer for task in tasks}
-        partitions = [tp for task in tasks for tp in task.partitions]
-        for task in tasks:
-            if cause is not None and not task.is_paused:
-                # The failed produce started after the last revival: once that revival is past
-                # task.timeout.ms, this was the final attempt (a sink topic that stays unknown, a
-                # broker that keeps failing), and TaskTimeoutError ends the revivals.
-                task.timer.on_timeout(cause, "Produce", self._revived_at_ms, cleared_by_processing=False)
-        started = self._monotonic_ms() if self._monotonic_ms is not None else 0
-        try:
-            await replace_producer()
-        except Exception as exc:
-            if not is_timeout(exc):
-                raise
-            # The broker is still out of reach: charge the timers and try again on the next loop.
-            backoff = max((t.timer.on_timeout(exc, "Starting a new producer", started, cleared_by_processing=False)
-                           for t in tasks if not t.is_paused), default=0.1)
-            await anyio.sleep(backoff)
-            return
-        await self.close_tasks(tasks, clean=False, timeout=timeout)
-        self._committer.producer_failed = None
-        self._revived_at_ms = started
-        await self._reopen_from_commit(partitions, timers)
-        self._log.warning("Revived tasks %s from their last commit after a producer timeout",
-                          [str(t.id) for t in tasks])
-        self._on_tasks_changed()
-
-    async def _reopen_from_commit(self, partitions: list[TopicPartition], timers: dict[TaskId, TaskTimer]) -> None:
-        """Rewind each partition to its last commit and create its tasks again, keeping their
-        KIP-572 timers. Nothing committed yet: from the start (an offset no longer in the log is
-        reset by auto.offset.reset)."""
-        for tp in partitions:
-            committed = await self._committed_of_reopened(tp, timers)
-            self._consumer.seek(tp, committed.offset if committed is not None else 0)
-        for task in self.handle_assignment(partitions):
-            if task.id in timers:
-                task.timer = timers[task.id]
-
-    async def _hold_at_commit(self, partitions: list[TopicPartition]) -> None:
-        """Partitions whose tasks were closed dirty until the rejoin: rewound to their last commit and
-        paused. A cooperative member keeps them through the rebalance, with their positions; the
-        task created for one of them again starts from its commit (``handle_assignment`` resumes it)."""
-        for tp in partitions:
-            committed = await self._committed_of_reopened(tp, {})
-            self._consumer.seek(tp, committed.offset if committed is not None else 0)
-        self._consumer.pause(*partitions)
-
-    async def _committed_of_reopened(self, tp: TopicPartition,
-                                     timers: dict[TaskId, TaskTimer]) -> OffsetAndMetadata | None:
-        """The committed offset of a partition being reopened. The broker may still be away (a task
-        revived during an outage): retriable errors are retried under the reopened tasks' timers, so
-        past task.timeout.ms this ends in ``TaskTimeoutError``, not in the transport's error."""
-        clock = self._monotonic_ms or (lambda: int(time.monotonic() * 1000))
-        while True:
-            started = clock()
-            try:
-                return await self._consumer.committed(tp)
-            except Exception as exc:
-                if not is_timeout(exc) or not timers:
-                    raise
-                backoff = max(timer.on_timeout(exc, f"Reading the committed offset of {tp}", started,
-                                               cleared_by_processing=False) for timer in timers.values())
-                await anyio.sleep(backoff)
 
     async def maybe_commit(self) -> int:
         try:

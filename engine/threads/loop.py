@@ -230,9 +230,9 @@ class ThreadLoop:
             await manager.maybe_commit()
             sensors.sample(manager.meter, view.polls, manager.commits)
             if manager.failed_transactions:
-                await manager.handle_failed_transactions(self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+                await manager.revival.handle_failed_transactions(self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if manager.producer_failed is not None:
-                await manager.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+                await manager.revival.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
                 break
             if assignor.rejoin_for_endpoint:
