@@ -1,7 +1,8 @@
 """The processors of a foreign-key table join (Kafka Streams' KIP-213).
 
 ``left.join(right, foreign_key_extractor, joiner)`` joins each left row with the right row whose
-key ``foreign_key_extractor(left_value)`` names. The two tables need not be co-partitioned: a
+key ``foreign_key_extractor(left_value)`` names (here always a function of the left row's key and
+value: engine.topology.fk_join wraps a value-only extractor). The two tables need not be co-partitioned: a
 left row *subscribes* to its foreign key through a topic partitioned by that key, so that the
 task holding the right row for it gets the subscription; that task keeps it in a subscription
 store and *responds*, now and on every later update of the right row, through a topic with the
@@ -190,7 +191,7 @@ class SubscriptionSendProcessor(BaseProcessor):
     ``sink`` keyed by the foreign key's bytes; a left join's answer without a foreign key goes
     straight to ``resolver``."""
 
-    def __init__(self, extractor: Callable[[Any], Any], left_join: bool, serdes: JoinSerdes, sink: str,
+    def __init__(self, extractor: Callable[[Any, Any], Any], left_join: bool, serdes: JoinSerdes, sink: str,
                  resolver: str) -> None:
         self.extractor = extractor
         self.left_join = left_join
@@ -210,8 +211,9 @@ class SubscriptionSendProcessor(BaseProcessor):
             return
         if new is None and old is None:
             return  # deleting a row that was not there changes nothing (KS: idempotent deletes)
-        new_fk = None if new is None else self.extractor(new)
-        old_fk = None if old is None else self.extractor(old)
+        # The old value's foreign key is the one it subscribed with: same key, the old value.
+        new_fk = None if new is None else self.extractor(key, new)
+        old_fk = None if old is None else self.extractor(key, old)
         serdes = self.resolved
         left_key = _serialize(serdes.left_key, key, "left key")
         digest = None if new is None else value_hash(_serialize(serdes.left_value, new, "left value"))

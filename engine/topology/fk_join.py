@@ -1,6 +1,11 @@
 """``KTable.join(other, foreign_key_extractor, joiner)`` and ``left_join``: the foreign-key table
 join (Kafka Streams' KIP-213); the processors and the flow are in engine.processors.fk_join.
 
+The foreign key comes from ``foreign_key_extractor(value)`` or, when it needs the row's key too,
+``foreign_key_from_key_and_value(key, value)`` (Kafka Streams 4.0's ``BiFunction`` extractor,
+KIP-1104); ``key_value_extractor`` makes one ``(key, value)`` function of either, so that the
+processors have a single code path.
+
 The nodes it adds, named as Kafka Streams names them:
 
 - on the left table's sub-topology: ``KTABLE-FK-JOIN-SUBSCRIPTION-REGISTRATION`` (the send
@@ -26,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import TopologyError
 from engine.processors.fk_join import (
     ForeignTableChangeProcessor,
     JoinSerdes,
@@ -44,11 +50,31 @@ if TYPE_CHECKING:
     from engine.topology.tables import KTable
 
 
-def foreign_key_join(table: KTable, other: KTable, extractor: Callable[[Any], Any],
-                     joiner: Callable[[Any, Any], Any], left_join: bool,
-                     materialized: Materialized | str | None, name: str | None) -> KTable:
+def key_value_extractor(by_value: Callable[[Any], Any] | None, by_key_and_value: Callable[[Any, Any], Any] | None,
+                        what: str) -> Callable[[Any, Any], Any]:
+    """The foreign key as a function of the row's key and value, from exactly one of the two forms
+    (the value-only one wrapped): which one the user meant is never guessed."""
+    if (by_value is None) == (by_key_and_value is None):
+        got = "both" if by_value is not None else "neither"
+        raise TopologyError(f"{what} by foreign key takes one of foreign_key_extractor(value) and "
+                            f"foreign_key_from_key_and_value(key, value); got {got}")
+    if by_key_and_value is not None:
+        plain_function(by_key_and_value, f"{what} foreign_key_from_key_and_value")
+        return by_key_and_value
+    assert by_value is not None  # the other one, as checked above
+    plain_function(by_value, f"{what} foreign_key_extractor")
+    extract = by_value
+
+    def of_value(_key: Any, value: Any) -> Any:
+        return extract(value)
+    return of_value
+
+
+def foreign_key_join(table: KTable, other: KTable, by_value: Callable[[Any], Any] | None,
+                     by_key_and_value: Callable[[Any, Any], Any] | None, joiner: Callable[[Any, Any], Any],
+                     left_join: bool, materialized: Materialized | str | None, name: str | None) -> KTable:
     what = "left_join()" if left_join else "join()"
-    plain_function(extractor, f"{what} foreign_key_extractor")
+    extractor = key_value_extractor(by_value, by_key_and_value, what)
     plain_function(joiner, what)
     left_view, right_view = join_views(table, other, what)
     builder = table._builder

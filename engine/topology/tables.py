@@ -206,18 +206,26 @@ class KTable:
     @overload
     def join(self, other: KTable, foreign_key_extractor: Callable[[Any], Any], joiner: Callable[[Any, Any], Any],
              *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable: ...
+    @overload
+    def join(self, other: KTable, *, foreign_key_from_key_and_value: Callable[[Any, Any], Any],
+             joiner: Callable[[Any, Any], Any], materialized: Materialized | str | None = None,
+             name: str | None = None) -> KTable: ...
 
     def join(self, other: KTable, *functions: Callable[..., Any], joiner: Callable[..., Any] | None = None,
              foreign_key_extractor: Callable[[Any], Any] | None = None,
+             foreign_key_from_key_and_value: Callable[[Any, Any], Any] | None = None,
              materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """``joiner(value, other_value)`` for the keys both tables have (inputs co-partitioned).
 
         With ``foreign_key_extractor, joiner``: each row joined with ``other``'s row whose key is
         ``foreign_key_extractor(value)`` (a foreign-key join, engine.topology.fk_join; the inputs
-        need not be co-partitioned)."""
-        extractor, joiner = _join_functions(functions, foreign_key_extractor, joiner, "join()")
-        if extractor is not None:
-            return foreign_key_join(self, other, extractor, joiner, False, materialized, name)
+        need not be co-partitioned). ``foreign_key_from_key_and_value=`` instead takes the row's key
+        too: ``(key, value) -> foreign key`` (Kafka Streams 4.0's ``BiFunction`` extractor)."""
+        by_value, joiner = _join_functions(functions, foreign_key_extractor, foreign_key_from_key_and_value,
+                                           joiner, "join()")
+        if by_value is not None or foreign_key_from_key_and_value is not None:
+            return foreign_key_join(self, other, by_value, foreign_key_from_key_and_value, joiner, False,
+                                    materialized, name)
         return join_tables(self, other, joiner, "inner", materialized, name)
 
     @overload
@@ -227,14 +235,21 @@ class KTable:
     def left_join(self, other: KTable, foreign_key_extractor: Callable[[Any], Any],
                   joiner: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
                   name: str | None = None) -> KTable: ...
+    @overload
+    def left_join(self, other: KTable, *, foreign_key_from_key_and_value: Callable[[Any, Any], Any],
+                  joiner: Callable[[Any, Any], Any], materialized: Materialized | str | None = None,
+                  name: str | None = None) -> KTable: ...
 
     def left_join(self, other: KTable, *functions: Callable[..., Any], joiner: Callable[..., Any] | None = None,
                   foreign_key_extractor: Callable[[Any], Any] | None = None,
+                  foreign_key_from_key_and_value: Callable[[Any, Any], Any] | None = None,
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """As ``join``, for every key of this table (``other_value`` None where ``other`` lacks it)."""
-        extractor, joiner = _join_functions(functions, foreign_key_extractor, joiner, "left_join()")
-        if extractor is not None:
-            return foreign_key_join(self, other, extractor, joiner, True, materialized, name)
+        by_value, joiner = _join_functions(functions, foreign_key_extractor, foreign_key_from_key_and_value,
+                                           joiner, "left_join()")
+        if by_value is not None or foreign_key_from_key_and_value is not None:
+            return foreign_key_join(self, other, by_value, foreign_key_from_key_and_value, joiner, True,
+                                    materialized, name)
         return join_tables(self, other, joiner, "left", materialized, name)
 
     def outer_join(self, other: KTable, joiner: Callable[[Any, Any], Any], *,
@@ -258,9 +273,12 @@ class KTable:
 
 
 def _join_functions(functions: tuple[Callable[..., Any], ...], extractor: Callable[[Any], Any] | None,
-                    joiner: Callable[..., Any] | None, what: str) -> tuple[Callable[[Any], Any] | None, Any]:
+                    key_value_extractor: Callable[[Any, Any], Any] | None, joiner: Callable[..., Any] | None,
+                    what: str) -> tuple[Callable[[Any], Any] | None, Any]:
     """(foreign_key_extractor or None, joiner) from a table join's arguments: ``joiner`` alone (by
-    key), or ``foreign_key_extractor, joiner`` (by foreign key), positional or by keyword."""
+    key, or by foreign key with ``foreign_key_from_key_and_value``), or ``foreign_key_extractor,
+    joiner`` (by foreign key), positional or by keyword. Given both extractors, the extractor is
+    returned too: ``foreign_key_join`` refuses the pair."""
     given = list(functions)
     if extractor is not None:
         given.insert(0, extractor)
@@ -270,8 +288,9 @@ def _join_functions(functions: tuple[Callable[..., Any], ...], extractor: Callab
         return None, given[0]
     if len(given) == 2:
         return given[0], given[1]
-    raise TypeError(f"{what} takes a table and a joiner, or a table, a foreign_key_extractor and a joiner; "
-                    f"got {len(given)} functions")
+    count = len(given) + (key_value_extractor is not None)
+    raise TypeError(f"{what} takes a table and a joiner, or a table, a foreign_key_extractor and a joiner, or a "
+                    f"table, foreign_key_from_key_and_value= and a joiner; got {count} functions")
 
 
 def table_source(builder: StreamsBuilder, source: str, materialized: Materialized | str | None,
