@@ -10,6 +10,10 @@ Tables without versioned stores keep the latest update by arrival whatever its t
 (Kafka Streams' KTableSource), so the out-of-order timestamps must change nothing; a crash
 replays the records since the last commit, which must change nothing either (the subscription
 and result stores are restored from their changelogs).
+
+The foreign key comes from the value alone (``foreign_key_extractor``) or from the key and the
+value (``foreign_key_from_key_and_value``, Kafka Streams 4.0's ``BiFunction`` extractor): there
+rows "c" and "d" name the right row after the one their value names.
 """
 
 from __future__ import annotations
@@ -40,11 +44,18 @@ def foreign_key(value: list[Any]) -> Any:
     return value[1]
 
 
+NEXT = {"x": "y", "y": "z", "z": "x"}
+
+
+def foreign_key_of_key(key: str, value: list[Any]) -> Any:
+    return value[1] if value[1] is None or key in ("a", "b") else NEXT[value[1]]
+
+
 def joiner(left: list[Any], right: Any) -> list[Any]:
     return [left[0], right]
 
 
-def model(inputs: list[tuple[str, str, Any, int]], left_join: bool) -> dict[str, Any]:
+def model(inputs: list[tuple[str, str, Any, int]], left_join: bool, by_key: bool) -> dict[str, Any]:
     tables: dict[str, dict[str, Any]] = {"left": {}, "right": {}}
     for side, key, value, _ts in inputs:
         if value is None:
@@ -53,24 +64,30 @@ def model(inputs: list[tuple[str, str, Any, int]], left_join: bool) -> dict[str,
             tables[side][key] = list(value) if isinstance(value, tuple) else value
     result = {}
     for key, value in tables["left"].items():
-        right = None if value[1] is None else tables["right"].get(value[1])
+        fk = foreign_key_of_key(key, value) if by_key else foreign_key(value)
+        right = None if fk is None else tables["right"].get(fk)
         if right is not None or left_join:
             result[key] = joiner(value, right)
     return result
 
 
 @settings(max_examples=30)
-@given(inputs=updates, left_join=st.booleans(), left_partitions=st.integers(1, 3),
+@given(inputs=updates, left_join=st.booleans(), by_key=st.booleans(), left_partitions=st.integers(1, 3),
        right_partitions=st.integers(1, 3), crash_at=st.none() | st.integers(0, 40),
        cache=st.sampled_from([0, 1 << 20]))
 def test_foreign_key_join_ends_at_the_model(inputs: list[tuple[str, str, Any, int]], left_join: bool,
-                                            left_partitions: int, right_partitions: int,
+                                            by_key: bool, left_partitions: int, right_partitions: int,
                                             crash_at: int | None, cache: int) -> None:
     builder = StreamsBuilder()
     left = builder.table("left", key_serde=STR, value_serde=JSON)
     right = builder.table("right", key_serde=STR, value_serde=JSON)
-    joined = (left.left_join if left_join else left.join)(right, foreign_key, joiner,
-                                                          materialized=Materialized("joined", value_serde=JSON))
+    join = left.left_join if left_join else left.join
+    materialized = Materialized("joined", value_serde=JSON)
+    if by_key:
+        joined = join(right, foreign_key_from_key_and_value=foreign_key_of_key, joiner=joiner,
+                      materialized=materialized)
+    else:
+        joined = join(right, foreign_key, joiner, materialized=materialized)
     joined.to_stream().to("output")
     partitions = {"left": left_partitions, "right": right_partitions}
     config = {**CONFIG, "cache.max.bytes.buffering": cache}
@@ -85,6 +102,6 @@ def test_foreign_key_join_ends_at_the_model(inputs: list[tuple[str, str, Any, in
         forwarded: dict[str, Any] = {}
         for key, value in driver.create_output_topic("output", STR, JSON).read_key_values():
             forwarded[key] = value
-    want = model(inputs, left_join)
+    want = model(inputs, left_join, by_key)
     assert stored == want
     assert {k: v for k, v in forwarded.items() if v is not None} == want
