@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 # How often a thread reads its partitions' log end for the records-lag metric.
 LAG_REFRESH_MS = 1_000
+# How long the lag metric's offset lookups may hold the loop.
+LAG_LOOKUP_LIMIT_S = 0.5
 # How often a thread still waiting in a rebalance asks its siblings to rejoin (``on_joining``).
 JOIN_NUDGE_MS = 1_000
 
@@ -254,6 +256,7 @@ class ThreadLoop:
         now = thread.clock.monotonic_ms()
         if now >= self._next_nudge_ms:
             self._next_nudge_ms = now + JOIN_NUDGE_MS
+            self._log.debug("Still in a rebalance: asking the other threads to rejoin")
             thread.on_joining(thread)
 
     async def _maybe_measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
@@ -269,16 +272,25 @@ class ThreadLoop:
         self._next_lag_ms = now + LAG_REFRESH_MS
         tasks = list(manager.tasks.values())
         partitions = [tp for task in tasks for tp in task.partitions]
-        try:
-            ends = await consumer.end_offsets(partitions)
-            for task in tasks:
-                for tp in task.partitions:
-                    if task.position(tp) is None and tp not in task.group_committed:
-                        committed = await consumer.committed(tp)
-                        if committed is not None:
-                            task.group_committed[tp] = committed.offset
-        except Exception as exc:  # a metric must never fail the thread
-            self._log.debug("Could not read end offsets for the lag metric: %r", exc)
+        # A metric must never hold the loop: under the cooperative protocol the tasks run on while
+        # this member's JoinGroup waits at the coordinator, and a committed-offset request queues
+        # behind it (a connection answers in order), which would stop this loop, its nudges to
+        # the other threads included, until the rebalance ends.
+        with anyio.move_on_after(LAG_LOOKUP_LIMIT_S) as scope:
+            try:
+                ends = await consumer.end_offsets(partitions)
+                for task in tasks:
+                    for tp in task.partitions:
+                        if task.position(tp) is None and tp not in task.group_committed:
+                            committed = await consumer.committed(tp)
+                            if committed is not None:
+                                task.group_committed[tp] = committed.offset
+            except Exception as exc:  # a metric must never fail the thread
+                self._log.debug("Could not read end offsets for the lag metric: %r", exc)
+                return
+        if scope.cancelled_caught:
+            self._log.debug("The lag metric's offsets did not come within %.1f s; read again later",
+                            LAG_LOOKUP_LIMIT_S)
             return
         self._thread.view.log_ends = ends
 
@@ -384,10 +396,11 @@ class ThreadLoop:
     # -- rebalance listener (called by the consumer, on this loop) ------------------------
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         thread = self._thread
-        first_join = thread.state.state is StreamThreadState.STARTING
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
         self._next_nudge_ms = thread.clock.monotonic_ms() + JOIN_NUDGE_MS
-        if first_join and thread.on_joining is not None:
+        # This member joins next (cooperative: also after giving up partitions, for the follow-up):
+        # the other threads rejoin now rather than at their next heartbeat.
+        if thread.on_joining is not None:
             thread.on_joining(thread)
         manager = thread.view.manager
         if manager is not None and revoked:
