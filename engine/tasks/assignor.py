@@ -209,10 +209,6 @@ def balance(
     return result
 
 
-def _tp(tp: TopicPartition) -> TopicPartition:
-    return TopicPartition(tp[0], tp[1])
-
-
 def withhold_owned(
     spread: Mapping[str, Sequence[TaskId]], holding: Mapping[str, Sequence[TaskId]]
 ) -> tuple[dict[str, list[TaskId]], dict[TaskId, str]]:
@@ -295,7 +291,7 @@ class StreamsAssignor:
             # What each member's consumer holds right now, not what its tasks were: a thread that
             # failed, or closed its tasks, may still hold their partitions until it revokes them.
             task_of = {tp: task for task, tps in tasks.items() for tp in tps}
-            holding = {m: sorted({task_of[tp] for tp in map(_tp, subscriptions[m].owned) if tp in task_of})
+            holding = {m: sorted({task_of[tp] for tp in subscriptions[m].owned if tp in task_of})
                        for m in members}
             spread, withheld = withhold_owned(target, holding)
         # Queries for a withheld task's keys still go to the member that runs it until it moves.

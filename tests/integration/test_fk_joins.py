@@ -47,25 +47,35 @@ def model(orders: Rows, customers: Rows) -> Rows:
             for o, v in orders.items() if v is not None}
 
 
+class OrdersAndCustomers:
+    """The two tables' topics, the rows sent to them so far, and waiting for the joined output."""
+
+    def __init__(self, cluster: Cluster, orders: str, customers: str, out: str) -> None:
+        self.cluster, self.orders, self.customers, self.out = cluster, orders, customers, out
+        self.order_rows: Rows = {}
+        self.customer_rows: Rows = {}
+
+    async def send(self, order_updates: list[tuple[str, Any]], customer_updates: list[tuple[str, Any]]) -> None:
+        await self.cluster.produce(self.customers, customer_updates, STR, STR, partitions=2)
+        await self.cluster.produce(self.orders, order_updates, STR, JSON, partitions=3)
+        self.order_rows.update(order_updates)
+        self.customer_rows.update(customer_updates)
+
+    async def converged(self, want: Rows, what: str) -> None:
+        async def matches() -> bool:
+            got = {STR.deserialize(r.key): JSON.deserialize(r.value) for r in await self.cluster.read_all(self.out)}
+            return {k: v for k, v in got.items() if v is not None} == want
+        await eventually_async(matches, timeout=60, what=what)
+
+
 async def test_left_join_by_foreign_key_across_a_restart(cluster: Cluster, names, tmp_path) -> None:
     orders, customers, out = names("orders"), names("customers"), names("enriched")
     await cluster.create_topics({orders: 3, customers: 2, out: 2})
-    order_rows: Rows = {}
-    customer_rows: Rows = {}
-
-    async def send(order_updates: list[tuple[str, Any]], customer_updates: list[tuple[str, Any]]) -> None:
-        await cluster.produce(customers, customer_updates, STR, STR, partitions=2)
-        await cluster.produce(orders, order_updates, STR, JSON, partitions=3)
-        order_rows.update(order_updates)
-        customer_rows.update(customer_updates)
+    tables = OrdersAndCustomers(cluster, orders, customers, out)
+    send = tables.send
 
     async def converged(what: str) -> None:
-        want = model(order_rows, customer_rows)
-
-        async def matches() -> bool:
-            got = {STR.deserialize(r.key): JSON.deserialize(r.value) for r in await cluster.read_all(out)}
-            return {k: v for k, v in got.items() if v is not None} == want
-        await eventually_async(matches, timeout=60, what=what)
+        await tables.converged(model(tables.order_rows, tables.customer_rows), what)
 
     def app(state_dir: str) -> Any:
         return make_streams(topology(orders, customers, out), cluster.bootstrap, names.app,
@@ -84,7 +94,7 @@ async def test_left_join_by_foreign_key_across_a_restart(cluster: Cluster, names
     await send([("o5", {"customer": "c3", "amount": 55})], [("c1", None), ("c2", "renamed2")])
     async with app("second") as streams:
         await converged("after a restart: the deleted and renamed customers reach their orders")
-        assert dict(streams.store("enriched").all()) == model(order_rows, customer_rows)
+        assert dict(streams.store("enriched").all()) == model(tables.order_rows, tables.customer_rows)
 
 
 def regional_customer(order_key: str, order: dict[str, Any]) -> str:
@@ -106,26 +116,16 @@ def regional_topology(orders: str, customers: str, out: str) -> Any:
 async def test_join_by_a_foreign_key_from_the_key_and_the_value(cluster: Cluster, names, tmp_path) -> None:
     orders, customers, out = names("orders"), names("customers"), names("regional")
     await cluster.create_topics({orders: 3, customers: 2, out: 2})
-    order_rows: Rows = {}
-    customer_rows: Rows = {}
-
-    async def send(order_updates: list[tuple[str, Any]], customer_updates: list[tuple[str, Any]]) -> None:
-        await cluster.produce(customers, customer_updates, STR, STR, partitions=2)
-        await cluster.produce(orders, order_updates, STR, JSON, partitions=3)
-        order_rows.update(order_updates)
-        customer_rows.update(customer_updates)
+    tables = OrdersAndCustomers(cluster, orders, customers, out)
+    send = tables.send
 
     def model() -> Rows:
-        joined = {k: (v, customer_rows.get(regional_customer(k, v))) for k, v in order_rows.items() if v is not None}
+        joined = {k: (v, tables.customer_rows.get(regional_customer(k, v)))
+                  for k, v in tables.order_rows.items() if v is not None}
         return {k: {"amount": v["amount"], "name": name} for k, (v, name) in joined.items() if name is not None}
 
     async def converged(what: str) -> None:
-        want = model()
-
-        async def matches() -> bool:
-            got = {STR.deserialize(r.key): JSON.deserialize(r.value) for r in await cluster.read_all(out)}
-            return {k: v for k, v in got.items() if v is not None} == want
-        await eventually_async(matches, timeout=60, what=what)
+        await tables.converged(model(), what)
 
     await send([(f"{region}/o{i}", {"customer": f"c{i % 3}", "amount": i}) for region in ("eu", "us")
                 for i in range(6)],

@@ -32,8 +32,8 @@ class AssignmentState:
     def reassign(self, partitions: Iterable[TopicPartition]) -> None:
         """A new assignment that keeps the positions and pause flags of the partitions that stay
         (cooperative); the new ones start unknown. Same as ``assign`` after a full revocation."""
-        kept = {tp: self._positions[tp] for tp in map(lambda tp: TopicPartition(*tp), partitions)
-                if tp in self._positions}
+        partitions = [TopicPartition(*tp) for tp in partitions]
+        kept = {tp: self._positions[tp] for tp in partitions if tp in self._positions}
         paused = self._paused & set(kept)
         self.assign(partitions)
         self._positions.update(kept)

@@ -229,15 +229,13 @@ class GroupMembership:
         """Before (re)joining: revoke what the member holds (STABLE), or just forget the join.
 
         ``keep``: cooperative, the member stays in the group and keeps its partitions."""
-        if self.state is MemberState.JOINING:
-            if not keep and self._assignment.partitions:
-                # A cooperative member removed while it was rejoining: it lost what it held.
-                await self._require_listener().on_partitions_revoked(self._assignment.partitions)
-                self._release()
-            self._transition_to(MemberState.UNJOINED)
-        elif self.state is MemberState.UNJOINED and not keep and self._assignment.partitions:
+        rejoining = self.state in (MemberState.UNJOINED, MemberState.JOINING)
+        if rejoining and not keep and self._assignment.partitions:
+            # A cooperative member removed while it was rejoining: it lost what it held.
             await self._require_listener().on_partitions_revoked(self._assignment.partitions)
             self._release()
+        if self.state is MemberState.JOINING:
+            self._transition_to(MemberState.UNJOINED)
         elif self.state is MemberState.STABLE:
             await self._revoke(keep)
 
