@@ -49,6 +49,8 @@ def _thread_metrics(thread: StreamThread) -> list[Metric]:
         result.append(Metric("stream-thread-metrics", name, thread_tags, value))
     for name, value in thread.sensors.values().items():
         result.append(Metric("stream-thread-metrics", name, thread_tags, value))
+    for name, value in thread.rebalances.metrics().items():
+        result.append(Metric("stream-thread-metrics", name, thread_tags, value))
     for task_id, values in thread.task_counters():
         task_tags = {**thread_tags, "task-id": str(task_id)}
         for name, value in values.items():

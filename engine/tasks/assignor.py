@@ -38,6 +38,7 @@ import orjson
 from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
+from engine.tasks.membership import Membership
 from engine.tasks.standby_placement import assign_standbys
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription
@@ -65,12 +66,16 @@ class SubscriptionInfo:
     """The instance's ``application.server``; empty when unset."""
     standby_tasks: list[TaskId] = field(default_factory=list)
     """The standby tasks the member held (their state is on its disk): standbys stick to them."""
+    member: str = ""
+    """The thread's membership token (``engine.tasks.membership``); empty from a member without one."""
+    joins: int = 0
+    """The join of that thread this subscription belongs to."""
 
     def encode(self) -> bytes:
         return orjson.dumps({
             "v": _VERSION, "process": self.process_id, "thread": self.thread,
             "prev": [str(t) for t in self.previous_tasks], "err": int(self.error_code), "ep": self.endpoint,
-            "sb": [str(t) for t in self.standby_tasks],
+            "sb": [str(t) for t in self.standby_tasks], "mt": self.member, "mj": self.joins,
         })
 
     @classmethod
@@ -80,7 +85,8 @@ class SubscriptionInfo:
         raw = orjson.loads(data)
         return cls(raw.get("process", ""), raw.get("thread", ""),
                    [TaskId.parse(t) for t in raw.get("prev", [])], AssignorError(raw.get("err", 0)),
-                   raw.get("ep", ""), [TaskId.parse(t) for t in raw.get("sb", [])])
+                   raw.get("ep", ""), [TaskId.parse(t) for t in raw.get("sb", [])],
+                   raw.get("mt", ""), int(raw.get("mj", 0)))
 
 
 @dataclass
@@ -94,12 +100,15 @@ class AssignmentInfo:
     follow_up: bool = False
     """Cooperative: tasks were withheld this round, so another rebalance follows at once; the
     group has not settled (the threads stay PARTITIONS_ASSIGNED, the client REBALANCING)."""
+    roster: dict[str, int] = field(default_factory=dict)
+    """The threads of the member's own instance in this generation: membership token -> join."""
 
     def encode(self) -> bytes:
         return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
                              "hosts": _encode_hosts(self.partitions_by_host),
                              "standby_hosts": _encode_hosts(self.standby_partitions_by_host),
-                             "standby": [str(t) for t in self.standby_tasks], "fu": self.follow_up})
+                             "standby": [str(t) for t in self.standby_tasks], "fu": self.follow_up,
+                             "roster": self.roster})
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentInfo:
@@ -108,7 +117,8 @@ class AssignmentInfo:
         raw = orjson.loads(data)
         return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)),
                    _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])),
-                   [TaskId.parse(t) for t in raw.get("standby", [])], bool(raw.get("fu", False)))
+                   [TaskId.parse(t) for t in raw.get("standby", [])], bool(raw.get("fu", False)),
+                   {str(k): int(v) for k, v in raw.get("roster", {}).items()})
 
 
 def _encode_hosts(by_host: HostPartitions) -> list[Any]:
@@ -236,6 +246,15 @@ def withhold_owned(
     return kept, withheld
 
 
+def _rosters(infos: Mapping[str, SubscriptionInfo]) -> dict[str, dict[str, int]]:
+    """Each instance's threads in this generation, with the join that brought each one here."""
+    rosters: dict[str, dict[str, int]] = {}
+    for info in infos.values():
+        if info.member:
+            rosters.setdefault(info.process_id, {})[info.member] = info.joins
+    return rosters
+
+
 class StreamsAssignor:
     """One per stream thread (member). Implements ``engine.transport.base.GroupAssignor``.
 
@@ -247,10 +266,12 @@ class StreamsAssignor:
 
     def __init__(self, topology: Topology, process_id: str, thread_name: str, endpoint: str = "",
                  metadata: StreamsMetadataState | None = None, standby_replicas: int = 0,
-                 replicated: Callable[[int], bool] = lambda _subtopology: False, cooperative: bool = False) -> None:
+                 replicated: Callable[[int], bool] = lambda _subtopology: False, cooperative: bool = False,
+                 membership: Membership | None = None) -> None:
         self._topology = topology
         self._process_id = process_id
         self._thread_name = thread_name
+        self._membership = membership
         self._endpoint = endpoint
         self._host = HostInfo.build_from_endpoint(endpoint)
         self._metadata = metadata
@@ -267,10 +288,15 @@ class StreamsAssignor:
         self.assigned_tasks: list[TaskId] = []
         self.follow_up = False
         self.error_code = AssignorError.NONE
+        self.roster: dict[str, int] = {}
+        """The threads of this instance in the generation of the last assignment (``engine.tasks.membership``)."""
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
+        membership = self._membership
         return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
-                                self.shutdown_requested, self._endpoint, list(self.owned_standby_tasks)).encode()
+                                self.shutdown_requested, self._endpoint, list(self.owned_standby_tasks),
+                                membership.token if membership else "", membership.joins if membership else 0,
+                                ).encode()
 
     def assign(
         self,
@@ -308,11 +334,13 @@ class StreamsAssignor:
             [t for t in sorted(tasks) if self._replicated(t.subtopology)], self._standby_replicas,
             {m: [*infos[m].previous_tasks, *infos[m].standby_tasks] for m in members})
         standby_by_host = partitions_by_host(standbys, infos, tasks)
+        rosters = _rosters(infos)
         result = {}
         for member, member_tasks in spread.items():
             tps = tuple(tp for t in member_tasks for tp in tasks[t])
             info = AssignmentInfo(member_tasks, partitions_by_host=by_host, standby_partitions_by_host=standby_by_host,
-                                  standby_tasks=standbys[member], follow_up=bool(withheld))
+                                  standby_tasks=standbys[member], follow_up=bool(withheld),
+                                  roster=rosters.get(infos[member].process_id, {}))
             result[member] = MemberAssignment(tps, info.encode())
         log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
         if any(standbys.values()):
@@ -322,6 +350,7 @@ class StreamsAssignor:
     def on_assignment(self, assignment: MemberAssignment) -> None:
         info = AssignmentInfo.decode(assignment.user_data)
         self.assigned_tasks = info.tasks
+        self.roster = info.roster
         self.follow_up = info.follow_up
         self.standby_tasks = info.standby_tasks
         self.error_code = info.error_code

@@ -26,6 +26,7 @@ from engine.spark.session import SparkSessions
 from engine.state.metadata import StreamsMetadataState
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
+from engine.threads.rebalances import RebalanceWatch
 from engine.threads.registry import ThreadRegistry
 from engine.threads.states import StreamThreadState
 from engine.threads.stream_thread import StreamThread
@@ -34,8 +35,6 @@ from engine.topology.topology import Topology
 from engine.transport.base import Transport
 
 _BACKOFF_CAP_S = 30.0
-# The states of a thread that sits in a finished rebalance (a generation of the group).
-_IN_A_GENERATION = frozenset({StreamThreadState.PARTITIONS_ASSIGNED, StreamThreadState.RUNNING})
 
 
 def _on_running_loop() -> bool:
@@ -76,6 +75,10 @@ class ClientThreads:
         self._log = log
         self._close_to_error = close_to_error
         self._registry = ThreadRegistry()
+        # A client that stays REBALANCING past three session timeouts says so, once, at WARNING.
+        self.rebalance_watch = RebalanceWatch(3 * config[cfg.SESSION_TIMEOUT_MS], clock.monotonic_ms,
+                                              lambda: [t.rebalances for t in self._registry.snapshot()], log)
+        state.add_listener(self.rebalance_watch.state_changed)
         self.restore_listener: StateRestoreListener | None = None
         # The global tables' stores (set by KafkaStreams when it opens them), handed to every thread.
         self.global_stores: Mapping[str, StateStore] = {}
@@ -128,7 +131,9 @@ class ClientThreads:
                 clock=self._clock,
                 restore_listener=self.restore_listener,
                 spark=self._spark,
-                on_joining=self._rejoin_others,
+                siblings=self._registry.snapshot,
+                on_membership_change=self._on_membership_change,
+                watch_rebalancing=self.rebalance_watch.check,
                 metadata=self._metadata,
             )
             thread.global_stores = self.global_stores
@@ -171,14 +176,13 @@ class ClientThreads:
         self.resize_caches()
         return None
 
-    def _rejoin_others(self, joining: StreamThread) -> None:
-        """A thread is joining, or still waits in a rebalance: the others that sit in a finished
-        one rejoin now, so the rebalance completes at once instead of at their next heartbeat
-        (``heartbeat.interval.ms``, when the coordinator tells them). Threads still starting
-        join anyway; threads mid-join would absorb the request, so the joining one asks again."""
+    def _on_membership_change(self, changed: StreamThread) -> None:
+        """A thread started a join or left the group: each other thread looks, on its own loop,
+        whether that makes its generation stale (``engine.tasks.membership``), and rejoins now
+        rather than at its next heartbeat. Never waits for their loops."""
         for thread in self._registry.alive():
-            if thread is not joining and thread.state.state in _IN_A_GENERATION:
-                thread.rejoin()
+            if thread is not changed:
+                thread.check_generation()
 
     def remove(self, timeout: float | None) -> str | None:
         """Shut down one alive stream thread; see ``KafkaStreams.remove_stream_thread``."""

@@ -28,6 +28,7 @@ from engine.tasks import wiring
 from engine.tasks.assignor import AssignorError
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.manager import ExactlyOnce, TaskManager
+from engine.tasks.membership import GenerationWatch
 from engine.tasks.standby import StandbyTask, StandbyTasks
 from engine.tasks.task import StreamTask
 from engine.tasks.timeouts import StartupDeadline
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 LAG_REFRESH_MS = 1_000
 # How long the lag metric's offset lookups may hold the loop.
 LAG_LOOKUP_LIMIT_S = 0.5
-# How often a thread still waiting in a rebalance asks its siblings to rejoin (``on_joining``).
-JOIN_NUDGE_MS = 1_000
 
 
 class ThreadLoop:
@@ -60,7 +59,10 @@ class ThreadLoop:
         self._task_failure: BaseException | None = None
         self._failed_member = False
         self._next_lag_ms = 0
-        self._next_nudge_ms = 0
+        # The generation this thread is in, and the siblings' joins it already rejoined for.
+        self._generation = GenerationWatch(thread.membership)
+        # Why this thread asked to rejoin, for the log of its next join (None: the coordinator asked).
+        self._rejoin_reason: str | None = None
         self.standbys: StandbyTasks | None = None
         config = self._config
         self._producer_settings = ProducerSettings(
@@ -83,9 +85,12 @@ class ThreadLoop:
         if self._poll_scope is not None:
             self._poll_scope.cancel()
 
-    async def rejoin(self) -> None:
-        if self.consumer is not None:
-            self.consumer.request_rejoin()
+    async def rejoin(self, reason: str) -> None:
+        self._request_rejoin(reason)
+
+    async def check_generation(self) -> None:
+        """A sibling started a join or left the group (see ``engine.tasks.membership``)."""
+        self._rejoin_if_stale()
 
     async def resume(self, task_id: TaskId, skip: bool) -> bool:
         manager = self._thread.view.manager
@@ -132,6 +137,7 @@ class ThreadLoop:
                 manager = self._task_manager(consumer, producer, admin, sink_partitions, group, exactly_once)
                 consumer.subscribe(thread.topology.source_topics, self)
                 self.consumer = consumer
+                thread.rebalances.started(0, "first join")
                 await startup.run(consumer.start, "Starting the consumer")
                 started.append(consumer)
                 await self._poll_loop(consumer, manager)
@@ -229,6 +235,7 @@ class ThreadLoop:
                     view.records_polled += manager.add_records(records)
                 view.polls += 1
             self._poll_scope = None
+            self._thread.watch_rebalancing()
             await manager.maybe_commit()
             sensors.sample(manager.meter, view.polls, manager.commits)
             if manager.failed_transactions:
@@ -241,23 +248,25 @@ class ThreadLoop:
                 assignor.rejoin_for_endpoint = False
                 self._log.info("The group's assignment lacks this instance's application.server: rejoining "
                                "so that every instance learns it")
-                consumer.request_rejoin()
-            self._maybe_nudge_siblings()
+                self._request_rejoin("so that every instance learns this one's application.server")
             await self._maybe_measure_lag(consumer, manager)
 
-    def _maybe_nudge_siblings(self) -> None:
-        """Still in a rebalance after ``JOIN_NUDGE_MS``: ask the client's other threads again.
+    def _request_rejoin(self, reason: str) -> None:
+        if self.consumer is not None:
+            self._rejoin_reason = self._rejoin_reason or reason
+            self.consumer.request_rejoin()
 
-        The broker completes a rebalance once every known member rejoined; a sibling that formed
-        a generation without this thread learns of the next rebalance only at its heartbeat."""
+    def _rejoin_if_stale(self) -> bool:
+        """Rejoin now if a sibling's join or departure makes this thread's generation stale."""
         thread = self._thread
-        if thread.state.state is not StreamThreadState.PARTITIONS_REVOKED or thread.on_joining is None:
-            return
-        now = thread.clock.monotonic_ms()
-        if now >= self._next_nudge_ms:
-            self._next_nudge_ms = now + JOIN_NUDGE_MS
-            self._log.debug("Still in a rebalance: asking the other threads to rejoin")
-            thread.on_joining(thread)
+        changes = self._generation.stale((t.membership, t.is_alive) for t in thread.siblings())
+        if not changes:
+            return False
+        reason = ", ".join(change.describe() for change in changes)
+        self._log.debug("Generation %s is stale (%s): rejoining now rather than at the next heartbeat",
+                        self._generation.number, reason)
+        self._request_rejoin(reason)
+        return True
 
     async def _maybe_measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
         """Read the log end of the tasks' partitions, at most once a second.
@@ -351,7 +360,7 @@ class ThreadLoop:
         revoked meanwhile; the answer makes every instance shut down.
         """
         self._failed_member = True
-        consumer.request_rejoin()
+        self._request_rejoin("to carry the application shutdown request")
         clock = self._thread.clock
         deadline = clock.monotonic_ms() + self._config[cfg.ERROR_SHUTDOWN_TIMEOUT_MS]
         while (self._thread.assignor.error_code is not AssignorError.SHUTDOWN_REQUESTED
@@ -382,6 +391,10 @@ class ThreadLoop:
             try:
                 if client is consumer:
                     await consumer.close(leave_group=self._thread.leave_group)
+                    if self._thread.leave_group:
+                        # The siblings whose generation still counts this thread rejoin now.
+                        self._thread.membership.left = True
+                        self._thread.on_membership_change(self._thread)
                 else:
                     await client.close()
             except Exception:
@@ -397,11 +410,14 @@ class ThreadLoop:
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         thread = self._thread
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
-        self._next_nudge_ms = thread.clock.monotonic_ms() + JOIN_NUDGE_MS
-        # This member joins next (cooperative: also after giving up partitions, for the follow-up):
-        # the other threads rejoin now rather than at their next heartbeat.
-        if thread.on_joining is not None:
-            thread.on_joining(thread)
+        if self._generation.begin_join():
+            # A JoinGroup follows: the siblings whose generation this makes stale rejoin now.
+            joins = thread.membership.joins
+            reason, self._rejoin_reason = self._rejoin_reason, None
+            reason = reason or ("first join" if joins == 1 else "the group coordinator started a rebalance")
+            self._log.debug("Joining the group (join %d): %s", joins, reason)
+            thread.rebalances.started(joins, reason)
+            thread.on_membership_change(thread)
         manager = thread.view.manager
         if manager is not None and revoked:
             self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
@@ -435,6 +451,11 @@ class ThreadLoop:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             manager.handle_assignment(assigned)
             self._publish_tasks()
+        generation = self.consumer.generation if self.consumer is not None else None
+        self._generation.settle(generation, thread.assignor.roster)
+        thread.rebalances.completed(generation)
+        if self._rejoin_if_stale():
+            return  # not RUNNING: the group is about to rebalance
         if thread.assignor.follow_up:
             # Cooperative: the tasks run on, but the group settles only in the follow-up rebalance.
             self._log.debug("Waiting for the follow-up rebalance that moves the withheld tasks")

@@ -31,9 +31,11 @@ from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
 from engine.tasks.assignor import AssignorError, StreamsAssignor
 from engine.tasks.error_handling import ErrorHandling
+from engine.tasks.membership import Membership
 from engine.tasks.standby import replicated
 from engine.threads.commands import CommandChannel, CommandRejected
 from engine.threads.loop import LAG_REFRESH_MS, ThreadLoop, unwrap
+from engine.threads.rebalances import ThreadRebalances
 from engine.threads.states import THREAD_TRANSITIONS, StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata, ThreadView
 from engine.topology.topology import Topology
@@ -78,18 +80,24 @@ class StreamThread:
         clock: Clock = SYSTEM_CLOCK,
         restore_listener: StateRestoreListener | None = None,
         spark: SparkSessions | None = None,
-        on_joining: Callable[[StreamThread], None] | None = None,
+        siblings: Callable[[], list[StreamThread]] = list,
+        on_membership_change: Callable[[StreamThread], None] = lambda _thread: None,
+        watch_rebalancing: Callable[[], None] = lambda: None,
         metadata: StreamsMetadataState | None = None,
     ) -> None:
         self.index = index
-        # Called right before this thread's first JoinGroup, and again while it waits in a
-        # rebalance: the client asks its other threads to rejoin now. A member outside the
-        # rebalance hears of it only at its next heartbeat (``heartbeat.interval.ms``), and a
-        # request that reaches it while it is itself mid-join is absorbed by that join.
-        self.on_joining = on_joining
+        self.name = f"{client_id}-StreamThread-{index}"
+        # This thread as its siblings see it in the group (``engine.tasks.membership``).
+        self.membership = Membership(self.name)
+        # The client's threads (this one included), and whom to tell when this thread starts a
+        # join or leaves the group: its siblings then look whether their generation is stale.
+        self.siblings = siblings
+        self.on_membership_change = on_membership_change
+        # Called on every loop turn: the client's warning when it stays REBALANCING too long.
+        self.watch_rebalancing = watch_rebalancing
+        self.rebalances = ThreadRebalances(self.name, clock.monotonic_ms)
         self.on_shutdown_requested = on_shutdown_requested
         self.spark = spark
-        self.name = f"{client_id}-StreamThread-{index}"
         self.config = config
         self.topology = topology
         self.transport = transport
@@ -114,7 +122,7 @@ class StreamThread:
         self.assignor = StreamsAssignor(
             topology, process_id, self.name, config[cfg.APPLICATION_SERVER], metadata,
             config[cfg.NUM_STANDBY_REPLICAS], replicated(topology, config[cfg.DEFAULT_DSL_STORE] == "rocksDB"),
-            cooperative=config[cfg.REBALANCE_PROTOCOL] == cfg.COOPERATIVE)
+            cooperative=config[cfg.REBALANCE_PROTOCOL] == cfg.COOPERATIVE, membership=self.membership)
         self.consumer_client_id = f"{self.name}-consumer"
         self.producer_client_id = f"{self.name}-producer"
         self.view = ThreadView(self.name)
@@ -149,7 +157,7 @@ class StreamThread:
         """
         self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
         with contextlib.suppress(CommandRejected):  # not running yet: its first join carries the flag
-            self.commands.submit(self._loop.rejoin)
+            self.commands.submit(self._loop.rejoin, "to carry the application shutdown request")
 
     def can_carry_shutdown_request(self) -> bool:
         """Whether this (failing) thread's consumer is in the group and its loop still runs."""
@@ -159,10 +167,11 @@ class StreamThread:
         self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
         self.carries_shutdown_request = True
 
-    def rejoin(self) -> None:
-        """Make this thread rejoin its group soon (from any thread; never waits)."""
+    def check_generation(self) -> None:
+        """A sibling started a join or left the group: rejoin if that makes this thread's generation
+        stale (from any thread; never waits)."""
         with contextlib.suppress(CommandRejected):  # not polling yet (it joins anyway) or stopped
-            self.commands.submit(self._loop.rejoin)
+            self.commands.submit(self._loop.check_generation)
 
     def resume_task(self, task_id: TaskId, skip: bool) -> bool:
         """Resume a PAUSED task of this thread (loop-safe). From this thread's own loop the

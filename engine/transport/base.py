@@ -188,6 +188,11 @@ class Consumer(Protocol):
     @property
     def member_id(self) -> str | None: ...
 
+    @property
+    def generation(self) -> int | None:
+        """The group generation of the assignment in use (valid in ``on_partitions_assigned``);
+        None before the first one, and for a reader."""
+
     async def close(self, leave_group: bool = True) -> None:
         """Stop. ``leave_group`` sends a leave request so the group rebalances at once."""
 

@@ -188,6 +188,15 @@ class KafkaConsumer:
         member = getattr(consumer._coordinator, "member_id", None)
         return member or None
 
+    @property
+    def generation(self) -> int | None:
+        consumer = self._consumer
+        if consumer is None or self._settings is None:
+            return None
+        # Set from the JoinGroup answer, so in on_partitions_assigned it is the assignment's generation.
+        generation = int(consumer._coordinator.generation)
+        return generation if generation >= 0 else None
+
     def request_rejoin(self) -> None:
         # aiokafka has no public enforceRebalance(); the coordinator's
         # request_rejoin() (private API) wakes its coordination task, which

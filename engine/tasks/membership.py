@@ -1,0 +1,138 @@
+"""When a stream thread rejoins because of its own client's threads: stale generations.
+
+The group coordinator tells a member of a rebalance only at the member's next heartbeat
+(``heartbeat.interval.ms``, 3 s by default). So a thread added to a client would wait that long
+for its siblings to rejoin, and a cooperative hand-over, which needs two rebalances, twice. A
+client knows more than the coordinator tells: it sees its own threads start a join or leave.
+This module decides, from that knowledge alone, when a thread's generation is *stale*: certain
+to be replaced by a rebalance the coordinator has started or is about to start. Rejoining a
+stale generation early only moves the thread into that rebalance sooner; it never starts one.
+
+The facts, each in one place:
+
+- ``Membership`` (one per thread, written by its loop, read by its siblings): a token unique to
+  this thread in this process, how many joins it has started (``joins``), and whether it has
+  left the group.
+- The roster of a generation: the tokens of the client's threads in it, each with the join that
+  brought it there. The group leader builds it from the members' subscriptions, so every member
+  of a generation gets the same roster (``engine.tasks.assignor``).
+- ``GenerationWatch`` (one per thread, on its loop): the thread's current generation and roster,
+  or None while it is joining.
+
+A generation is stale because of a sibling that is alive and has started a join its roster does
+not record (a new thread, or a member that rejoins: either way the coordinator rebalances once
+that JoinGroup arrives), or because of a sibling in its roster that has left the group. Nothing
+else makes our client rejoin, and it rejoins at most once for each such change (``acted``): a
+member that just got its assignment never rejoins while a join or sync that its generation
+already includes is in flight, however late the broker answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["LEFT", "Change", "GenerationWatch", "Membership", "Roster"]
+
+Roster = Mapping[str, int]
+"""The client's threads in one generation: token -> the join count that brought it there."""
+
+LEFT = -1
+"""``Change.joins`` of a sibling that left the group."""
+
+_tokens = itertools.count(1)
+
+
+class Membership:
+    """A stream thread's membership as its siblings see it (plain attribute reads and writes)."""
+
+    __slots__ = ("joins", "left", "name", "token")
+
+    def __init__(self, thread_name: str) -> None:
+        self.name = thread_name
+        # Thread names are reused (KIP-663 gives a removed thread's name to the next one): the
+        # token is not, so a roster never mistakes a new thread for the one it replaced.
+        self.token = f"{thread_name}#{next(_tokens)}"
+        self.joins = 0
+        """Joins started: bumped right before each JoinGroup that follows a completed one."""
+        self.left = False
+        """The thread's consumer left the group (LeaveGroup sent on close)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A sibling's join (its join count) or departure (``LEFT``) that makes a generation stale."""
+
+    token: str
+    name: str
+    joins: int
+
+    def describe(self) -> str:
+        if self.joins == LEFT:
+            return f"{self.name} left the group"
+        return f"{self.name} started join {self.joins}"
+
+
+class GenerationWatch:
+    """One thread's current generation, and the changes it has already rejoined for (its loop only)."""
+
+    def __init__(self, own: Membership) -> None:
+        self._own = own
+        self.number: int | None = None
+        self.roster: Roster | None = None
+        """None while the thread is joining (and before its first generation)."""
+        self._acted: set[Change] = set()
+
+    @property
+    def settled(self) -> bool:
+        return self.roster is not None
+
+    def begin_join(self) -> bool:
+        """The thread is about to send a JoinGroup; True when this starts a new join.
+
+        A join that retries (the transport calls ``on_partitions_revoked`` once per rebalance, not
+        per JoinGroup) or the first one are one join each."""
+        if self.roster is None and self._own.joins > 0:
+            return False
+        self.roster = None
+        self.number = None
+        self._own.joins += 1
+        return True
+
+    def settle(self, number: int | None, roster: Roster) -> None:
+        """The thread's assignment for generation ``number`` has arrived."""
+        self.number = number
+        self.roster = dict(roster)
+
+    def stale(self, siblings: Iterable[tuple[Membership, bool]]) -> list[Change]:
+        """The changes among ``siblings`` (each with whether it is alive) that make the current
+        generation stale and that the thread has not rejoined for yet; they count as acted on.
+
+        Empty while the thread is joining: its join takes in whatever happened meanwhile, and
+        the generation it gets is judged when it arrives."""
+        roster = self.roster
+        if roster is None:
+            return []
+        changes = []
+        present = set()
+        for member, alive in siblings:
+            if member is self._own:
+                continue
+            present.add(member.token)
+            change = _change(member, alive, roster)
+            if change is not None and change not in self._acted:
+                changes.append(change)
+        # Forget what concerns threads that are gone: the set stays as small as the client.
+        self._acted = {c for c in self._acted if c.token in present}
+        self._acted.update(changes)
+        return changes
+
+
+def _change(member: Membership, alive: bool, roster: Roster) -> Change | None:
+    if member.left:
+        return Change(member.token, member.name, LEFT) if member.token in roster else None
+    joins = member.joins
+    if alive and joins > 0 and roster.get(member.token) != joins:
+        return Change(member.token, member.name, joins)
+    return None
