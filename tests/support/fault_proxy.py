@@ -73,8 +73,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
+import errno
 import ipaddress
 import logging
+import random
 import socket
 import struct
 import threading
@@ -189,6 +191,11 @@ class FaultProxy:
     ``target_port`` may be a callable, asked on every new connection; that lets
     the proxy exist before its target does (e.g. a broker that must advertise
     the proxy's port). If it returns ``None`` the connection is closed.
+
+    ``listen_port`` 0 listens on an ephemeral port; a ``range`` listens on a random free port
+    in it (pass one below the ephemeral range when clients must be able to reconnect to the
+    proxy's port after it stopped: a client's own reconnecting socket can take a free
+    ephemeral port, a TCP self-connect).
     """
 
     def __init__(
@@ -197,7 +204,7 @@ class FaultProxy:
         target_port: int | Callable[[], int | None],
         *,
         listen_host: str = "127.0.0.1",
-        listen_port: int = 0,
+        listen_port: int | range = 0,
         name: str = "fault-proxy",
     ) -> None:
         _require_loopback(target_host, "target_host")
@@ -473,9 +480,7 @@ class FaultProxy:
         self._gate = asyncio.Event()
         if self._mode is Mode.PASS_THROUGH:
             self._gate.set()
-        server = await asyncio.start_server(
-            self._handle, self.listen_host, self._listen_port, reuse_address=True
-        )
+        server = await self._listen()
         try:
             port = int(server.sockets[0].getsockname()[1])
             self._started.set_result(port)
@@ -492,6 +497,18 @@ class FaultProxy:
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
             await server.wait_closed()
+
+    async def _listen(self) -> asyncio.Server:
+        ports = self._listen_port
+        if isinstance(ports, int):
+            return await asyncio.start_server(self._handle, self.listen_host, ports, reuse_address=True)
+        for port in random.sample(ports, min(len(ports), 100)):
+            try:
+                return await asyncio.start_server(self._handle, self.listen_host, port, reuse_address=True)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        raise OSError(errno.EADDRINUSE, f"{self.name}: no free port in {ports.start}-{ports.stop - 1}")
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         handler = asyncio.current_task()
@@ -606,7 +623,10 @@ class ProxiedKafka:
 
 @contextlib.contextmanager
 def proxied_kafka(
-    properties: Mapping[str, object] | None = None, **broker_kwargs: Any
+    properties: Mapping[str, object] | None = None,
+    *,
+    make_proxy: Callable[[Callable[[], int | None]], FaultProxy] | None = None,
+    **broker_kwargs: Any,
 ) -> Iterator[ProxiedKafka]:
     """Start a proxy, then a broker advertising the proxy's address; yield both.
 
@@ -616,7 +636,9 @@ def proxied_kafka(
     are told to use) names the proxy. The proxy asks the broker for its real port
     on each connection, so it follows the broker through start-up retries.
 
-    ``properties`` and ``broker_kwargs`` go to ``KafkaBroker``.
+    ``properties`` and ``broker_kwargs`` go to ``KafkaBroker``. ``make_proxy(broker_port)``,
+    if given, builds the (unstarted) proxy from the callable that names the broker's port, for
+    a proxy of another kind (e.g. :class:`tests.support.late_broker.LateProxy`).
     """
     from tests.support.kafka_broker import KafkaBroker
 
@@ -628,7 +650,11 @@ def proxied_kafka(
     def broker_port() -> int | None:
         return None if broker is None else broker.port
 
-    with FaultProxy("127.0.0.1", broker_port, name="kafka-fault-proxy") as proxy:
+    if make_proxy is None:
+        proxy = FaultProxy("127.0.0.1", broker_port, name="kafka-fault-proxy")
+    else:
+        proxy = make_proxy(broker_port)
+    with proxy:
         props["advertised.listeners"] = f"PLAINTEXT://{proxy.address}"
         broker = KafkaBroker(properties=props, **broker_kwargs)
         with broker:
