@@ -7,12 +7,16 @@ import itertools
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings as hypothesis_settings
 
 from engine.transport import open_transport
 from tests.support.cluster import Cluster
+
+if TYPE_CHECKING:
+    from tests.support.late_broker import LateKafka
 
 # Wall-clock deadlines per example fail on a loaded 2-core CI machine without saying
 # anything about the code; the tests' own timeouts still bound a hang.
@@ -44,6 +48,34 @@ def kafka_bootstrap() -> Iterator[str]:
 
     for broker in kafka_broker_session():
         yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def late_kafka_session() -> Iterator[LateKafka]:
+    """A dedicated broker at Kafka's *default* group settings behind the late proxy
+    (tests/support/late_broker.py), started when a test first asks for it. Use ``late_kafka``
+    (which resets it around each test) rather than this."""
+    from tests.support.late_broker import late_kafka
+
+    with late_kafka() as kafka:
+        yield kafka
+
+
+@pytest.fixture
+def late_kafka(late_kafka_session: LateKafka) -> Iterator[LateKafka]:
+    """The late broker with its delays at zero, its record empty and its proxy passing through
+    when the test starts; the same again after it, so that no setting outlives its test."""
+    late_kafka_session.reset()
+    yield late_kafka_session
+    late_kafka_session.reset()
+
+
+@pytest.fixture
+def kafka_defaults_bootstrap(late_kafka: LateKafka) -> str:
+    """``bootstrap.servers`` of a broker at Kafka's default group settings
+    (``group.initial.rebalance.delay.ms=3000``, ``group.min.session.timeout.ms=6000``),
+    answering at once: the late broker with its delays at zero."""
+    return late_kafka.bootstrap
 
 
 @pytest.fixture(scope="session")
