@@ -10,7 +10,6 @@ group settings: the first rebalance of a new group waits ``group.initial.rebalan
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -312,44 +311,12 @@ async def test_lowering_the_delays_releases_held_answers(
     assert member.assigned_at - changed_at < 1.0
 
 
-@dataclass
-class RawConnection:
-    """A bare Kafka connection, to see exactly what arrives when on one connection."""
-
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    next_id: int = 1
-
-    @classmethod
-    async def open(cls, address: str) -> RawConnection:
-        host, port = address.rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
-        return cls(reader, writer)
-
-    def send(self, request: object, client_id: str) -> int:
-        correlation_id, self.next_id = self.next_id, self.next_id + 1
-        header = request.build_request_header(correlation_id, client_id).encode()  # type: ignore[attr-defined]
-        frame = header + request.encode()  # type: ignore[attr-defined]
-        self.writer.write(struct.pack(">i", len(frame)) + frame)
-        return correlation_id
-
-    async def receive(self) -> tuple[int, bytes, float]:
-        """The next answer: its correlation id, its frame (from the correlation id on), when it came."""
-        size = struct.unpack(">i", await self.reader.readexactly(4))[0]
-        frame = await self.reader.readexactly(size)
-        return struct.unpack(">i", frame[:4])[0], frame, time.monotonic()
-
-    async def close(self) -> None:
-        self.writer.close()
-        await self.writer.wait_closed()
-
-
 @pytest.mark.asyncio
 async def test_a_held_answer_holds_the_answers_behind_it_on_its_connection(late_kafka: LateKafka) -> None:
     late_kafka.set_delays(GroupDelays(join_s=1.5))
     group = f"raw-{uuid.uuid4().hex[:10]}"
-    conn = await RawConnection.open(late_kafka.bootstrap)
-    other = await RawConnection.open(late_kafka.bootstrap)
+    conn = await wire.RawConnection.open(late_kafka.bootstrap)
+    other = await wire.RawConnection.open(late_kafka.bootstrap)
     try:
 
         def join_request(member_id: str) -> JoinGroupRequest_v5:

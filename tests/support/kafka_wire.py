@@ -25,9 +25,12 @@ then on pass everything through unlooked at.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "API_VERSIONS",
@@ -40,6 +43,7 @@ __all__ = [
     "JoinGroupResponse",
     "LeaveGroupRequest",
     "Piece",
+    "RawConnection",
     "RequestHeader",
     "RequestScanner",
     "ResponseCutter",
@@ -482,3 +486,49 @@ class ResponseCutter:
             self._frame = bytearray()
         self._head.clear()
         self._whole = False
+
+
+# -- a bare client connection -------------------------------------------------------------------
+
+
+class RawConnection:
+    """A bare Kafka connection for tests: send aiokafka request structs, read the answers as they
+    come (pipelining allowed), to see exactly what arrives when on one connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._next_id = 1
+
+    @classmethod
+    async def open(cls, address: str) -> RawConnection:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer)
+
+    def send(self, request: Any, client_id: str | None = "raw") -> int:
+        """Send an aiokafka request struct (``JoinGroupRequest_v5(...)``, ...); returns its
+        correlation id."""
+        header = request.build_request_header(self._next_id, client_id).encode()
+        return self.send_frame(header + request.encode())
+
+    def send_frame(self, frame: bytes) -> int:
+        """Send a request frame given without its size (its correlation id is not checked)."""
+        correlation_id, self._next_id = self._next_id, self._next_id + 1
+        self.writer.write(struct.pack(">i", len(frame)) + frame)
+        return correlation_id
+
+    @property
+    def next_correlation_id(self) -> int:
+        return self._next_id
+
+    async def receive(self) -> tuple[int, bytes, float]:
+        """The next answer: its correlation id, its frame (from the correlation id on) and the
+        ``time.monotonic()`` it arrived."""
+        size = int(struct.unpack(">i", await self.reader.readexactly(4))[0])
+        frame = await self.reader.readexactly(size)
+        return int(struct.unpack(">i", frame[:4])[0]), frame, time.monotonic()
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()

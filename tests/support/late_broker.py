@@ -350,12 +350,12 @@ class LateProxy(FaultProxy):
                     if writer.can_write_eof() and not writer.transport.is_closing():
                         writer.write_eof()
                     return
+                if out.call_id is not None:  # on file before the client can read it
+                    self.record.released(out.call_id, time.monotonic())
                 writer.write(out.data)
                 size -= len(out.data)
                 if size <= _QUEUE_LIMIT:
                     room.set()
-                if out.call_id is not None:
-                    self.record.released(out.call_id, time.monotonic())
                 self._bytes_to_client += len(out.data)
                 self._notify()
                 await writer.drain()
