@@ -64,7 +64,11 @@ def late_kafka_session() -> Iterator[LateKafka]:
 @pytest.fixture
 def late_kafka(late_kafka_session: LateKafka) -> Iterator[LateKafka]:
     """The late broker with its delays at zero, its record empty and its proxy passing through
-    when the test starts; the same again after it, so that no setting outlives its test."""
+    when the test starts; the same again after it, so that no setting outlives its test.
+
+    A client stopping waits for the group answers the proxy holds (an aiokafka consumer's stop
+    waits for its JoinGroup): a fixture that stops clients after the test should set the delays
+    to zero first (``late_kafka.set_delays(GroupDelays())``), as it tears down before this one."""
     late_kafka_session.reset()
     yield late_kafka_session
     late_kafka_session.reset()

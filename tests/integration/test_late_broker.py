@@ -24,6 +24,7 @@ from aiokafka.protocol.group import JoinGroupRequest_v5, LeaveGroupRequest_v1
 from aiokafka.structs import TopicPartition
 
 from engine.testing import eventually_async
+from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.late_broker import KAFKA_GROUP_DEFAULTS, GroupCall, GroupDelays, LateKafka
 
@@ -166,7 +167,8 @@ async def test_the_leaders_sync_answer_is_held_and_the_followers_longer(
     print(f"\n{record.summary()}")
     # The broker answers the follower's SyncGroup together with the leader's; the proxy hands
     # them on 1 s and 2 s later, and the clients get them then.
-    assert abs(leader_sync.answered_at - follower_sync.answered_at) < 0.5  # type: ignore[operator]
+    assert leader_sync.answered_at is not None and follower_sync.answered_at is not None
+    assert abs(leader_sync.answered_at - follower_sync.answered_at) < 0.5
     assert 1.0 <= held(leader_sync) < 1.0 + MARGIN
     assert 2.0 <= held(follower_sync) < 2.0 + MARGIN
     for sync in (leader_sync, follower_sync):
@@ -208,7 +210,7 @@ async def test_join_answers_are_held_and_errors_are_not(
         assert rejoin.requested_at - error.requested_at < 0.5
     generation = record.last_generation(group)
     answers = [c for c in record.joins(group_id=group) if c.generation_id == generation]
-    assert sorted(c.client_id for c in answers) == ["late-a", "late-b"]
+    assert sorted(str(c.client_id) for c in answers) == ["late-a", "late-b"]
     for answer in answers:
         assert answer.answered_at is not None
         assert 1.5 <= held(answer) < 1.5 + MARGIN
@@ -315,8 +317,8 @@ async def test_lowering_the_delays_releases_held_answers(
 async def test_a_held_answer_holds_the_answers_behind_it_on_its_connection(late_kafka: LateKafka) -> None:
     late_kafka.set_delays(GroupDelays(join_s=1.5))
     group = f"raw-{uuid.uuid4().hex[:10]}"
-    conn = await wire.RawConnection.open(late_kafka.bootstrap)
-    other = await wire.RawConnection.open(late_kafka.bootstrap)
+    conn = await frames.RawConnection.open(late_kafka.bootstrap)
+    other = await frames.RawConnection.open(late_kafka.bootstrap)
     try:
 
         def join_request(member_id: str) -> JoinGroupRequest_v5:

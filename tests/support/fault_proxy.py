@@ -84,7 +84,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from tests.support.kafka_broker import KafkaBroker
@@ -414,7 +414,7 @@ class FaultProxy:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> FaultProxy:
+    def start(self) -> Self:
         """Start the proxy's thread; returns once it listens (see :attr:`port`)."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} was already started")
@@ -439,7 +439,7 @@ class FaultProxy:
         if thread.is_alive():
             raise RuntimeError(f"{self.name} did not stop within {timeout} s")
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.fault_proxy import _CHUNK, FaultProxy, _Connection, proxied_kafka
 from tests.support.group_record import JOIN, LEAVE, SYNC, GroupCall, GroupRecord
@@ -132,7 +133,7 @@ class _Wire:
     """One connection's protocol state (proxy loop only)."""
 
     number: int
-    scanner: wire.RequestScanner | None
+    scanner: frames.RequestScanner | None
     pending: dict[int, _Pending] = field(default_factory=dict)
 
 
@@ -193,7 +194,7 @@ class LateProxy(FaultProxy):
     def _wire(self, conn: _Connection) -> _Wire:
         state = self._wires.get(conn)
         if state is None:
-            scanner = wire.RequestScanner(lambda api_key: api_key in _GROUP_APIS)
+            scanner = frames.RequestScanner(lambda api_key: api_key in _GROUP_APIS)
             state = self._wires[conn] = _Wire(next(self._numbers), scanner)
         return state
 
@@ -307,7 +308,7 @@ class LateProxy(FaultProxy):
 
         async def read() -> None:
             nonlocal size
-            cutter = wire.ResponseCutter(lambda cid: cid in state.pending)
+            cutter = frames.ResponseCutter(lambda cid: cid in state.pending)
             try:
                 while True:
                     await room.wait()
@@ -363,7 +364,7 @@ class LateProxy(FaultProxy):
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
 
-    def _classify(self, state: _Wire, piece: wire.Piece) -> _Out:
+    def _classify(self, state: _Wire, piece: frames.Piece) -> _Out:
         """What to do with a piece of the answer stream; files the group answers it completes."""
         out = _Out(piece.data)
         if piece.correlation_id is None:

@@ -1,4 +1,4 @@
-"""The late broker's Kafka frame parsing (tests/support/kafka_wire.py).
+"""The late broker's Kafka parsing (tests/support/kafka_wire.py) and frame cutting (kafka_frames.py).
 
 Frames are encoded with aiokafka's own protocol classes where it has them (the versions it
 sends: JoinGroup v0-v5, SyncGroup v0-v3, LeaveGroup v0-v1) and otherwise with aiokafka's
@@ -37,6 +37,7 @@ from aiokafka.protocol.types import (
     UnsignedVarInt32,
 )
 
+from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 
 S = String("utf-8")
@@ -48,22 +49,22 @@ SOME_TAGS = UnsignedVarInt32.encode(1) + UnsignedVarInt32.encode(0) + UnsignedVa
 
 def request_frame(request: Any, correlation_id: int = 7, client_id: str | None = "client-1") -> bytes:
     """An aiokafka request as on the wire, without the size."""
-    return request.build_request_header(correlation_id, client_id).encode() + request.encode()
+    return bytes(request.build_request_header(correlation_id, client_id).encode() + request.encode())
 
 
 def flexible_request(api_key: int, version: int, body: bytes, correlation_id: int = 7,
                      client_id: str | None = "client-1") -> bytes:
     """Request header v2: the classic header, a nullable (non-compact) client id, tagged fields."""
-    return Int16.encode(api_key) + Int16.encode(version) + Int32.encode(correlation_id) + S.encode(client_id) \
-        + SOME_TAGS + body
+    header = Int16.encode(api_key) + Int16.encode(version) + Int32.encode(correlation_id) + S.encode(client_id)
+    return bytes(header + SOME_TAGS + body)
 
 
 def compact_array(items: list[bytes]) -> bytes:
-    return UnsignedVarInt32.encode(len(items) + 1) + b"".join(items)
+    return bytes(UnsignedVarInt32.encode(len(items) + 1)) + b"".join(items)
 
 
 def classic_array(items: list[bytes]) -> bytes:
-    return Int32.encode(len(items)) + b"".join(items)
+    return bytes(Int32.encode(len(items))) + b"".join(items)
 
 
 def sized(frame: bytes) -> bytes:
@@ -216,15 +217,15 @@ def test_the_request_scanner_keeps_group_requests_whole_and_only_the_head_of_oth
     join = request_frame(JoinGroupRequest_v5("grp", 1, 1, "", None, "consumer", [("range", b"m" * 3000)]))
     metadata = request_frame(MetadataRequest_v1(["t" * 3000]))
     stream = sized(join) + sized(metadata) + sized(join)
-    scanner = wire.RequestScanner(lambda api_key: api_key == wire.JOIN_GROUP, prefix=64)
+    scanner = frames.RequestScanner(lambda api_key: api_key == wire.JOIN_GROUP, prefix=64)
     for chunking in (1, 7, len(stream)):
-        frames = [f for i in range(0, len(stream), chunking) for f in scanner.feed(stream[i : i + chunking])]
-        assert frames == [join, metadata[:64], join]
+        found = [f for i in range(0, len(stream), chunking) for f in scanner.feed(stream[i : i + chunking])]
+        assert found == [join, metadata[:64], join]
         assert scanner.broken is None
 
 
 def test_the_request_scanner_gives_up_on_a_nonsense_size() -> None:
-    scanner = wire.RequestScanner(lambda api_key: True)
+    scanner = frames.RequestScanner(lambda api_key: True)
     assert scanner.feed(b"GET / HTTP/1.1\r\n") == []
     assert scanner.broken is not None and "not a Kafka frame" in scanner.broken
     assert scanner.feed(sized(request_frame(MetadataRequest_v1([])))) == []
@@ -234,7 +235,7 @@ def test_the_response_cutter_passes_other_frames_on_as_they_come() -> None:
     kept = Int32.encode(1) + b"k" * 50
     other = Int32.encode(2) + b"o" * 50
     stream = sized(other) + sized(kept) + sized(other)
-    cutter = wire.ResponseCutter(lambda correlation_id: correlation_id == 1)
+    cutter = frames.ResponseCutter(lambda correlation_id: correlation_id == 1)
     pieces = [p for b in range(len(stream)) for p in cutter.feed(stream[b : b + 1])]
     assert b"".join(p.data for p in pieces) == stream
     assert [p.correlation_id for p in pieces if p.correlation_id is not None] == [2, 1, 2]
@@ -245,13 +246,13 @@ def test_the_response_cutter_passes_other_frames_on_as_they_come() -> None:
 
 
 def test_the_response_cutter_passes_everything_on_after_a_nonsense_size() -> None:
-    cutter = wire.ResponseCutter(lambda correlation_id: True)
+    cutter = frames.ResponseCutter(lambda correlation_id: True)
     good = sized(Int32.encode(1) + b"abc")
     pieces = cutter.feed(good + b"\xff\xff\xff\xff" + b"rest")
     assert [p.frame for p in pieces] == [good[4:], None]
     assert b"".join(p.data for p in pieces) == good + b"\xff\xff\xff\xffrest"
     assert cutter.broken is not None
-    assert cutter.feed(good) == [wire.Piece(good)]
+    assert cutter.feed(good) == [frames.Piece(good)]
 
 
 def test_a_bytes_field_of_null() -> None:

@@ -25,11 +25,12 @@ from aiokafka.protocol.group import (
 from aiokafka.protocol.types import CompactBytes, CompactString, Int16, Int32, String, UnsignedVarInt32
 
 from engine.testing import eventually_async
+from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.group_record import JOIN, LEAVE, SYNC, GroupCall, GroupRecord
 from tests.support.late_broker import GroupDelays, LateProxy
 
-Connect = Callable[[], Awaitable[wire.RawConnection]]
+Connect = Callable[[], Awaitable[frames.RawConnection]]
 
 DEADLINE = 5.0
 MARGIN = 0.3
@@ -97,7 +98,7 @@ class FakeBroker:
             body = head + Int32.encode(0) + Int16.encode(0)
         else:
             body = head + Int16.encode(0) + Int32.encode(0)
-        return struct.pack(">i", len(body)) + body
+        return struct.pack(">i", len(body)) + bytes(body)
 
 
 @pytest_asyncio.fixture
@@ -118,10 +119,10 @@ def proxy(broker: FakeBroker) -> Iterator[LateProxy]:
 
 @pytest_asyncio.fixture
 async def connect(proxy: LateProxy) -> AsyncIterator[Connect]:
-    opened: list[wire.RawConnection] = []
+    opened: list[frames.RawConnection] = []
 
-    async def open_one() -> wire.RawConnection:
-        conn = await wire.RawConnection.open(proxy.address)
+    async def open_one() -> frames.RawConnection:
+        conn = await frames.RawConnection.open(proxy.address)
         opened.append(conn)
         return conn
 
@@ -139,7 +140,7 @@ def sync(member: str, leader: bool, group: str = "g") -> SyncGroupRequest_v3:
     return SyncGroupRequest_v3(group, 1, member, None, [("m-1", b"a"), ("m-2", b"b")] if leader else [])
 
 
-async def answer_time(conn: wire.RawConnection, request: object, client_id: str = "c") -> float:
+async def answer_time(conn: frames.RawConnection, request: object, client_id: str = "c") -> float:
     """Seconds from sending ``request`` to its answer."""
     sent = time.monotonic()
     conn.send(request, client_id)
