@@ -181,6 +181,8 @@ async def test_the_leaders_sync_answer_is_held_and_the_followers_longer(
     assert leader_id == {leader_sync.member_id}
     # JoinGroup was not held.
     assert all(held(c) < AT_ONCE for c in record.join_requests(group_id=group) if c.released_at is not None)
+    # The group is stable from when the last member (the follower) was handed its assignment.
+    assert await record.wait_until_stable(group, timeout=DEADLINE) == follower_sync.released_at
 
 
 @pytest.mark.asyncio

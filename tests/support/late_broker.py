@@ -118,7 +118,7 @@ class _Pending:
 
 @dataclass
 class _Out:
-    """Bytes for the client, in order; ``call``'s answer may have to wait."""
+    """Bytes for the client, in order; with ``hold`` they wait for the delay of their api."""
 
     data: bytes | None  # None: the broker's end of stream
     api: str | None = None
