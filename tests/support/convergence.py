@@ -77,19 +77,33 @@ class ClientWatch:
         """Each alive thread's completed rebalances (``rebalance-total``)."""
         return {m.tags["thread-id"]: m.value for m in self.streams.metrics() if m.name == "rebalance-total"}
 
-    def settled(self, threads: int, partitions: int) -> bool:
-        """RUNNING, ``threads`` RUNNING threads, and every task owned by exactly one of them."""
+    def owned(self, threads: int) -> list[str] | None:
+        """The tasks of a RUNNING client whose ``threads`` threads all run; None otherwise."""
         if self.streams.state is not ClientState.RUNNING:
-            return False
+            return None
         meta = self.streams.metadata_for_local_threads()
         if len(meta) != threads or any(t.thread_state is not StreamThreadState.RUNNING for t in meta):
-            return False
-        owned = sorted(str(task.task_id) for t in meta for task in t.active_tasks)
-        return owned == [f"0_{p}" for p in range(partitions)]
+            return None
+        return [str(task.task_id) for t in meta for task in t.active_tasks]
+
+    def settled(self, threads: int, partitions: int) -> bool:
+        """RUNNING, ``threads`` RUNNING threads, and every task owned by exactly one of them."""
+        return group_settled([self], threads, partitions)
 
     async def wait_settled(self, threads: int, partitions: int, timeout: float, what: str = "") -> None:
         await eventually_async(lambda: self.settled(threads, partitions), timeout,
                                what or f"RUNNING with {threads} threads owning all {partitions} tasks", interval=0.05)
+
+
+def group_settled(watches: Iterable[ClientWatch], threads: int, partitions: int) -> bool:
+    """Every client RUNNING with ``threads`` RUNNING threads, and each task owned by exactly one thread."""
+    owned: list[str] = []
+    for watch in watches:
+        tasks = watch.owned(threads)
+        if tasks is None:
+            return False
+        owned += tasks
+    return sorted(owned) == sorted(f"0_{p}" for p in range(partitions))
 
 
 async def produce(cluster: Cluster, topics: Topics, start: int, count: int) -> None:
