@@ -295,7 +295,7 @@ class StreamsAssignor:
         membership = self._membership
         return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
                                 self.shutdown_requested, self._endpoint, list(self.owned_standby_tasks),
-                                membership.token if membership else "", membership.joins if membership else 0,
+                                membership.token if membership else "", membership.joining if membership else 0,
                                 ).encode()
 
     def assign(

@@ -11,20 +11,27 @@ stale generation early only moves the thread into that rebalance sooner; it neve
 The facts, each in one place:
 
 - ``Membership`` (one per thread, written by its loop, read by its siblings): a token unique to
-  this thread in this process, how many joins it has started (``joins``), and whether it has
-  left the group.
+  this thread in this process, the join it is making (``joining``, what its JoinGroup carries),
+  the latest join the coordinator has registered (``joins``, what its siblings count on), and
+  whether it has left the group.
 - The roster of a generation: the tokens of the client's threads in it, each with the join that
   brought it there. The group leader builds it from the members' subscriptions, so every member
   of a generation gets the same roster (``engine.tasks.assignor``).
 - ``GenerationWatch`` (one per thread, on its loop): the thread's current generation and roster,
   or None while it is joining.
 
-A generation is stale because of a sibling that is alive and has started a join its roster does
-not record (a new thread, or a member that rejoins: either way the coordinator rebalances once
-that JoinGroup arrives), or because of a sibling in its roster that has left the group. Nothing
-else makes our client rejoin, and it rejoins at most once for each such change (``acted``): a
-member that just got its assignment never rejoins while a join or sync that its generation
-already includes is in flight, however late the broker answers.
+A generation is stale because of a sibling that is alive and whose registered join its roster
+does not record (a new thread, or a member that rejoins: the coordinator rebalances for it, and
+completes no rebalance without it), or because of a sibling in its roster that has left the
+group. Nothing else makes our client rejoin, and it rejoins at most once for each such change
+(``acted``): a member that just got its assignment never rejoins while a join or sync that its
+generation already includes is in flight, however late the broker answers.
+
+A join counts once the coordinator has it. A known member's has it when it starts (the
+coordinator waits for every known member); a new thread's only once its first JoinGroup is
+answered (KIP-394's MEMBER_ID_REQUIRED makes it a pending member, which the coordinator waits
+for too). Counted earlier, a sibling's rejoin could complete a generation before the new
+thread's first JoinGroup arrived, and the sibling would then wait for its heartbeat.
 """
 
 from __future__ import annotations
@@ -47,15 +54,17 @@ _tokens = itertools.count(1)
 class Membership:
     """A stream thread's membership as its siblings see it (plain attribute reads and writes)."""
 
-    __slots__ = ("joins", "left", "name", "token")
+    __slots__ = ("joining", "joins", "left", "name", "token")
 
     def __init__(self, thread_name: str) -> None:
         self.name = thread_name
         # Thread names are reused (KIP-663 gives a removed thread's name to the next one): the
         # token is not, so a roster never mistakes a new thread for the one it replaced.
         self.token = f"{thread_name}#{next(_tokens)}"
+        self.joining = 0
+        """The thread's latest join (its JoinGroup subscriptions carry it): one per rebalance it starts."""
         self.joins = 0
-        """Joins started: bumped right before each JoinGroup that follows a completed one."""
+        """The latest join the coordinator has registered; what siblings count on."""
         self.left = False
         """The thread's consumer left the group (LeaveGroup sent on close)."""
 
@@ -92,12 +101,20 @@ class GenerationWatch:
         """The thread is about to send a JoinGroup; True when this starts a new join.
 
         A join that retries (the transport calls ``on_partitions_revoked`` once per rebalance, not
-        per JoinGroup) or the first one are one join each."""
-        if self.roster is None and self._own.joins > 0:
+        per JoinGroup) is one join."""
+        if self.roster is None and self._own.joining > 0:
             return False
         self.roster = None
         self.number = None
-        self._own.joins += 1
+        self._own.joining += 1
+        return True
+
+    def registered(self) -> bool:
+        """The coordinator has the join in flight; True when that is news for the siblings."""
+        own = self._own
+        if own.joins == own.joining:
+            return False
+        own.joins = own.joining
         return True
 
     def settle(self, number: int | None, roster: Roster) -> None:

@@ -63,6 +63,8 @@ class ThreadLoop:
         self._generation = GenerationWatch(thread.membership)
         # Why this thread asked to rejoin, for the log of its next join (None: the coordinator asked).
         self._rejoin_reason: str | None = None
+        # Cooperative: partitions revoked by the assignment under way (the follow-up join is ours).
+        self._handing_over = 0
         self.standbys: StandbyTasks | None = None
         config = self._config
         self._producer_settings = ProducerSettings(
@@ -410,14 +412,10 @@ class ThreadLoop:
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         thread = self._thread
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
-        if self._generation.begin_join():
-            # A JoinGroup follows: the siblings whose generation this makes stale rejoin now.
-            joins = thread.membership.joins
-            reason, self._rejoin_reason = self._rejoin_reason, None
-            reason = reason or ("first join" if joins == 1 else "the group coordinator started a rebalance")
-            self._log.debug("Joining the group (join %d): %s", joins, reason)
-            thread.rebalances.started(joins, reason)
-            thread.on_membership_change(thread)
+        if revoked and not self._generation.settled:
+            # Cooperative: partitions lost in the assignment under way; the follow-up join comes next.
+            self._handing_over = len(revoked)
+        self._begin_join()
         manager = thread.view.manager
         if manager is not None and revoked:
             self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
@@ -429,6 +427,24 @@ class ThreadLoop:
             # The assignor's owned tasks stay as they were: the rejoin's subscription names the
             # tasks whose state this thread holds, so the leader can keep them here (sticky).
             self._thread.view.publish_tasks()
+
+    def _begin_join(self) -> None:
+        """Before a JoinGroup: count a new join, and tell the siblings once the coordinator has it."""
+        if not self._generation.begin_join():
+            return  # the join under way, retried
+        thread = self._thread
+        joins = thread.membership.joining
+        reason, self._rejoin_reason = self._rejoin_reason, None
+        reason = reason or ("first join" if joins == 1 else "the group coordinator started a rebalance")
+        self._log.debug("Joining the group (join %d): %s", joins, reason)
+        thread.rebalances.started(joins, reason)
+        if self.consumer is not None and self.consumer.member_id is not None:
+            self.on_join_registered()  # a known member: the coordinator waits for it already
+
+    def on_join_registered(self) -> None:
+        """The coordinator has this thread's join: the siblings whose generation it makes stale rejoin now."""
+        if self._generation.registered():
+            self._thread.on_membership_change(self._thread)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         thread = self._thread
@@ -454,6 +470,13 @@ class ThreadLoop:
         generation = self.consumer.generation if self.consumer is not None else None
         self._generation.settle(generation, thread.assignor.roster)
         thread.rebalances.completed(generation)
+        if self._handing_over:
+            # The transport rejoins for the follow-up that hands the lost partitions to their new
+            # owners: the join starts now, so the siblings hear of it before this callback returns.
+            self._rejoin_reason = f"hands {self._handing_over} partition(s) over (cooperative follow-up)"
+            self._handing_over = 0
+            self._begin_join()
+            return
         if self._rejoin_if_stale():
             return  # not RUNNING: the group is about to rebalance
         if thread.assignor.follow_up:

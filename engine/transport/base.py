@@ -92,6 +92,14 @@ class RebalanceListener(Protocol):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None: ...
 
+    def on_join_registered(self) -> None:
+        """The coordinator has registered this member's join: a rebalance completes only with it now.
+
+        Called (on the consumer's loop, never awaited) when a new member's first JoinGroup is
+        answered (Kafka: with MEMBER_ID_REQUIRED, after which the coordinator waits for the member's
+        second JoinGroup before it completes a rebalance) and after every join of the memory broker.
+        """
+
 
 @dataclass(frozen=True, slots=True)
 class ConsumerSettings:

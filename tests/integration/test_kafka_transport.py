@@ -142,6 +142,9 @@ class Recorder:
             await self.block_revoke.wait()
         self.owned -= revoked
 
+    def on_join_registered(self) -> None:
+        pass
+
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         assert all(type(tp) is TopicPartition for tp in assigned)
         self.events.append(("assigned", set(assigned)))

@@ -338,6 +338,9 @@ class IgnoreRebalances:
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         pass
 
+    def on_join_registered(self) -> None:
+        pass
+
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         pass
 

@@ -37,7 +37,7 @@ from engine.transport.kafka.errors import commit_failed, illegal_state, transpor
 from engine.transport.kafka.leave_group import replace_leave_step
 from engine.transport.kafka.options import client_kwargs
 from engine.transport.kafka.prefetch import take_prefetched
-from engine.transport.kafka.rebalance import AssignorAdapter, ListenerAdapter, RebalanceState
+from engine.transport.kafka.rebalance import AssignorAdapter, ListenerAdapter, RebalanceState, watch_join_answers
 from engine.transport.kafka.security import security_options
 from engine.transport.kafka.startup import start_or_clean_up
 from engine.transport.kafka.structs import aio_offsets, aio_tp, our_tps
@@ -127,6 +127,8 @@ class KafkaConsumer:
         self._consumer = consumer
         # Applied after start so that start() does not wait for the first
         # rebalance (aiokafka's start() would when subscribed before it).
+        if self._settings is not None:
+            watch_join_answers(consumer._coordinator, self._join_registered)
         if self._subscription is not None:
             topics, listener = self._subscription
             consumer.subscribe(topics=topics, listener=listener)
@@ -208,6 +210,10 @@ class KafkaConsumer:
             raise IllegalStateError("a reader has no group to rejoin")
         self._rebalance.rejoin_count += 1
         consumer._coordinator.request_rejoin()
+
+    def _join_registered(self) -> None:
+        if self._subscription is not None:
+            self._subscription[1].join_registered()
 
     def _rejoin_later(self) -> None:
         if self._consumer is not None:

@@ -60,7 +60,7 @@ from engine.transport.base import GroupAssignor, MemberAssignment, MemberSubscri
 from engine.transport.kafka.errors import describe
 from engine.transport.kafka.structs import our_tps
 
-__all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState"]
+__all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState", "watch_join_answers"]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,29 @@ def _unwrap_user_data(wire: bytes | None) -> tuple[tuple[TopicPartition, ...], b
     return owned, data[start + size :]
 
 
+_JOIN_GROUP = 11
+# A new member's first JoinGroup is answered MEMBER_ID_REQUIRED (KIP-394); from then on the
+# coordinator counts it as a pending member and completes no rebalance without it.
+_REGISTERING = (aioerrors.NoError.errno, aioerrors.MemberIdRequired.errno)
+
+
+def watch_join_answers(coordinator: Any, registered: Callable[[], None]) -> None:
+    """Call ``registered`` when a JoinGroup answer shows the coordinator has this member.
+
+    aiokafka sends a new member's two JoinGroup requests (KIP-394) in one step with no callback
+    in between; this wraps the coordinator's private request method, as ``leave_group`` wraps
+    its leave step."""
+    send = coordinator._send_req
+
+    async def send_req(request: Any) -> Any:
+        response = await send(request)
+        if getattr(request, "API_KEY", None) == _JOIN_GROUP and response.error_code in _REGISTERING:
+            registered()
+        return response
+
+    coordinator._send_req = send_req
+
+
 class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
     """Adapts the engine's :class:`GroupAssignor` to aiokafka's assignor interface.
 
@@ -274,6 +297,15 @@ class ListenerAdapter(ConsumerRebalanceListener):  # type: ignore[misc]  # aioka
             await self._listener.on_partitions_revoked(our_tps(revoked))
         except Exception as exc:
             state.callback_failed(exc, "on_partitions_revoked")
+
+    def join_registered(self) -> None:
+        """A JoinGroup of this member got an answer that registers it (see ``watch_join_answers``)."""
+        if self._listener is None:
+            return
+        try:
+            self._listener.on_join_registered()
+        except Exception as exc:
+            self._state.callback_failed(exc, "on_join_registered")
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         state = self._state

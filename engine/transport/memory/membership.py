@@ -156,6 +156,8 @@ class GroupMembership:
             ),
         )
         self._transition_to(MemberState.JOINING)
+        if self._listener is not None:
+            self._listener.on_join_registered()
 
     async def coordinate(self) -> float | None:
         """Advance the protocol as far as it goes without waiting for other members.

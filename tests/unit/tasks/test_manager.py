@@ -591,6 +591,9 @@ class Member:
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         pass
 
+    def on_join_registered(self) -> None:
+        pass
+
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         if self.manager is not None:
             self.manager.handle_assignment(assigned)

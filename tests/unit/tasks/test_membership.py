@@ -16,25 +16,42 @@ def settled(own: Membership, *members: Membership) -> GenerationWatch:
     """A watch in a generation whose roster records each of ``members`` at its current join."""
     watch = GenerationWatch(own)
     watch.begin_join()
+    watch.registered()
     watch.settle(1, {m.token: m.joins for m in (own, *members)})
     return watch
 
 
 def joined(name: str, joins: int = 1) -> Membership:
+    """A member whose latest join ``joins`` the coordinator has."""
     member = Membership(name)
-    member.joins = joins
+    member.joining = member.joins = joins
     return member
 
 
 def test_a_join_counts_once_however_often_its_joingroup_is_retried() -> None:
     own = Membership("t1")
     watch = GenerationWatch(own)
-    assert watch.begin_join() and own.joins == 1
+    assert watch.begin_join() and own.joining == 1
     assert not watch.begin_join()  # the same join, retried before any assignment came
-    assert own.joins == 1
+    assert own.joining == 1
     watch.settle(3, {own.token: 1})
-    assert watch.begin_join() and own.joins == 2
+    assert watch.begin_join() and own.joining == 2
     assert watch.roster is None and watch.number is None
+
+
+def test_siblings_count_a_join_once_the_coordinator_has_it() -> None:
+    """A new thread's first join counts for its siblings only once its first JoinGroup is answered:
+    a sibling rejoining before that could form a generation without it, and would wait for its
+    heartbeat to hear of the next one."""
+    own, new = joined("t1"), Membership("t2")
+    watch = settled(own)
+    new_watch = GenerationWatch(new)
+    new_watch.begin_join()
+    assert (new.joining, new.joins) == (1, 0)
+    assert watch.stale([(new, True)]) == []
+    assert new_watch.registered()
+    assert not new_watch.registered()  # told once
+    assert watch.stale([(new, True)]) == [Change(new.token, "t2", 1)]
 
 
 def test_tokens_differ_for_threads_of_the_same_name() -> None:
@@ -62,7 +79,7 @@ def test_a_new_thread_missing_from_the_roster_makes_it_stale_once_it_joins() -> 
     own, new = joined("t1"), Membership("t2")
     watch = settled(own)
     assert watch.stale([(new, True)]) == []  # created, not joining yet: it will join by itself
-    new.joins = 1
+    new.joining = new.joins = 1
     assert watch.stale([(new, True)]) == [Change(new.token, "t2", 1)]
 
 

@@ -87,6 +87,9 @@ class RecordingListener:
         if self.on_revoked is not None:
             await self.on_revoked(revoked)
 
+    def on_join_registered(self) -> None:
+        pass
+
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.events.append(("assigned", frozenset(assigned)))
 
@@ -720,6 +723,9 @@ async def test_members_on_two_threads_with_their_own_loops_consume_every_record_
         async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
             callback_threads[self.who].add(threading.get_ident())
             await self.consumer.commit({tp: OffsetAndMetadata(await self.consumer.position(tp)) for tp in revoked})
+
+        def on_join_registered(self) -> None:
+            pass
 
         async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
             callback_threads[self.who].add(threading.get_ident())
