@@ -77,10 +77,14 @@ async def test_failover_to_the_standby_restores_only_the_tail(cluster: Cluster, 
                 return (active[0], standby[0]) if len(active) == len(standby) == 1 else None
             active, standby = await eventually_async(placed, timeout=60, what="an active and a standby")
             assert active != standby
-            meta = one.query_metadata_for_key("counts", "k1", STR)
-            assert meta is not None
-            assert (meta.active_host, meta.standby_hosts) == (HostInfo("localhost", ports[active]),
-                                                              {HostInfo("localhost", ports[standby])})
+            # Each instance learns the placement from its own assignment, which may come after the
+            # other instance already runs its part of it.
+            where = (HostInfo("localhost", ports[active]), {HostInfo("localhost", ports[standby])})
+
+            def known() -> bool:
+                metas = [streams.query_metadata_for_key("counts", "k1", STR) for streams in apps.values()]
+                return all(m is not None and (m.active_host, m.standby_hosts) == where for m in metas)
+            await eventually_async(known, timeout=30, what="every instance knows where the active and the standby are")
 
             # The standby checkpoints what it applied: wait until it holds every key.
             changelog = TopicPartition(changelog_topic(names.app, "counts"), 0)
