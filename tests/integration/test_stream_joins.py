@@ -14,9 +14,11 @@ import pytest
 
 from engine import JoinWindows, KafkaStreams, StreamsBuilder
 from engine.errors import TopologyError
+from engine.records import ConsumerRecord
 from engine.serdes import StringSerde
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
+from tests.support.event_time import recent_ms
 
 pytestmark = pytest.mark.asyncio
 
@@ -35,24 +37,28 @@ def payments_topology(orders: str, payments: str, out: str) -> StreamsBuilder:
 async def test_left_join_survives_a_restart_from_its_changelogs(cluster: Cluster, names, tmp_path) -> None:
     orders, payments, out = names("orders"), names("payments"), names("paid")
     await cluster.create_topics({orders: 2, payments: 2, out: 2})
-    await cluster.produce(orders, [("a", "oa"), ("b", "ob"), ("d", "od")], STR, STR, partitions=2, timestamp=1000)
-    await cluster.produce(payments, [("a", "pa")], STR, STR, partitions=2, timestamp=1500)
+    t = recent_ms()  # the join's window changelogs must outlive the broker's time-based retention
+    await cluster.produce(orders, [("a", "oa"), ("b", "ob"), ("d", "od")], STR, STR, partitions=2, timestamp=t + 1000)
+    await cluster.produce(payments, [("a", "pa")], STR, STR, partitions=2, timestamp=t + 1500)
 
     def app() -> KafkaStreams:
         return make_streams(payments_topology(orders, payments, out).build(), cluster.bootstrap, names.app,
                             state_dir=str(tmp_path), cache_max_bytes_buffering=0)
 
+    def joined(records: list[ConsumerRecord]) -> list[tuple[str, str, int]]:
+        """(key, value, timestamp - t), sorted."""
+        return sorted((STR.deserialize(r.key), STR.deserialize(r.value), r.timestamp - t) for r in records)
+
     async with app():
         first = await cluster.read(out, 1)
-    assert [(STR.deserialize(r.key), STR.deserialize(r.value), r.timestamp) for r in first] == [("a", "oa+pa", 1500)]
+    assert joined(first) == [("a", "oa+pa", 1500)]
     shutil.rmtree(tmp_path / names.app)  # nothing left locally: the stores come from the changelogs
 
-    await cluster.produce(payments, [("b", "pb")], STR, STR, partitions=2, timestamp=1800)
-    await cluster.produce(orders, [("d", "od2")], STR, STR, partitions=2, timestamp=5000)
+    await cluster.produce(payments, [("b", "pb")], STR, STR, partitions=2, timestamp=t + 1800)
+    await cluster.produce(orders, [("d", "od2")], STR, STR, partitions=2, timestamp=t + 5000)
     async with app():
         records = await cluster.read(out, 3)
-    got = sorted((STR.deserialize(r.key), STR.deserialize(r.value), r.timestamp) for r in records)
-    assert got == [("a", "oa+pa", 1500), ("b", "ob+pb", 1800), ("d", "od+None", 1000)]
+    assert joined(records) == [("a", "oa+pa", 1500), ("b", "ob+pb", 1800), ("d", "od+None", 1000)]
 
 
 async def test_join_of_topics_with_different_partition_counts_is_refused_at_start(cluster: Cluster, names,

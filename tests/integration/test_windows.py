@@ -15,6 +15,7 @@ from engine.serdes import LongSerde, StringSerde
 from engine.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
+from tests.support.event_time import recent_ms
 
 pytestmark = pytest.mark.asyncio
 
@@ -38,7 +39,8 @@ def sessions_topology(source: str, sink: str) -> object:
 async def test_suppressed_session_counts_survive_a_restart(cluster: Cluster, names, tmp_path) -> None:
     source, sink = names("clicks"), names("sessions")
     await cluster.create_topics({source: 2, sink: 2})
-    for key, timestamp in [("a", 0), ("a", 500), ("b", 100)]:
+    t = recent_ms()  # the windowed changelogs must outlive the broker's time-based retention
+    for key, timestamp in [("a", t), ("a", t + 500), ("b", t + 100)]:
         await cluster.produce(source, [(key, "click")], STR, STR, partitions=2, timestamp=timestamp)
 
     async def emitted() -> list[tuple[str, int]]:
@@ -49,22 +51,31 @@ async def test_suppressed_session_counts_survive_a_restart(cluster: Cluster, nam
                             state_dir=str(tmp_path / "state"), commit_interval_ms=100)
 
     async with app() as streams:
-        await eventually_async(lambda: streams.store("sessions").fetch("a") == [(Windowed("a", 0, 500), 2)],
+        await eventually_async(lambda: streams.store("sessions").fetch("a") == [(Windowed("a", t, t + 500), 2)],
                                timeout=30, what="a's first session")
     assert await emitted() == []  # nothing closed yet
     # A fresh state directory: the stores can only come back from their changelogs.
     tmp_path.joinpath("state").rename(tmp_path / "old-state")
     async with app() as streams:
-        await cluster.produce(source, [("a", "click")], STR, STR, partitions=2, timestamp=1200)
-        # Sliding windows of a: [0, 1000] holds 0 and 500 (restored); [200, 1200] holds 500 and 1200,
-        # seeded from the restored window of 500.
-        await eventually_async(lambda: dict(streams.store("sliding").fetch_range("a", 0, 2000)) == {
-            0: 2, 1: 1, 200: 2, 501: 1}, timeout=30, what="a's sliding windows")
+        await cluster.produce(source, [("a", "click")], STR, STR, partitions=2, timestamp=t + 1200)
+        # Sliding windows of a, by start - t: [-500, 500] holds 0 and 500 (restored); [200, 1200]
+        # holds 500 and 1200, seeded from the restored window of 500; [501, 1501] is 500's right window.
+        sliding: dict[int, int] = {}
+
+        def slid() -> bool:
+            sliding.clear()
+            sliding.update((start - t, n) for start, n in streams.store("sliding").fetch_range("a", t - 1000, t + 2000))
+            return sliding == {-1000: 1, -500: 2, 1: 1, 200: 2, 501: 1}
+        try:
+            await eventually_async(slid, timeout=30, what="a's sliding windows")
+        except TimeoutError as exc:
+            raise AssertionError(f"a's sliding windows (by start - t) are {sliding}") from exc
         # Past every session's end + gap, on each key's partition.
         for key in ("a", "b"):
-            await cluster.produce(source, [(key, "late-enough")], STR, STR, partitions=2, timestamp=9000)
+            await cluster.produce(source, [(key, "late-enough")], STR, STR, partitions=2, timestamp=t + 9000)
 
         async def closed() -> bool:
-            return await emitted() == [("a@0-1200", 3), ("b@100-100", 1)]
+            return await emitted() == [(f"a@{t}-{t + 1200}", 3), (f"b@{t + 100}-{t + 100}", 1)]
         await eventually_async(closed, timeout=30, what="the closed sessions, once each")
-        assert streams.store("sessions").fetch("a") == [(Windowed("a", 0, 1200), 3), (Windowed("a", 9000, 9000), 1)]
+        assert streams.store("sessions").fetch("a") == [(Windowed("a", t, t + 1200), 3),
+                                                        (Windowed("a", t + 9000, t + 9000), 1)]
