@@ -5,7 +5,9 @@ For each logged store: read its changelog partition from the checkpointed offset
 store) up to the end offset seen when restoring began, and apply each update to
 the bytes store directly (no cache, no changelog, no forwarding). Updates caused
 by input records at or past the task's committed offsets are left out: those
-records are processed again next (see ``engine.state.changelog``).
+records are processed again next (see ``engine.state.changelog``). Records the changelog
+no longer has (below its log start: a windowed store's changelog deletes by time) are not
+read; the reader starts at the log start.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ async def restore_store(
     """Apply ``partition``'s records from ``start`` to ``end``; returns how many were applied."""
     if listener is not None:
         listener.on_restore_start(partition, store.name, start, end)
-    applied = 0
+    applied = left_out = 0
+    # The first offset the reader got to: past ``start`` when the records below it are gone.
+    first: int | None = None
     if start < end:
         reader = reader_factory()
         await reader.start()
@@ -70,15 +74,22 @@ async def restore_store(
                 for record in batch.get(partition, ()):
                     if record.offset >= end:
                         break
+                    if first is None:
+                        first = record.offset
                     source = decode_source(record.headers)
                     processed = None if source is None else committed.get(source[0])
                     if processed is None or processed.covers(source[1]):  # type: ignore[index]  # source is set when processed is
                         put(record.key, record.value)  # type: ignore[arg-type]  # a changelog record has a key
                         count += 1
+                    else:
+                        left_out += 1
                     position = record.offset + 1
                 if not batch:
-                    # A compacted topic may have no record at end - 1; the reader's position tells.
+                    # A compacted topic may have no record at end - 1; the reader's position tells. So
+                    # does a fetch below the log start (retention deleted the records): it resets there.
                     position = max(position, await reader.position(partition))
+                    if first is None and position > start:
+                        first = position
                 applied += count
                 if listener is not None and count:
                     listener.on_batch_restored(partition, store.name, position, count)
@@ -94,6 +105,14 @@ async def restore_store(
                         reader.seek(partition, position)  # the records past the old end were dropped
         finally:
             await reader.close(leave_group=False)
+    if first is not None and first > start:
+        # Routine for a windowed store (its changelog deletes old windows by time), and a sign of
+        # records stamped far in the past when a restore finds nothing at all.
+        log.debug("Changelog %s has nothing from offset %d to %d (deleted by its retention, or compacted away): "
+                  "restored %d update(s) from offset %d to %d", partition, start, first, applied, first, end)
+    if left_out:
+        log.debug("Left out %d update(s) of %s: their input records are past the commit and run again",
+                  left_out, partition)
     if listener is not None:
         listener.on_restore_end(partition, store.name, applied)
     return applied

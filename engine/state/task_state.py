@@ -170,6 +170,9 @@ class TaskStateManager:
             if start is None:
                 start = await consumer.position(tp)
             committed[tp.topic] = ProcessedInput(start, frozenset())
+        self._log.debug("Restoring from changelog end offsets %s; input processed below %s",
+                        {str(tp): o for tp, o in sorted(ends.items())},
+                        {topic: p.offset for topic, p in sorted(committed.items())})
         total = 0
         for name, tp in self.changelogs.items():
             store = self.stores[name]
@@ -181,9 +184,11 @@ class TaskStateManager:
                                       "restoring in full", name, start, end)
                 store.inner.wipe()
                 start = 0
-            total += await restore_store(store, tp, start, end, reader_factory, committed, listener)
+            applied = await restore_store(store, tp, start, end, reader_factory, committed, listener)
+            total += applied
             if end > start:
-                self._log.info("Restored store '%s' from %s offsets %d..%d", name, tp, start, end)
+                self._log.info("Restored store '%s' from %s offsets %d..%d: %d update(s)", name, tp, start, end,
+                               applied)
         # From here on the local state moves ahead of any checkpoint: a crash must restore in full.
         checkpoint.remove(self.directory)
         self.restored = total

@@ -1,11 +1,15 @@
 """restore_store against a reader that behaves like a Kafka-protocol broker whose ListOffsets
 "latest" stops short of the log end (the first offset of the last batch + 1, as Tansu answers):
-the fetch responses' end carries the restore to the real end."""
+the fetch responses' end carries the restore to the real end; and against a changelog whose
+first records were deleted by its retention."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
+
+import pytest
 
 from engine.records import ConsumerRecord, FetchedRecord, TopicPartition
 from engine.serdes import LongSerde, StringSerde
@@ -84,3 +88,34 @@ def test_updates_of_records_not_committed_stay_out_past_the_listed_end_too() -> 
 
 def test_an_exact_end_needs_no_fetched_end() -> None:
     assert restore(changelog(UPDATES), end=6, fetched_end=None, committed=6) == {"a": 3, "b": 2, "c": 1}
+
+
+class TruncatedReader(OneBatchReader):
+    """A changelog whose records below ``log_start`` are gone (deleted by the topic's time-based
+    retention): a fetch below it is out of range and the reader resets to it, as aiokafka does."""
+
+    def __init__(self, log: list[FetchedRecord], log_start: int) -> None:
+        super().__init__([r for r in log if r.offset >= log_start], None)
+        self._log_start = log_start
+
+    async def poll(self, timeout_ms: int, max_records: int | None = None) -> Mapping[TopicPartition,
+                                                                                      Sequence[ConsumerRecord]]:
+        if self._position < self._log_start:
+            self._position = self._log_start  # out of range: reset to the earliest offset, nothing returned
+            return {}
+        return await super().poll(timeout_ms, max_records)
+
+
+def test_a_changelog_truncated_by_its_retention_restores_from_its_log_start_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="engine.state.restore")
+    store = KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG, None, None, "0_0/counts",
+                          lambda: 0, lambda: None)
+    store.inner.open()
+    reader = TruncatedReader(changelog(UPDATES), log_start=4)
+    applied = asyncio.run(restore_store(store, CHANGELOG, 0, 6, lambda: reader,  # type: ignore[arg-type,return-value]
+                                        {"in": ProcessedInput(6, frozenset())}, None, poll_ms=1))
+    assert (applied, dict(store.all())) == (2, {"a": 3, "b": 2})
+    assert [r.getMessage() for r in caplog.records if "has nothing" in r.getMessage()] == [
+        "Changelog app-counts-changelog-0 has nothing from offset 0 to 4 (deleted by its retention, or "
+        "compacted away): restored 2 update(s) from offset 4 to 6"]
