@@ -78,7 +78,8 @@ class Cluster:
         try:
             while len(result) < count:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"Read {len(result)} of {count} records from {topic} within {timeout} s")
+                    got = [(r.partition, r.offset, r.key, r.value) for r in result]
+                    raise TimeoutError(f"Read {len(result)} of {count} records from {topic} within {timeout} s: {got}")
                 batch = await reader.poll(200, 10_000)
                 for records in batch.values():
                     result.extend(records)
