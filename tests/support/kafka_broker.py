@@ -534,6 +534,11 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": 0,
             # Let tests use short session timeouts (the default minimum is 6 s).
             "group.min.session.timeout.ms": 500,
+            # Keep records whatever their timestamps (7 days by default): many tests stamp theirs in
+            # 1970 or 2023, and the retention check (30 s after start, then every 5 minutes) would
+            # delete them from input and output topics under a running test. Topics that set their
+            # own retention.ms (windowed changelogs) still apply it: see tests.support.event_time.
+            "log.retention.ms": -1,
         }
         props.update(self.properties)
         return "".join(f"{k}={_prop_value(v)}\n" for k, v in props.items())
