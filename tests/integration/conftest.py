@@ -13,8 +13,8 @@ import pytest
 import engine.tasks.task as task_module
 from tests.support.failure_logs import FailureLog, capture_setting, log_path
 
-# Records kept per test: the last minutes of a busy test (a few thousand lines a second at most).
-LOG_CAPACITY = 200_000
+# Records kept per test: a test logs a few hundred to 2,000 (with aiokafka); this is minutes of the busiest.
+LOG_CAPACITY = 100_000
 _failure_log = pytest.StashKey[FailureLog]()
 _failed_runs = pytest.StashKey[collections.Counter[str]]()  # per node id, in this session
 _log_written = pytest.StashKey[Path]()  # the log of the test's run in progress
