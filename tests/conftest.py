@@ -92,9 +92,14 @@ def spark() -> Iterator[object]:
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
 def bootstrap(request: pytest.FixtureRequest) -> str:
-    """``bootstrap.servers`` of a fresh memory broker, or of the session's Kafka broker."""
+    """``bootstrap.servers`` of a fresh memory broker, or of the session's Kafka broker.
+
+    A group test adds a third variant, a broker at Kafka's default group settings, with
+    ``@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)`` (tests/support/cluster.py)."""
     if request.param == "memory":
         return f"memory://test-{uuid.uuid4().hex[:8]}"
+    if request.param == "kafka-defaults":
+        return request.getfixturevalue("kafka_defaults_bootstrap")
     return request.getfixturevalue("kafka_bootstrap")
 
 

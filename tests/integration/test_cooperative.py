@@ -30,7 +30,7 @@ from tests.integration.test_stream_threads import (
     wait_for_output,
 )
 from tests.support.apps import streams_config
-from tests.support.cluster import Cluster
+from tests.support.cluster import EVERY_BROKER, Cluster
 
 pytestmark = pytest.mark.asyncio
 __all__ = ["topics"]  # the fixture, shared with test_stream_threads
@@ -76,6 +76,7 @@ def split_between(first: KafkaStreams, second: KafkaStreams) -> bool:
     return len(a) == len(b) == PARTITIONS // 2 and sorted(a + b) == ALL_TASKS
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 @pytest.mark.parametrize("protocol", ["cooperative", "eager"])
 async def test_an_added_instance_takes_tasks_without_closing_the_ones_that_stay(
         cluster: Cluster, names, topics: Topics, protocol: str) -> None:

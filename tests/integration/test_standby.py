@@ -20,7 +20,7 @@ from engine.state.changelog import changelog_topic
 from engine.testing import eventually_async
 from tests.integration.test_state import final_counts
 from tests.support.apps import count_topology, make_streams
-from tests.support.cluster import Cluster
+from tests.support.cluster import EVERY_BROKER, Cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,6 +44,7 @@ class Restored:
         self.totals.append(total)
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_failover_to_the_standby_restores_only_the_tail(cluster: Cluster, names, tmp_path) -> None:
     source, sink = names("input"), names("counts")
     await cluster.create_topics({source: 1, sink: 1})

@@ -35,7 +35,7 @@ from engine.testing import eventually_async
 from engine.transport.base import ProducerSettings
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import streams_config
-from tests.support.cluster import Cluster
+from tests.support.cluster import EVERY_BROKER, Cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -760,6 +760,7 @@ async def test_removed_static_member_leaves_the_group_at_once(cluster: Cluster, 
 # -- under load --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_nothing_is_lost_while_threads_go_1_4_1_0_2(cluster: Cluster, names, topics: Topics) -> None:
     """Records flow while the thread count changes; then every input is in the output, and each
     key's output is its input in order, where a repeat can only replay a contiguous run

@@ -42,7 +42,7 @@ from engine.testing import eventually, eventually_async
 from engine.transport.base import ProducerSettings
 from handlers import StreamThreadExceptionResponse as Response
 from tests.support.apps import make_streams
-from tests.support.cluster import Cluster
+from tests.support.cluster import EVERY_BROKER, Cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -365,6 +365,7 @@ async def test_replacement_reprocesses_the_failed_record(cluster: Cluster, names
         await close(streams)
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_threads_failing_in_turn_are_each_replaced_and_the_output_is_complete(
         cluster: Cluster, names) -> None:
     """KS shouldReplaceThreads: every thread fails once; the replacements finish the work."""
@@ -549,6 +550,7 @@ async def test_handler_can_only_be_set_before_start(cluster: Cluster, names) -> 
 # -- SHUTDOWN_APPLICATION ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_shutdown_application_stops_every_client_of_the_application(cluster: Cluster, names) -> None:
     """KS shouldShutdownSingleThreadApplication: two clients (here in one process) both reach ERROR,
     and nothing after the failed record is processed."""

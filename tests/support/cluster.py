@@ -6,9 +6,17 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import pytest
+
 from engine.records import ConsumerRecord, TopicPartition
 from engine.serdes import Serde
 from engine.transport.base import Transport
+
+EVERY_BROKER = ["memory", pytest.param("kafka", marks=pytest.mark.kafka),
+                pytest.param("kafka-defaults", marks=pytest.mark.kafka)]
+"""The ``bootstrap`` variants of a group test: the memory broker, the session's Kafka broker (its
+group timing shortened for speed) and a Kafka broker at Kafka's default group settings
+(``group.initial.rebalance.delay.ms`` 3 s, ``group.min.session.timeout.ms`` 6 s)."""
 
 
 class Cluster:
