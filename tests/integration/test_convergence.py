@@ -8,14 +8,29 @@ JoinGroup and SyncGroup late are in test_late_coordinator.py.)
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.records import TopicPartition
+from engine.tasks.assignor import StreamsAssignor
 from engine.testing import eventually_async
+from engine.transport import open_transport
+from engine.transport.base import ConsumerSettings
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import streams_config
-from tests.support.cluster import Cluster
-from tests.support.convergence import INT, JSON, ClientWatch, create_topics, new_client, produce, wait_processed
+from tests.support.cluster import EVERY_BROKER, Cluster
+from tests.support.convergence import (
+    INT,
+    JSON,
+    ClientWatch,
+    create_topics,
+    new_client,
+    produce,
+    relay,
+    wait_processed,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,6 +59,7 @@ async def test_start_up_goes_from_rebalancing_to_running_once(cluster: Cluster, 
     assert watch.transitions[:2] == STARTED
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 @pytest.mark.parametrize("protocol", ["cooperative", "eager"])
 async def test_an_added_and_a_removed_thread_each_rebalance_the_client_once(
         cluster: Cluster, names, protocol: str) -> None:
@@ -62,6 +78,7 @@ async def test_an_added_and_a_removed_thread_each_rebalance_the_client_once(
         assert watch.rebalancing_periods() == 3, watch.transitions
 
 
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_a_replaced_thread_rebalances_the_client_once_per_change(cluster: Cluster, names) -> None:
     """REPLACE_THREAD is two changes, a thread leaving and one joining: at most two rebalancing
     periods, and every record processed (the failed one again by the replacement)."""
@@ -106,3 +123,42 @@ async def test_rebalances_show_in_each_threads_metrics(cluster: Cluster, names) 
             assert metrics[thread, "rebalance-latency-max"] >= metrics[thread, "rebalance-latency-last"] >= 0
             assert metrics[thread, "last-rebalance-seconds-ago"] >= 0
         await eventually_async(lambda: streams.state is ClientState.RUNNING, DEADLINE, "RUNNING")
+
+
+async def test_a_client_stuck_rebalancing_warns_once_with_its_joins(names, caplog: pytest.LogCaptureFixture) -> None:
+    """A member of the group that never rejoins holds every rebalance up (until its
+    max.poll.interval.ms): past three session timeouts the client says so, once, at WARNING."""
+    bootstrap = f"memory://stuck-{names.suffix}"
+    transport = open_transport({"bootstrap.servers": bootstrap})
+    cluster = Cluster(transport, bootstrap)
+    topics = await create_topics(cluster, names, 4)
+    stuck = transport.consumer(ConsumerSettings(
+        group_id=names.app, client_id="stuck", assignor=StreamsAssignor(relay(topics), "other", "stuck"),
+        max_poll_interval_ms=60_000, session_timeout_ms=60_000))
+    stuck.subscribe([topics.source], IgnoreRebalances())
+    await stuck.start()
+    await stuck.poll(100)  # a member now, and it will not poll again: no rejoin from it
+    caplog.set_level(logging.WARNING, logger="engine.client")
+    streams = new_client(cluster, names, topics, 2, session_timeout_ms=200)
+    try:
+        async with streams:
+            await eventually_async(lambda: any("REBALANCING for" in r.getMessage() for r in caplog.records),
+                                   DEADLINE, "the warning of a client stuck in REBALANCING")
+            await eventually_async(lambda: streams.metric("alive-stream-threads") == 2, DEADLINE, "two threads")
+            warnings = [r.getMessage() for r in caplog.records if "REBALANCING for" in r.getMessage()]
+            assert len(warnings) == 1
+            assert "StreamThread-1 join" in warnings[0] and "StreamThread-2 join" in warnings[0]
+            assert streams.state is ClientState.REBALANCING
+    finally:
+        await stuck.close(leave_group=False)
+
+
+class IgnoreRebalances:
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    def on_join_registered(self) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass
