@@ -12,7 +12,10 @@ a note. The table ends with one row per scenario.
   stream threads, on ``memory://`` (``tests/support/thread_races.py``): faults = calls made,
   stalled = calls that overran their timeout;
 - add-thread latency: ``add_stream_thread()`` to the new thread's first record, 8 threads over
-  16 partitions (``benchmarks/thread_scaling.py``).
+  16 partitions (``benchmarks/thread_scaling.py``);
+- late coordinator: the README's application (2 threads, 4 partitions, 20 000 records) on a broker
+  at Kafka's default group settings whose JoinGroup answers come 2, 10 and 25 s late and whose
+  SyncGroup answers come later to followers than to the leader (``tests/support/late_coordinator.py``).
 
 Scenarios are plain ``async def scenario(broker) -> dict`` functions in ``SCENARIOS``.
 
@@ -42,6 +45,7 @@ from tests.support import broker_faults
 from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE
 from tests.support.cluster import Cluster
 from tests.support.kafka_broker import KafkaBroker
+from tests.support.late_coordinator import late_coordinator
 from tests.support.thread_races import random_storm, run_storm
 
 Scenario = Callable[[KafkaBroker], Awaitable[dict[str, Any]]]
@@ -75,6 +79,7 @@ def scenarios(long: bool) -> list[tuple[str, Scenario]]:
         (f"thread races x{storms} (memory)", partial(thread_races, storms=storms)),
         ("add thread, 8 threads/16 partitions x20", add_thread_latency),
     ]
+    result += [(f"late coordinator {delay}s", partial(late_coordinator_row, delay_s=delay)) for delay in (2, 10, 25)]
     return result
 
 
@@ -105,6 +110,11 @@ async def thread_races(_broker: KafkaBroker, *, storms: int) -> dict[str, Any]:
             first_problem = first_problem or f"storm {seed}: {figures.overruns + figures.errors}"
     return {"faults": calls, "lost": lost, "stalled": overruns + failed, "error": first_problem,
             "note": f"{storms} storms, {calls} calls"}
+
+
+async def late_coordinator_row(_broker: KafkaBroker, *, delay_s: float) -> dict[str, Any]:
+    """The README's application on its own broker, whose JoinGroup answers come ``delay_s`` late."""
+    return await late_coordinator(delay_s)
 
 
 async def add_thread_latency(broker: KafkaBroker) -> dict[str, Any]:
