@@ -181,3 +181,21 @@ async def test_a_replaced_thread_settles_and_its_record_is_processed(
         assert failed == [3]
         await settled_within(watch, 2, 4, bound(3), "the replacement")
         await quiet_and_complete(late_kafka, cluster, topics, names.app, [watch], 8)
+
+
+async def test_a_joingroup_held_longer_than_the_request_timeout_still_completes(
+        late_kafka: LateKafka, cluster: Cluster, names) -> None:
+    """A JoinGroup may take the rebalance timeout (max.poll.interval.ms); Java's consumer waits that
+    long for it (plus 5 s), whatever request.timeout.ms says. Timed out at request.timeout.ms, it
+    is sent again and held again, for ever."""
+    topics = await create_topics(cluster, names, 4)
+    streams = new_client(cluster, names, topics, 1, request_timeout_ms=3_000, max_poll_interval_ms=30_000,
+                         **DEFAULT_TIMING)
+    watch = ClientWatch(streams)
+    late_kafka.set_delays(GroupDelays(join_s=5.0))
+    try:
+        await streams.start_async()
+        await settled_within(watch, 1, 4, 6.0 + 5.0 + SLACK_S, "a JoinGroup held 5 s, request.timeout.ms 3 s")
+    finally:
+        late_kafka.set_delays(GroupDelays())
+        await streams.close_async(timeout=30)

@@ -37,7 +37,13 @@ from engine.transport.kafka.errors import commit_failed, illegal_state, transpor
 from engine.transport.kafka.leave_group import replace_leave_step
 from engine.transport.kafka.options import client_kwargs
 from engine.transport.kafka.prefetch import take_prefetched
-from engine.transport.kafka.rebalance import AssignorAdapter, ListenerAdapter, RebalanceState, watch_join_answers
+from engine.transport.kafka.rebalance import (
+    JOIN_TIMEOUT_LAPSE_MS,
+    AssignorAdapter,
+    ListenerAdapter,
+    RebalanceState,
+    adapt_join_requests,
+)
 from engine.transport.kafka.security import security_options
 from engine.transport.kafka.startup import start_or_clean_up
 from engine.transport.kafka.structs import aio_offsets, aio_tp, our_tps
@@ -128,7 +134,8 @@ class KafkaConsumer:
         # Applied after start so that start() does not wait for the first
         # rebalance (aiokafka's start() would when subscribed before it).
         if self._settings is not None:
-            watch_join_answers(consumer._coordinator, self._join_registered)
+            adapt_join_requests(consumer._coordinator, self._join_registered,
+                                self._settings.max_poll_interval_ms + JOIN_TIMEOUT_LAPSE_MS)
         if self._subscription is not None:
             topics, listener = self._subscription
             consumer.subscribe(topics=topics, listener=listener)

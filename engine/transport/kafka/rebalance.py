@@ -41,14 +41,16 @@ Cooperative rebalancing (KIP-429) over aiokafka's eager group client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 from aiokafka import errors as aioerrors
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.client import ConnectionGroup
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -60,7 +62,7 @@ from engine.transport.base import GroupAssignor, MemberAssignment, MemberSubscri
 from engine.transport.kafka.errors import describe
 from engine.transport.kafka.structs import our_tps
 
-__all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState", "watch_join_answers"]
+__all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState", "adapt_join_requests"]
 
 log = logging.getLogger(__name__)
 
@@ -188,23 +190,57 @@ _JOIN_GROUP = 11
 # A new member's first JoinGroup is answered MEMBER_ID_REQUIRED (KIP-394); from then on the
 # coordinator counts it as a pending member and completes no rebalance without it.
 _REGISTERING = (aioerrors.NoError.errno, aioerrors.MemberIdRequired.errno)
+# As Java's consumer: a JoinGroup may take the whole rebalance timeout, and a little more.
+JOIN_TIMEOUT_LAPSE_MS = 5_000
 
 
-def watch_join_answers(coordinator: Any, registered: Callable[[], None]) -> None:
-    """Call ``registered`` when a JoinGroup answer shows the coordinator has this member.
+def adapt_join_requests(coordinator: Any, registered: Callable[[], None], join_timeout_ms: int) -> None:
+    """Give JoinGroup requests up to ``join_timeout_ms``, and call ``registered`` when a JoinGroup
+    answer shows the coordinator has this member.
 
-    aiokafka sends a new member's two JoinGroup requests (KIP-394) in one step with no callback
-    in between; this wraps the coordinator's private request method, as ``leave_group`` wraps
-    its leave step."""
+    aiokafka bounds every request by ``request_timeout_ms``, JoinGroup included, though the
+    coordinator holds a JoinGroup until the rebalance completes (up to the rebalance timeout; some
+    brokers hold it half the session timeout whatever happens): a hold past the request timeout
+    times out, is sent again and held again, for ever. Java's consumer gives JoinGroup the
+    rebalance timeout plus 5 s. aiokafka also sends a new member's two JoinGroup requests
+    (KIP-394) in one step, with no callback in between. So this wraps the coordinator's private
+    request method, as ``leave_group`` replaces its leave step; while a JoinGroup waits, the
+    coordinator connection's other requests get the longer bound too (the engine bounds its own
+    commits and offset reads itself)."""
     send = coordinator._send_req
 
     async def send_req(request: Any) -> Any:
-        response = await send(request)
-        if getattr(request, "API_KEY", None) == _JOIN_GROUP and response.error_code in _REGISTERING:
+        if getattr(request, "API_KEY", None) != _JOIN_GROUP:
+            return await send(request)
+        async with _request_timeout(coordinator, join_timeout_ms):
+            response = await send(request)
+        if response.error_code in _REGISTERING:
             registered()
         return response
 
     coordinator._send_req = send_req
+
+
+@contextlib.asynccontextmanager
+async def _request_timeout(coordinator: Any, timeout_ms: int) -> AsyncIterator[None]:
+    """The coordinator connection's request timeout raised to ``timeout_ms`` for a while.
+
+    A connection reads its timeout when a request is sent: the connection is opened first (the
+    client opens it lazily) and the raised bound put on it, then put back after."""
+    client = coordinator._client
+    node_id = coordinator.coordinator_id
+    conn = None
+    if node_id is not None and await client.ready(node_id, group=ConnectionGroup.COORDINATION):
+        conn = client._conns.get((node_id, ConnectionGroup.COORDINATION))
+    if conn is None:
+        yield
+        return
+    before = conn._request_timeout
+    conn._request_timeout = max(before, timeout_ms / 1000)
+    try:
+        yield
+    finally:
+        conn._request_timeout = before
 
 
 class AssignorAdapter(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka ships no types
