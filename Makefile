@@ -39,9 +39,11 @@ check: $(STAMP) docs
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
-# The session fixture starts the Kafka broker (fetched above) and stops it at the end.
+# Parallel workers share one Kafka broker (fetched above), started and stopped by pytest's
+# controller (tests/conftest.py); the tests wait on brokers and rebalances far more than they compute.
+TEST_WORKERS ?= 3
 test: kafka check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The long fault runs (a Spark worker killed mid-job, ...), left out of `make test`, and the
 # costly property tests with three times their examples.

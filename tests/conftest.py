@@ -1,5 +1,12 @@
 """Shared fixtures: the real Kafka broker (once per session) and the ``bootstrap`` fixture
-that runs each behavioural test on both transports."""
+that runs each behavioural test on both transports.
+
+Under pytest-xdist (``make test`` runs ``-n``) the controller starts the one session broker
+before the workers and hands its address to them (``pytest_configure_node``), so every worker
+shares it and none stops it under another. Tests that share something only one process can hold
+run on one worker (``xdist_group``, with ``--dist loadgroup``): the late broker, whose delays a
+test sets for the whole broker, and Spark, one session per process.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import itertools
 import os
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -16,6 +23,7 @@ from engine.transport import open_transport
 from tests.support.cluster import Cluster
 
 if TYPE_CHECKING:
+    from tests.support.kafka_broker import KafkaBroker
     from tests.support.late_broker import LateKafka
 
 # Wall-clock deadlines per example fail on a loaded 2-core CI machine without saying
@@ -24,6 +32,46 @@ hypothesis_settings.register_profile("streamloop", deadline=None)
 hypothesis_settings.load_profile("streamloop")
 
 _names = itertools.count()
+_shared_broker: pytest.StashKey[KafkaBroker] = pytest.StashKey()
+
+
+def _runs_workers(config: pytest.Config) -> bool:
+    """The xdist controller of a parallel run (not a worker, not a plain run)."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _runs_workers(config):
+        from tests.support.kafka_broker import KafkaBroker
+
+        config.stash[_shared_broker] = KafkaBroker().start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, on the controller: a worker is about to start; it uses the controller's broker."""
+    broker = node.config.stash.get(_shared_broker, None)
+    if broker is not None:
+        node.workerinput["kafka_bootstrap"] = broker.bootstrap
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    broker = config.stash.get(_shared_broker, None)
+    if broker is not None:
+        broker.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One worker for the tests of the late broker, one for Spark's (see the module's docstring)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        variant = callspec.params.get("bootstrap") if callspec is not None else None
+        if names & {"late_kafka", "late_kafka_session", "kafka_defaults_bootstrap"} or variant == "kafka-defaults":
+            item.add_marker(pytest.mark.xdist_group("late-broker"))
+        elif "spark" in names or "spark" in item.nodeid or "test_demo" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,8 +90,13 @@ def _state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """A single-node KRaft broker fetched with Maven and started on a free loopback port."""
+def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A single-node KRaft broker fetched with Maven and started on a free loopback port (under
+    xdist, the controller's)."""
+    shared = getattr(request.config, "workerinput", {}).get("kafka_bootstrap")
+    if shared:
+        yield shared
+        return
     from tests.support.kafka_broker import kafka_broker_session
 
     for broker in kafka_broker_session():

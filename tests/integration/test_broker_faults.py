@@ -14,11 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 from engine.errors import StartupTimeoutError, TaskTimeoutError
+from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support import broker_faults
 from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE
 from tests.support.kafka_broker import KafkaBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.asyncio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.kafka, pytest.mark.asyncio, pytest.mark.timeout(180),
+              pytest.mark.usefixtures("collect_leaked_connections"), pytest.mark.filterwarnings(LEAKED_CONNECTION)]
 
 DOWN_S = 30.0 if os.environ.get("STREAMLOOP_LONG_FAULTS") else 10.0
 

@@ -15,11 +15,13 @@ from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
 from engine.transport import open_transport
 from handlers import StreamThreadExceptionResponse
+from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support.apps import doubling_topology, expected_doubling, make_streams
 from tests.support.cluster import Cluster
 from tests.support.fault_proxy import ProxiedKafka, proxied_kafka
 
-pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
+pytestmark = [pytest.mark.kafka, pytest.mark.asyncio, pytest.mark.usefixtures("collect_leaked_connections"),
+              pytest.mark.filterwarnings(LEAKED_CONNECTION)]
 
 INT, JSON = IntegerSerde(), JsonSerde()
 # Client calls give up quickly, so the outage shows up as timeouts in the engine.

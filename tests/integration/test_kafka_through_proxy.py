@@ -20,9 +20,11 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from aiokafka.structs import TopicPartition
 
 from engine.testing import eventually_async
+from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support.fault_proxy import Mode, ProxiedKafka, proxied_kafka
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("collect_leaked_connections"),
+              pytest.mark.filterwarnings(LEAKED_CONNECTION)]
 
 DEADLINE = 20.0
 # Short, so that a stalled request times out quickly.
