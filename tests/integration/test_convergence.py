@@ -12,23 +12,20 @@ import logging
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.records import TopicPartition
+from engine import ClientState
 from engine.tasks.assignor import StreamsAssignor
 from engine.testing import eventually_async
 from engine.transport import open_transport
 from engine.transport.base import ConsumerSettings
-from handlers import StreamThreadExceptionResponse
-from tests.support.apps import streams_config
 from tests.support.cluster import EVERY_BROKER, Cluster
 from tests.support.convergence import (
-    INT,
-    JSON,
     ClientWatch,
+    IgnoreRebalances,
     create_topics,
     new_client,
     produce,
     relay,
+    replacing_client,
     wait_processed,
 )
 
@@ -84,19 +81,7 @@ async def test_a_replaced_thread_rebalances_the_client_once_per_change(cluster: 
     periods, and every record processed (the failed one again by the replacement)."""
     topics = await create_topics(cluster, names, 4)
     failed: list[int] = []
-
-    def fail_once(value: dict) -> dict:
-        if value["n"] == 3 and not failed:
-            failed.append(3)
-            raise RuntimeError("injected failure")
-        return value
-
-    builder = StreamsBuilder()
-    (builder.stream(topics.source, key_serde=INT, value_serde=JSON).map_values(fail_once)
-            .to(topics.sink, key_serde=INT, value_serde=JSON))
-    streams = KafkaStreams(builder.build(), streams_config(cluster.bootstrap, names.app, num_stream_threads=2,
-                                                           client_id=names("client")))
-    streams.set_uncaught_exception_handler(lambda _exc: StreamThreadExceptionResponse.REPLACE_THREAD)
+    streams = replacing_client(cluster, names, topics, failed)
     watch = ClientWatch(streams)
     async with streams:
         await watch.wait_settled(2, 4, DEADLINE)
@@ -152,13 +137,3 @@ async def test_a_client_stuck_rebalancing_warns_once_with_its_joins(names, caplo
     finally:
         await stuck.close(leave_group=False)
 
-
-class IgnoreRebalances:
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        pass
-
-    def on_join_registered(self) -> None:
-        pass
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass

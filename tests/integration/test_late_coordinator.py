@@ -20,25 +20,21 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine import ClientState, KafkaStreams
 from engine.testing import eventually_async
 from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
-from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 from tests.support.convergence import (
-    INT,
-    JSON,
     ClientWatch,
     Topics,
     create_topics,
     group_settled,
     new_client,
     produce,
+    replacing_client,
     wait_processed,
 )
 from tests.support.late_broker import GroupDelays, LateKafka
@@ -158,19 +154,7 @@ async def test_a_replaced_thread_settles_and_its_record_is_processed(
     processed again by the new owner of its task."""
     topics = await create_topics(cluster, names, 4)
     failed: list[int] = []
-
-    def fail_once(value: dict[str, Any]) -> dict[str, Any]:
-        if value["n"] == 3 and not failed:
-            failed.append(3)
-            raise RuntimeError("injected failure")
-        return value
-
-    builder = StreamsBuilder()
-    (builder.stream(topics.source, key_serde=INT, value_serde=JSON).map_values(fail_once)
-            .to(topics.sink, key_serde=INT, value_serde=JSON))
-    streams = KafkaStreams(builder.build(), streams_config(
-        cluster.bootstrap, names.app, num_stream_threads=2, client_id=names("client"), **DEFAULT_TIMING))
-    streams.set_uncaught_exception_handler(lambda _exc: StreamThreadExceptionResponse.REPLACE_THREAD)
+    streams = replacing_client(cluster, names, topics, failed, **DEFAULT_TIMING)
     watch = ClientWatch(streams)
     async with running(late_kafka, streams):
         await settled_within(watch, 2, 4, bound(1, new_group=True), "start-up")

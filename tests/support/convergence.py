@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import ClientState, KafkaStreams, StreamsBuilder, StreamThreadState, Topology
+from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde
 from engine.testing import eventually_async
+from handlers import StreamThreadExceptionResponse
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 
@@ -49,6 +51,39 @@ def new_client(cluster: Cluster, names: Any, topics: Topics, threads: int, **ove
     overrides.setdefault("client_id", names("client"))
     return KafkaStreams(relay(topics), streams_config(cluster.bootstrap, names.app, num_stream_threads=threads,
                                                       **overrides))
+
+
+def replacing_client(cluster: Cluster, names: Any, topics: Topics, failed: list[int],
+                     **overrides: Any) -> KafkaStreams:
+    """Two threads whose processor fails once, at ``{"n": 3}`` (noted in ``failed``); the handler
+    answers REPLACE_THREAD, so the failed thread leaves and its replacement joins."""
+    def fail_once(value: dict[str, Any]) -> dict[str, Any]:
+        if value["n"] == 3 and not failed:
+            failed.append(3)
+            raise RuntimeError("injected failure")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(topics.source, key_serde=INT, value_serde=JSON).map_values(fail_once)
+            .to(topics.sink, key_serde=INT, value_serde=JSON))
+    overrides.setdefault("client_id", names("client"))
+    streams = KafkaStreams(builder.build(), streams_config(cluster.bootstrap, names.app, num_stream_threads=2,
+                                                           **overrides))
+    streams.set_uncaught_exception_handler(lambda _exc: StreamThreadExceptionResponse.REPLACE_THREAD)
+    return streams
+
+
+class IgnoreRebalances:
+    """A rebalance listener that does nothing (a bare group member in a test)."""
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        pass
+
+    def on_join_registered(self) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        pass
 
 
 class ClientWatch:

@@ -37,6 +37,7 @@ from engine.transport.base import (
     OffsetAndMetadata,
 )
 from engine.transport.memory import MemoryBroker, MemoryConsumer, MemoryTransport
+from tests.support.convergence import IgnoreRebalances
 
 LOG = thread_log(__name__, "app-StreamThread-1")
 INTERVAL_MS = 1_000
@@ -334,15 +335,6 @@ class TakeAll:
         pass
 
 
-class IgnoreRebalances:
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        pass
-
-    def on_join_registered(self) -> None:
-        pass
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        pass
 
 
 @dataclass
