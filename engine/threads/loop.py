@@ -63,7 +63,8 @@ class ThreadLoop:
         self._generation = GenerationWatch(thread.membership)
         # Why this thread asked to rejoin, for the log of its next join (None: the coordinator asked).
         self._rejoin_reason: str | None = None
-        # Cooperative: partitions revoked by the assignment under way (the follow-up join is ours).
+        # Cooperative: partitions revoked by the assignment under way, after this thread's JoinGroup
+        # was answered (the follow-up join is this thread's to make).
         self._handing_over = 0
         self.standbys: StandbyTasks | None = None
         config = self._config
@@ -414,6 +415,8 @@ class ThreadLoop:
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
         if revoked and not self._generation.settled:
             # Cooperative: partitions lost in the assignment under way; the follow-up join comes next.
+            # (Revoked before a JoinGroup, by a member dropped from the group, it is reset when the
+            # coordinator registers the join: no follow-up comes of that.)
             self._handing_over = len(revoked)
         self._begin_join()
         manager = thread.view.manager
@@ -443,6 +446,7 @@ class ThreadLoop:
 
     def on_join_registered(self) -> None:
         """The coordinator has this thread's join: the siblings whose generation it makes stale rejoin now."""
+        self._handing_over = 0
         if self._generation.registered():
             self._thread.on_membership_change(self._thread)
 
