@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
 from engine.records import Headers, Record
 from engine.transport.base import Producer
-from engine.transport.kafka.partitioner import key_hash
+from engine.transport.partitioner import key_hash
 
 if TYPE_CHECKING:
     from engine.processors.nodes import SinkNode

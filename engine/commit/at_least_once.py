@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
 from engine.records import TopicPartition
 from engine.transport.base import OffsetAndMetadata
-from engine.transport.kafka.errors import is_retriable as is_timeout
+from engine.transport.retriable import is_retriable as is_timeout
 
 from .protocol import CommitProtocol
 

@@ -39,7 +39,7 @@ import anyio
 
 from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
 from engine.transport.base import TransactionalProducer
-from engine.transport.kafka.errors import is_retriable as is_timeout
+from engine.transport.retriable import is_retriable as is_timeout
 
 from .protocol import CommitProtocol
 

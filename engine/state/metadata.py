@@ -31,7 +31,7 @@ from engine.config import split_endpoint
 from engine.errors import ConfigError
 from engine.records import TopicPartition
 from engine.serdes import Serde
-from engine.transport.kafka.partitioner import key_hash
+from engine.transport.partitioner import key_hash
 
 if TYPE_CHECKING:
     from engine.topology.topology import Topology

@@ -33,10 +33,9 @@ from engine.testing.scenario import BadRecord, Crash, Input, ProcessorTimeout, R
 from engine.testing.topics import TestRecord
 from engine.testing.waiting import eventually_async
 from engine.topology.topology import Topology
-from engine.transport.kafka.errors import request_timeout
-from engine.transport.kafka.partitioner import key_hash
 from engine.transport.memory import MemoryBroker
 from engine.transport.memory.log import ProducedRecord
+from engine.transport.partitioner import key_hash
 from handlers.responses import StreamThreadExceptionResponse
 
 
@@ -107,7 +106,7 @@ async def play_on_memory_broker(
             elif isinstance(step, Crash) and sink is not None:
                 broker.fail_produce(sink, ScenarioCrash("crash injected by the scenario"), times=1)
             elif isinstance(step, ProcessorTimeout) and sink is not None:
-                broker.fail_produce(sink, request_timeout("timeout injected by the scenario"), step.times)
+                broker.fail_produce(sink, TimeoutError("timeout injected by the scenario"), step.times)
             elif isinstance(step, Rebalance):
                 other = await started()
                 await other.close_async()

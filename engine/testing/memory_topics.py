@@ -21,9 +21,9 @@ from engine.errors import TransportError
 from engine.records import Record, TopicPartition
 from engine.serdes import BytesSerde, Serde, as_serde
 from engine.testing.topics import TestRecord
-from engine.transport.kafka.partitioner import key_hash
 from engine.transport.memory import MemoryBroker
 from engine.transport.memory.log import ProducedRecord
+from engine.transport.partitioner import key_hash
 
 
 def _broker(bootstrap: str, call: str) -> MemoryBroker:

@@ -23,7 +23,7 @@ from engine.serdes import StringSerde
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
 from engine.testing import eventually_async
 from engine.transport import open_transport
-from engine.transport.kafka.partitioner import key_hash
+from engine.transport.partitioner import key_hash
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster
 

@@ -1,8 +1,8 @@
 """The one mapping of the Kafka client's (aiokafka's) errors to the engine's.
 
-Every aiokafka error that leaves the Kafka transport is turned into an engine error here, and
-:func:`is_retriable` is the engine's one classification of what is worth retrying under a
-deadline (``engine.tasks.timeouts.is_timeout`` is this function).
+Every aiokafka error that leaves the Kafka transport is turned into an engine error here. What is
+worth retrying under a deadline is :mod:`engine.transport.retriable`'s one classification
+(re-exported here as :func:`is_retriable`); this module registers aiokafka's batch expiry with it.
 
 Timeouts and retriable errors
     aiokafka signals timeouts as ``KafkaTimeoutError`` (batch expiry after
@@ -17,7 +17,7 @@ Timeouts and retriable errors
     only until the batch expires). They reach the engine wrapped
     (``ProduceError``, ``TransportError``) with ``retriable`` set and the
     aiokafka exception as ``__cause__``; :func:`is_retriable` is the one
-    place that classifies them.
+    place that classifies them (``engine.transport.retriable``).
 
 Fencing
     Another producer that initialised the same ``transactional.id`` (or a transaction that
@@ -31,16 +31,13 @@ from __future__ import annotations
 from aiokafka import errors as aioerrors
 
 from engine.errors import (
-    AuthenticationError,
     CommitFailedError,
     IllegalStateError,
     ProduceError,
     ProducerFencedError,
-    StartupTimeoutError,
-    StreamsTimeoutError,
-    TaskTimeoutError,
     TransportError,
 )
+from engine.transport.retriable import is_retriable, register_retriable
 
 __all__ = [
     "commit_failed",
@@ -62,41 +59,9 @@ _FENCED_ERRORS: tuple[type[BaseException], ...] = (
     aioerrors.TransactionCoordinatorFenced,
 )
 
-# The errors that end a retry (a deadline ran out, or credentials the broker refused): never
-# retried themselves, even though what they were raised from was (a refused TLS handshake is
-# raised from the connection error it showed up as).
-_FINAL_ERRORS: tuple[type[BaseException], ...] = (StreamsTimeoutError, TaskTimeoutError, StartupTimeoutError,
-                                                   AuthenticationError)
-
-
-def is_retriable(exc: BaseException) -> bool:
-    """Whether ``exc``, or the error it was raised from, is worth retrying under a deadline.
-
-    The one classification of client errors in the engine (``engine.tasks.timeouts.is_timeout``
-    is this function). Retriable: an engine ``TransportError`` marked ``retriable``; the builtin
-    ``TimeoutError`` (asyncio timeouts, a slow processor); aiokafka's ``KafkaTimeoutError`` (a batch
-    expired after ``request_timeout_ms``) and every aiokafka error whose ``retriable`` attribute is
-    set, Kafka's ``RetriableException`` family: connection loss (``KafkaConnectionError``,
-    ``NodeNotReadyError``), request timeouts, leader changes (``LeaderNotAvailableError``,
-    ``NotLeaderForPartitionError``), coordinator moves (``NotCoordinatorError``,
-    ``CoordinatorNotAvailableError``, ``CoordinatorLoadInProgressError``), stale metadata and
-    ``UnknownTopicOrPartitionError`` (a topic's metadata not there yet).
-    Not retriable: ``TaskTimeoutError``, ``StartupTimeoutError`` and ``StreamsTimeoutError`` (a
-    deadline ran out), and an error merely *seen while handling* a retriable one (``__context__``
-    is not followed).
-    """
-    current: BaseException | None = exc
-    for _ in range(6):
-        if current is None or isinstance(current, _FINAL_ERRORS):
-            return False
-        if isinstance(current, TransportError) and current.retriable:
-            return True
-        if isinstance(current, (TimeoutError, aioerrors.KafkaTimeoutError)):
-            return True
-        if isinstance(current, aioerrors.KafkaError) and current.retriable:
-            return True
-        current = current.__cause__
-    return False
+# aiokafka's batch expiry says retriable=False, yet a batch that expired is what a broker outage
+# looks like to a producer: retried under task.timeout.ms like every other timeout.
+register_retriable(aioerrors.KafkaTimeoutError)
 
 
 def describe(exc: BaseException) -> str:

@@ -63,3 +63,28 @@ def test_the_checks_see_an_offending_import(tmp_path: Path) -> None:
     (tmp_path / "engine" / "transport" / "memory.py").write_text("from engine.tasks.task_id import TaskId\n")
     assert aiokafka_outside_transport(tmp_path) == ["engine/collector.py"]
     assert transport_imports_of_machinery(tmp_path) == ["engine/transport/memory.py: engine.tasks.task_id"]
+
+
+def _kafka_client_modules_after(code: str) -> list[str]:
+    import subprocess
+    import sys
+
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in sys.modules if m == 'aiokafka' or m.startswith('aiokafka.')))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=True)
+    return [line for line in done.stdout.splitlines() if line.startswith("[")][-1:]
+
+
+def test_an_application_on_the_memory_broker_never_loads_the_kafka_client() -> None:
+    """The core (collector, commits, timeouts, partitioning) is transport-neutral: only a Kafka
+    ``bootstrap.servers`` loads aiokafka."""
+    loaded = _kafka_client_modules_after(
+        "from engine import KafkaStreams, StreamsBuilder\n"
+        "from engine.transport.memory import MemoryBroker\n"
+        "MemoryBroker.for_url('memory://boundary').create_topics({'in': 2, 'out': 2})\n"
+        "builder = StreamsBuilder()\n"
+        "builder.stream('in').group_by_key().count().to_stream().to('out')\n"
+        "with KafkaStreams(builder.build(), {'application.id': 'boundary', 'default.dsl.store': 'in_memory',\n"
+        "                                    'bootstrap.servers': 'memory://boundary'}) as streams:\n"
+        "    streams.wait_for_state(__import__('engine').ClientState.RUNNING, timeout=30)\n")
+    assert loaded == ["[]"]
