@@ -37,8 +37,9 @@
         ├── AuthenticationError      the broker refused the client's login (SASL) or the TLS handshake
         │                            failed (names the mechanism); never retried, unlike a lost connection
         ├── CommitFailedError        the group moved on: the member no longer owns the partitions
-        │   └── RebalanceInProgressError  cooperative: the group is rebalancing; the member still owns
-        │                                 its partitions and commits once the rebalance is over
+        ├── RebalanceInProgressError cooperative: the group is rebalancing; the member still owns its
+        │                            partitions and commits once the rebalance is over (the opposite of a
+        │                            CommitFailedError, its sibling as in Kafka's clients)
         ├── ProduceError             a record could not be delivered (topic, partition)
         └── ProducerFencedError      a newer producer with the same transactional.id took over
 
@@ -378,7 +379,7 @@ class CommitFailedError(TransportError):
     """The commit was refused: a rebalance gave the partitions to another member."""
 
 
-class RebalanceInProgressError(CommitFailedError):
+class RebalanceInProgressError(TransportError):
     """Cooperative protocol: the group is rebalancing, so the commit was not sent (or the broker
     refused it); the member keeps its partitions and commits again once the rebalance is over."""
 

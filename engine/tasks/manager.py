@@ -191,7 +191,7 @@ class TaskManager:
             if state is not None:
                 state.close(clean=False)
             raise
-        send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own))
+        send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own, task_id))
         task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
                           self._timer_factory, self._monotonic_ms)
         if self._eos is not None:
@@ -435,7 +435,7 @@ class TaskManager:
         self._backpressured.discard(tp)
         self._consumer.resume(tp)
 
-    async def _after_chunk(self, collector: RecordCollector | None = None) -> None:
+    async def _after_chunk(self, collector: RecordCollector | None = None, task_id: TaskId | None = None) -> None:
         if self._backpressured:  # every chunk comes here: nothing to do in the common case
             for tp in list(self._backpressured):
                 self._release_backpressure(tp)
@@ -446,7 +446,7 @@ class TaskManager:
                 except ProduceError as exc:
                     if not is_timeout(exc):
                         raise
-                    raise TaskCorruptedError(None, f"sending its output timed out: {exc}") from exc
+                    raise TaskCorruptedError(task_id, f"sending its output timed out: {exc}") from exc
             return
         if self._collector.buffered():
             try:

@@ -262,15 +262,21 @@ class StreamTask:
         except (TaskCorruptedError, TaskMigratedError, ProducerFencedError) as exc:
             if not self.exactly_once:
                 raise
-            self.transaction_failed(exc if not isinstance(exc, ProducerFencedError)
-                                    else TaskMigratedError(self.id, str(exc)))
+            if isinstance(exc, ProducerFencedError):
+                migrated = TaskMigratedError(self.id, str(exc))
+                migrated.__cause__ = exc
+                self.transaction_failed(migrated)
+            else:
+                self.transaction_failed(exc)
         except TransportError as exc:
             if not (self.exactly_once and is_timeout(exc)):
                 raise
             # Starting the producer or restoring timed out: start over (the timer is kept). An attempt
             # that started past task.timeout.ms is the last one (a revived task keeps its timer).
             self.timer.on_timeout(exc, "Initialising", started, cleared_by_processing=False)
-            self.transaction_failed(TaskCorruptedError(self.id, f"initialising timed out: {exc}"))
+            corrupted = TaskCorruptedError(self.id, f"initialising timed out: {exc}")
+            corrupted.__cause__ = exc
+            self.transaction_failed(corrupted)
         finally:
             self.finished.set()
 

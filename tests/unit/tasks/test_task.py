@@ -607,3 +607,29 @@ def test_records_failing_together_pause_the_task_at_the_lowest_one() -> None:
     assert rig.task.position(IN) == 5
     assert rig.task.paused_below(failed[2])  # asked no more: read again on resume
     assert not rig.task.paused_below(FetchedRecord(IN.topic, IN.partition, 3, 0, None, b"{}"))
+
+
+@pytest.mark.asyncio
+async def test_a_failed_start_under_exactly_once_keeps_its_cause() -> None:
+    """A TaskError always has the original exception as ``__cause__`` (engine/errors.py): a fenced
+    producer and a timed-out start become TaskMigratedError and TaskCorruptedError from them."""
+    from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
+    from engine.tasks.timeouts import TaskTimer
+
+    builder = StreamsBuilder()
+    builder.stream("in").to("out")
+    for raised, expected in ((ProducerFencedError("fenced by a newer producer"), TaskMigratedError),
+                             (TransportError("initialising timed out"), TaskCorruptedError)):
+        raised.retriable = isinstance(raised, TransportError) and not isinstance(raised, ProducerFencedError)
+        rig = TaskRig(builder.build())
+        rig.task.exactly_once = True
+        rig.task.timer = TaskTimer(TASK, 60_000, 100, 1_000, rig.clock.monotonic_ms, rig.task.log)
+
+        async def initialize(raised: BaseException = raised) -> None:
+            raise raised
+
+        rig.task.initialize = initialize
+        await asyncio.wait_for(rig.task.run(), WAIT)
+        error = rig.task.transaction_error
+        assert isinstance(error, expected) and error.task_id == TASK
+        assert error.__cause__ is raised
