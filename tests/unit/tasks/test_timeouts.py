@@ -12,6 +12,7 @@ from engine.errors import ProduceError, StartupTimeoutError, StreamsTimeoutError
 from engine.logcontext import LogContext
 from engine.tasks.task_id import TaskId
 from engine.tasks.timeouts import StartupDeadline, TaskTimer, is_timeout
+from engine.transport.kafka import errors as _kafka_transport_errors  # noqa: F401  # registers aiokafka's batch expiry, as the transport does when it loads
 
 TASK = TaskId(0, 1)
 LOG = LogContext(logging.getLogger("test.timeouts"), "task [0_1] ")
