@@ -34,7 +34,7 @@ from engine.state.store import Journal, KeyValueStore, Source, StateStore, Windo
 from engine.state.stores import StoreBuilder, StoreType
 from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
 from engine.state.versioned import VersionedKeyValueStore
-from engine.transport.base import Consumer
+from engine.transport.base import Consumer, OffsetAndMetadata
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class TaskStateManager:
         timestamp: Callable[[], int],
         source: Source,
         logger: LogContext,
+        journal: Journal | None = None,
     ) -> None:
         self.task_id = task_id
         self.directory = os.path.join(state_dir, application_id, task_id)
@@ -74,8 +75,9 @@ class TaskStateManager:
         self._log = logger
         self.stores: dict[str, StateStore] = {}
         self.changelogs: dict[str, TopicPartition] = {}
-        # What the record in progress changed, to undo if it is retried (task-at-a-time only).
-        self.journal = Journal()
+        # What the record in progress changed, to undo if it is retried (records in flight: a
+        # journal that follows the record in flight, engine.tasks.in_flight.RecordJournals).
+        self.journal = journal or Journal()
         self._source = source
         self.restored = 0
         try:
@@ -146,33 +148,35 @@ class TaskStateManager:
     # -- restore ---------------------------------------------------------------------
     async def restore(self, consumer: Consumer, reader_factory: Callable[[], Consumer],
                       inputs: Iterable[TopicPartition], listener: StateRestoreListener | None,
-                      first_buffered: Callable[[TopicPartition], int | None] = lambda _tp: None) -> int:
+                      first_buffered: Callable[[TopicPartition], int | None] = lambda _tp: None,
+                      committed: Mapping[TopicPartition, OffsetAndMetadata | None] | None = None) -> int:
         """Bring every logged store up to its changelog's end; returns the updates applied.
 
-        ``first_buffered(tp)`` is the offset of the first record already fetched for the
-        task, if any: where processing starts when nothing is committed yet.
+        ``committed``: the inputs' committed positions, as the task read them when it started
+        (read here when not given). ``first_buffered(tp)`` is the offset of the first record
+        already fetched for the task, if any: where processing starts when nothing is committed yet.
         """
         await self.open_stores()
         if not self.changelogs:
             return 0
         offsets = checkpoint.read(self.directory) if self.persistent else {}
         ends = await consumer.end_offsets(list(self.changelogs.values()))
-        committed: dict[str, ProcessedInput] = {}
+        processed: dict[str, ProcessedInput] = {}
         for tp in inputs:
-            om = await consumer.committed(tp)
+            om = committed[tp] if committed is not None and tp in committed else await consumer.committed(tp)
             if om is not None:
                 done = decode_completed(om.offset, om.metadata) if om.metadata else set()
-                committed[tp.topic] = ProcessedInput(om.offset, frozenset(done))
+                processed[tp.topic] = ProcessedInput(om.offset, frozenset(done))
                 continue
             # Nothing committed: processing starts at the reset position (auto.offset.reset);
             # an update from a record before it will not be made again, so it is applied.
             start = first_buffered(tp)
             if start is None:
                 start = await consumer.position(tp)
-            committed[tp.topic] = ProcessedInput(start, frozenset())
+            processed[tp.topic] = ProcessedInput(start, frozenset())
         self._log.debug("Restoring from changelog end offsets %s; input processed below %s",
                         {str(tp): o for tp, o in sorted(ends.items())},
-                        {topic: p.offset for topic, p in sorted(committed.items())})
+                        {topic: p.offset for topic, p in sorted(processed.items())})
         total = 0
         for name, tp in self.changelogs.items():
             store = self.stores[name]
@@ -184,7 +188,7 @@ class TaskStateManager:
                                       "restoring in full", name, start, end)
                 store.inner.wipe()
                 start = 0
-            applied = await restore_store(store, tp, start, end, reader_factory, committed, listener)
+            applied = await restore_store(store, tp, start, end, reader_factory, processed, listener)
             total += applied
             if end > start:
                 self._log.info("Restored store '%s' from %s offsets %d..%d: %d update(s)", name, tp, start, end,

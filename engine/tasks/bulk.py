@@ -47,7 +47,7 @@ from engine.spark.schema import SchemaMismatch
 from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink
 
 from .bulk_jobs import JobPart, StageJobs
-from .processing import RecordPath
+from .processing import RecordPath, failed_node
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
@@ -56,17 +56,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def bulk_window(task: StreamTask) -> BatchWindow | None:
+def bulk_window(task: StreamTask, spark_jobs: dict[str, StageJobs] | None) -> BatchWindow | None:
     """The bulk loop for ``task`` if it can take one: one input partition, no state stores, its
     source's only child a Spark stage (a processor in between runs per record: the usual path),
-    and ``spark.batch.bulk`` on."""
+    no timestamp extractor on it (records pass with their own timestamps), and
+    ``spark.batch.bulk`` on."""
     if len(task.partitions) != 1 or task.state_manager is not None:
         return None
     sources = {id(node): node for node in task.graph.sources.values()}
     if len(sources) != 1:
         return None
     source = next(iter(sources.values()))
-    if len(source.children) != 1:
+    if len(source.children) != 1 or source.timestamp_extractor is not None:
         return None
     node = source.children[0]
     if not isinstance(node, ProcessorNode) or not isinstance(node.processor, SparkBatchStage):
@@ -76,8 +77,8 @@ def bulk_window(task: StreamTask) -> BatchWindow | None:
     (tp,) = task.partitions
     stage = node.processor
     jobs = StageJobs(stage)  # the task's own jobs, unless its thread shares them
-    if task.spark_jobs is not None and stage.shared:
-        jobs = task.spark_jobs.setdefault(stage.name, jobs)
+    if spark_jobs is not None and stage.shared:
+        jobs = spark_jobs.setdefault(stage.name, jobs)
     return BatchWindow(task, TopicPartition(*tp), source, node, stage, jobs)
 
 
@@ -128,6 +129,13 @@ class BatchWindow:
 
     # -- the loop -----------------------------------------------------------------
     async def run(self) -> None:
+        await self._serve(until_idle=False)
+
+    async def drain(self) -> None:
+        """Every buffered record, until no batch is left. Caller: the test driver."""
+        await self._serve(until_idle=True)
+
+    async def _serve(self, until_idle: bool) -> None:
         task = self._task
         self._releasing = anyio.Lock()
         async with anyio.create_task_group() as group:
@@ -136,8 +144,13 @@ class BatchWindow:
                 task.clear_wakeup()
                 self._admit(group)
                 await task.flush_output()
+                if until_idle:
+                    if not self._batches and (not task.buffered() or task.paused_at is not None):
+                        break
+                    if self._open is not None:
+                        self._jobs.seal(self._open.part.job)  # nothing more comes: run what was taken in
                 await task.wait_for_wakeup()
-                await task.maybe_punctuate_wall_clock()
+                await task.punctuate_wall_clock()
             if self._open is not None:
                 # Closing: what was taken in runs now, not after max.wait.ms.
                 self._jobs.seal(self._open.part.job)
@@ -165,16 +178,17 @@ class BatchWindow:
             before = len(raws)
             room = min(jobs.room(job), task.buffered())
             size = 0
+            take = task.input.take
             if max_bytes:
                 # Sealed by bytes too: sizes are summed per record only when a limit is set.
                 while room > 0 and job.bytes + size < max_bytes:
-                    raw = task.take(tp, 0)
+                    raw = take(tp)
                     raws.append(raw)
                     size += len(raw.key or b"") + len(raw.value or b"")
                     room -= 1
             else:
                 for _ in range(room):
-                    raws.append(task.take(tp, 0))
+                    raws.append(take(tp))
             jobs.added(job, len(raws) - before, size)
 
     async def _drive(self, batch: FetchedBatch) -> None:
@@ -185,17 +199,19 @@ class BatchWindow:
         self._task.wake()  # the next part may open now
         if isinstance(outcome, Exception) and not is_timeout(outcome) and len(batch.part.job.parts) > 1:
             # The job of several tasks' parts raised: this part alone tells whether it is its error.
-            await self._run(batch)
+            ran = await self._run(batch)
         else:
-            await self._run(batch, outcome, started)
+            ran = await self._run(batch, outcome, started)
+        if not ran:
+            return  # the task closed during a back-off: the batch's records are read again by the next owner
         await self._report_failures(batch)
         batch.done = True
         await self._release()
 
     async def _run(self, batch: FetchedBatch, outcome: FetchedResult | Exception | None = None,
-                   started: int = 0) -> None:
+                   started: int = 0) -> bool:
         """Run the batch on its own until it is not a timeout; ``outcome``: that of its first run,
-        in a shared job (begun at ``started``)."""
+        in a shared job (begun at ``started``). False when the task closed before it ran."""
         task, stage, source = self._task, self._stage, self._source
         timer = task.timer
         while True:
@@ -221,18 +237,17 @@ class BatchWindow:
                     exc = transient
                 if not is_timeout(exc):
                     batch.error = exc
-                    return
+                    return True
                 # Past spark.batch.timeout.ms (or a timeout Spark raised): the batch is run again
                 # after the back-off, until task.timeout.ms has passed (then TaskTimeoutError).
-                task.timeouts += 1
-                backoff = timer.on_timeout(exc, f"Spark stage '{stage.name}' on {self._tp.topic}-"
-                                                f"{self._tp.partition} offsets {batch.first}..{batch.raws[-1].offset}",
-                                           started)
-                await anyio.sleep(backoff)
+                await task.back_off(exc, f"Spark stage '{stage.name}' on {self._tp.topic}-{self._tp.partition} "
+                                         f"offsets {batch.first}..{batch.raws[-1].offset}", started)
+                if task.closing:
+                    return False  # woken by the close: never released, its records run again
                 continue
             if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()
-            return
+            return True
 
     async def _report_failures(self, batch: FetchedBatch) -> None:
         """Ask the handlers about the batch's failed records, in offset order: FAIL raises, PAUSE
@@ -273,8 +288,8 @@ class BatchWindow:
             await self._path.processing_failed(raw, stage.name, first, error)
 
     async def _release(self) -> None:
-        """Hand on the output of the finished batches at the head, in offset order, and move the
-        committable position past each."""
+        """Hand on the output of the finished batches at the head, in offset order, and pass each:
+        the committable position moves past it, and stream time with its records' timestamps."""
         assert self._releasing is not None
         task, tp, batches = self._task, self._tp, self._batches
         async with self._releasing:
@@ -284,9 +299,13 @@ class BatchWindow:
                 if batch.result is not None:
                     await self._forward(batch.result)
                 batches.popleft()
-                task.advance_past(tp, batch.raws[-1].offset, self.lowest_in_flight(tp))
-                task.processed += len(batch.raws) - 1  # advance_past counted one
+                bounds = [b for b in (self.lowest_in_flight(tp), task.input.first_offset(tp)) if b is not None]
+                task.positions.advance_past(tp, batch.raws[-1].offset, bounds, task.paused_offset(tp))
+                task.processed += len(batch.raws)
                 task.meter.add(len(batch.raws), time.perf_counter_ns() - began)
+                punctuating = self._path.passed(max(raw.timestamp for raw in batch.raws))
+                if punctuating is not None:
+                    await punctuating
             task.wake()
 
     async def _forward(self, result: FetchedResult) -> None:
@@ -320,8 +339,7 @@ class BatchWindow:
                 if forwarder.pending:
                     await forwarder.drain()
             except Exception as exc:
-                failed = forwarder.node.name if forwarder.node is not None else node.name
-                forwarder.reset()
+                failed = failed_node(forwarder, node.name)
                 if isinstance(exc, StreamsError):
                     raise
                 # The rest of the rows go with the record: CONTINUE drops them, PAUSE re-reads it.

@@ -1,42 +1,57 @@
 """Several records of one task in flight at once (``num.threads.per.task`` > 1).
 
-Each record runs on one of ``num.threads.per.task`` worker coroutines of the
-task's task group, with its own forwarding state (a ``ContextVar`` holds the
-record's ``RecordSlot``), so an ``async def`` processor waiting on I/O for one
-record does not hold up the next. The workers live as long as the window: a
-record costs a hand-over through a memory stream, not a new task and cancel scope.
+Each record runs on one of ``num.threads.per.task`` worker coroutines of the task's task group,
+by the task's one per-record path (``RecordPath``), with its own forwarding state, output and
+store journal (a ``ContextVar`` holds the record's ``RecordSlot``), so an ``async def``
+processor waiting on I/O for one record does not hold up the next. The workers live as long as
+the window: a record costs a hand-over through a memory stream, not a new task and cancel scope.
 
 Ordering (``processing.ordering``):
 
-- ``partition``: output leaves in input offset order. A record's output waits in
-  its slot until every earlier record of its partition is done (a reorder buffer).
-- ``key``: at most one record per key in flight, so each key's output is in
-  order; different keys go in parallel and their output leaves as it is done.
+- ``partition``: output leaves in input offset order. A record's output waits in its slot until
+  every earlier record of its partition is done (a reorder buffer).
+- ``key``: at most one record per key in flight, so each key's output is in order; different
+  keys go in parallel and their output leaves as it is done.
 - ``unordered``: records go in parallel and output leaves as it is done.
 
-Commits never pass the lowest offset still in flight: the committed position of a
-partition is its contiguous watermark. Offsets completed above it are written
-into the commit metadata (``sl1:`` + their distances from the watermark), so a
-restarted task skips them instead of processing them again. The window is
-bounded: at most ``num.threads.per.task`` slots exist per task (in flight or
-waiting to be released), so a stuck record stops new ones and, once the task's
-buffer fills, fetching of its partitions (back-pressure).
+Passing records (the task's position, and stream time with it): commits never pass the lowest
+offset still in flight, so a partition's committed position is its contiguous watermark, and a
+record is *passed* when the watermark moves past it, in offset order. Stream time moves with the
+passed records' timestamps (``RecordPath.passed``) and the stream-time punctuations due run then,
+under every ordering. Offsets completed above the watermark are written into the commit metadata
+(``engine.completed_offsets``), so a restarted task skips them instead of processing them again.
+
+Exactly-once: a transaction must hold exactly the output of the offsets it commits. So every
+record's output (sink records, changelog updates, dead letters) is held in its slot until the
+watermark passes the record, under every ordering, and released with its position in one step
+that a commit cannot split (the task's ``processing`` lock); nothing is completed above the
+watermark in a commit's eyes, so a restart runs those records again.
+
+A record retried after a timeout undoes its own store updates first (its slot's journal), so
+they are applied once. Records of different keys in flight at once must not write the same
+store keys (``processing.ordering=key`` keeps one record per key in flight).
+
+The window is bounded: at most ``num.threads.per.task`` slots exist per task (in flight or
+waiting to be passed), so a stuck record stops new ones and, once the task's buffer fills,
+fetching of its partitions (back-pressure).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from engine.completed_offsets import decode_completed, encode_completed
+from engine.completed_offsets import encode_completed
 from engine.processors.context import CURRENT
 from engine.processors.nodes import Forwarder, Node, SinkNode
-from engine.records import ConsumerRecord, Record, TopicPartition
+from engine.records import ConsumerRecord, Headers, Record, TopicPartition
+from engine.state.store import Journal
 
 from .processing import Outcome, RecordPath
 
@@ -49,18 +64,20 @@ ORDERINGS = ("partition", "key", "unordered")
 
 
 class RecordSlot:
-    """One record in flight: its forwarding state and the output it holds back."""
+    """One record in flight: its forwarding state, its journal and the output it holds back."""
 
-    __slots__ = ("done", "node", "outputs", "pending", "raw", "timestamp", "tp")
+    __slots__ = ("done", "journal", "node", "outputs", "pending", "raw", "timestamp", "tp")
 
     def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
         self.raw = raw
         self.tp = tp
-        # The record's timestamp as its source's extractor gave it (RecordPath sets it).
+        # The record's timestamp as its source's extractor gave it (RecordPath sets it; -1 when
+        # the record could not be read): the time it passes with.
         self.timestamp = raw.timestamp
         self.pending: deque[Any] = deque()
         self.node: Node | None = None
         self.outputs: list[tuple[Any, ...]] = []
+        self.journal = Journal()
         self.done = False
 
 
@@ -95,11 +112,58 @@ class ContextualForwarder(Forwarder):
         self._slot().node = value
 
 
-class HeldCollector:
-    """Wraps the thread's collector: inside a record in flight, output is held in its slot."""
+class RecordJournals(Journal):
+    """The task's stores' journal when records are in flight: the journal of the record in
+    flight (``RecordSlot.journal``), or none outside a record (a punctuation journals nothing)."""
 
-    def __init__(self, collector: RecordCollector) -> None:
+    __slots__ = ()
+
+    @staticmethod
+    def _current() -> Journal | None:
+        slot = CURRENT.get()
+        return None if slot is None else slot.journal
+
+    @property
+    def active(self) -> bool:
+        journal = self._current()
+        return journal is not None and journal.active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        pass  # each record's own journal keeps its state
+
+    def begin(self, source: Any) -> None:
+        journal = self._current()
+        if journal is not None:
+            journal.begin(source)
+
+    def end(self) -> None:
+        journal = self._current()
+        if journal is not None:
+            journal.end()
+
+    def seen(self, store: Any, key: bytes, stored: bytes | None) -> None:
+        journal = self._current()
+        if journal is not None:
+            journal.seen(store, key, stored)
+
+    def remember(self, store: Any, key: bytes) -> None:
+        journal = self._current()
+        if journal is not None:
+            journal.remember(store, key)
+
+    def undo(self) -> int:
+        journal = self._current()
+        return 0 if journal is None else journal.undo()
+
+
+class HeldCollector:
+    """Wraps the task's collector: inside a record in flight, sink output is held in its slot, and
+    under exactly-once its changelog updates and dead letters too (``hold_all``)."""
+
+    def __init__(self, collector: RecordCollector, hold_all: bool = False) -> None:
         self._collector = collector
+        self._hold_all = hold_all
 
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         slot = CURRENT.get()
@@ -111,11 +175,34 @@ class HeldCollector:
         slot.outputs.append((topic, record, sink, key_bytes, value_bytes))
         return None
 
+    def append_raw(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int,
+                   headers: Headers) -> None:
+        slot = CURRENT.get() if self._hold_all else None
+        if slot is None:
+            self._collector.append_raw(topic, partition, key, value, timestamp, headers)
+            return
+        slot.outputs.append((topic, partition, key, value, timestamp, headers))
+
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
+                       headers: Headers) -> None:
+        slot = CURRENT.get() if self._hold_all else None
+        if slot is None:
+            await self._collector.send_raw(topic, key, value, timestamp, headers)
+            return
+        slot.outputs.append((topic, None, key, value, timestamp, headers))
+
     async def emit(self, slot: RecordSlot) -> None:
+        collector = self._collector
         for output in slot.outputs:
-            pending = self._collector.send_serialized(*output)
-            if pending is not None:
-                await pending
+            if len(output) == 5:
+                pending = collector.send_serialized(*output)
+                if pending is not None:
+                    await pending
+            elif output[1] is None:
+                topic, _none, key, value, timestamp, headers = output
+                await collector.send_raw(topic, key, value, timestamp, headers)
+            else:
+                collector.append_raw(*output)
         slot.outputs.clear()
 
     def __getattr__(self, name: str) -> Any:
@@ -123,42 +210,45 @@ class HeldCollector:
 
 
 class InFlightWindow:
-    """The concurrent run loop of one task. Caller: ``StreamTask.run``."""
+    """The concurrent run loop of one task. Caller: ``StreamTask.run`` (``engine.tasks.loops``)."""
 
     def __init__(self, task: StreamTask, limit: int, ordering: str, collector: HeldCollector,
-                 committed: Callable[[TopicPartition], Awaitable[Any]] | None) -> None:
+                 skips: Mapping[TopicPartition, frozenset[int]]) -> None:
         self._task = task
         self.limit = limit
         self.ordering = ordering
         self._collector = collector
-        self._committed = committed
-        self.slots: dict[TopicPartition, deque[RecordSlot]] = {tp: deque() for tp in task.partitions}
+        # Exactly-once: output is released only as the watermark passes its record (see the module's doc).
+        self._in_order = ordering == "partition" or task.exactly_once
+        self.slots: dict[TopicPartition, list[RecordSlot]] = {tp: [] for tp in task.partitions}
         self.count = 0  # slots alive: in flight or holding output
-        self.max_seen = 0
         self._busy_keys: set[Any] = set()
-        self._completed: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
-        self._skip: dict[TopicPartition, set[int]] = {tp: set() for tp in task.partitions}
-        self._path: RecordPath | None = None
+        # Done above the watermark (not in order): their offsets, for the commit metadata, and their
+        # times, passed once the watermark moves past them.
+        self._completed: dict[TopicPartition, dict[int, int]] = {tp: {} for tp in task.partitions}
+        # Offsets a previous owner finished above its committed watermark: not redone.
+        self._skip = {tp: set(skips.get(tp, ())) for tp in task.partitions}
+        self._path = RecordPath(task, journal=True)
 
-    # -- commit ---------------------------------------------------------------------
+    # -- what the task asks of its run loop ---------------------------------------------
     def metadata(self, tp: TopicPartition, watermark: int) -> str:
         return encode_completed(watermark, {o for o in self._completed[tp] if o >= watermark})
 
-    async def load_skips(self) -> None:
-        """Offsets a previous owner finished above its committed watermark are not redone."""
-        if self._committed is None:
-            return
-        for tp in self.slots:
-            committed = await self._committed(tp)
-            if committed is not None and committed.metadata:
-                self._skip[tp] = decode_completed(committed.offset, committed.metadata)
+    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        """The lowest offset of ``tp`` in flight or holding output (None: none)."""
+        slots = self.slots[tp]
+        return slots[0].raw.offset if slots else None
+
+    async def drain(self) -> None:
+        """Every buffered record, until none is in flight. Caller: the test driver."""
+        await self._serve(until_idle=True)
 
     # -- the loop -------------------------------------------------------------------
     async def run(self) -> None:
+        await self._serve(until_idle=False)
+
+    async def _serve(self, until_idle: bool) -> None:
         task = self._task
-        # Records run concurrently: the store journal (one per task) cannot follow them.
-        self._path = RecordPath(task, journal=False)
-        await self.load_skips()
         # Never more slots than ``limit`` exist, so the hand-over never has to wait for room.
         send, receive = anyio.create_memory_object_stream[RecordSlot](self.limit)
         async with anyio.create_task_group() as group:
@@ -173,9 +263,11 @@ class InFlightWindow:
                     # Output released since the last turn goes on as one batch per partition, and
                     # partitions paused for back-pressure resume once the buffer drained.
                     await task.flush_output()
+                    if until_idle and self.count == 0 and (not task.buffered() or task.paused_at is not None):
+                        break
                     if not started:
                         await task.wait_for_wakeup()
-                        await task.maybe_punctuate_wall_clock()
+                        await task.punctuate_wall_clock()
             # Closed: the workers finish the records handed over already, then end.
         await task.flush_output()
 
@@ -196,12 +288,12 @@ class InFlightWindow:
             raw, tp = picked
             if raw.offset in self._skip[tp]:
                 self._skip[tp].discard(raw.offset)
-                task.advance_past(tp, raw.offset, self._lowest_in_flight(tp))
+                task.positions.advance_past(tp, raw.offset, self._bounds(tp), task.paused_offset(tp))
                 continue
             slot = RecordSlot(raw, tp)
-            self.slots[tp].append(slot)
+            # Kept in offset order: a key's later record may start before an earlier one of another key.
+            bisect.insort(self.slots[tp], slot, key=_offset)
             self.count += 1
-            self.max_seen = max(self.max_seen, self.count)
             if self.ordering == "key":
                 self._busy_keys.add((tp.topic, raw.key))
             start(slot)
@@ -209,12 +301,12 @@ class InFlightWindow:
         return started
 
     def _pick(self) -> tuple[ConsumerRecord, TopicPartition] | None:
-        task = self._task
-        for tp, queue in task.queues().items():
+        group = self._task.input
+        for tp, queue in group.queues().items():
             if not queue:
                 continue
             if self.ordering != "key":
-                return task.take(tp, 0), tp
+                return group.take(tp), tp
             blocked: set[Any] = set()
             for index, raw in enumerate(queue):
                 if index >= 2 * self.limit:
@@ -223,13 +315,12 @@ class InFlightWindow:
                 if key in self._busy_keys or key in blocked:
                     blocked.add(key)  # a later record of a busy key must wait behind it
                     continue
-                return task.take(tp, index), tp
+                return group.take(tp, index), tp
         return None
 
     async def _process(self, slot: RecordSlot) -> None:
         """One record's whole graph on its own coroutine, by the task's one per-record path."""
         task, path = self._task, self._path
-        assert path is not None
         began = time.perf_counter_ns()
         token = CURRENT.set(slot)
         try:
@@ -246,9 +337,11 @@ class InFlightWindow:
             CURRENT.reset(token)
         if outcome is Outcome.ABANDONED:
             return
+        if outcome is not Outcome.PAUSED:
+            task.processed += 1
         if outcome is Outcome.DONE:
             task.meter.add(1, time.perf_counter_ns() - began)
-        # SKIPPED and PAUSED complete the slot too: its offset is released in order (above a
+        # SKIPPED and PAUSED complete the slot too: its offset is passed in order (above a
         # pause, its output is dropped and the commit stops at the paused record).
         await self._complete(slot)
 
@@ -257,32 +350,49 @@ class InFlightWindow:
         slot.done = True
         if self.ordering == "key":
             self._busy_keys.discard((tp.topic, slot.raw.key))
-        queue = self.slots[tp]
-        if self.ordering == "partition":
-            # Release the done prefix, in offset order.
-            while queue and queue[0].done:
-                head = queue.popleft()
-                if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
-                    head.outputs.clear()  # after the record that paused the task: read again on resume
-                await self._collector.emit(head)
-                self.count -= 1
-                task.advance_past(tp, head.raw.offset, queue[0].raw.offset if queue else None)
+        if self._in_order:
+            if task.exactly_once:
+                # Output and position go together: a commit (which holds the lock) sees both or neither.
+                async with task.processing:
+                    await self._release_done_prefix(tp)
+            else:
+                await self._release_done_prefix(tp)
         else:
             await self._collector.emit(slot)
-            queue.remove(slot)
+            self.slots[tp].remove(slot)
             self.count -= 1
-            watermark = task.advance_past(tp, slot.raw.offset, self._lowest_in_flight(tp))
-            # Done above the watermark (a lower record still in flight or waiting behind a busy
-            # key): remembered for the commit metadata so a new owner does not redo it.
             completed = self._completed[tp]
-            completed.add(slot.raw.offset)
-            self._completed[tp] = {o for o in completed if o >= watermark}
+            completed[slot.raw.offset] = slot.timestamp
+            watermark = task.positions.advance_past(tp, slot.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            # Passed in offset order, one by one, as one record at a time would pass them: a
+            # stream-time punctuation fires at the same times.
+            for offset in sorted(o for o in completed if o < watermark):
+                await self._passed(completed.pop(offset))
         task.wake()
 
-    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
-        """The lowest offset of ``tp`` in flight or holding output (None: none)."""
-        return self._lowest_in_flight(tp)
+    async def _release_done_prefix(self, tp: TopicPartition) -> None:
+        """Emit the output of the done records at the head of ``tp``, in offset order, and pass them."""
+        task, slots = self._task, self.slots[tp]
+        while slots and slots[0].done:
+            head = slots.pop(0)
+            if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
+                head.outputs.clear()  # after the record that paused the task: read again on resume
+            await self._collector.emit(head)
+            self.count -= 1
+            task.positions.advance_past(tp, head.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            await self._passed(head.timestamp)
 
-    def _lowest_in_flight(self, tp: TopicPartition) -> int | None:
-        queue = self.slots[tp]
-        return min((s.raw.offset for s in queue), default=None)
+    async def _passed(self, timestamp: int) -> None:
+        punctuating = self._path.passed(timestamp)
+        if punctuating is not None:
+            await punctuating
+
+    def _bounds(self, tp: TopicPartition) -> list[int]:
+        """What the watermark must not pass: the lowest record in flight and the first one buffered."""
+        lowest = self.lowest_in_flight(tp)
+        first = self._task.input.first_offset(tp)
+        return [b for b in (lowest, first) if b is not None]
+
+
+def _offset(slot: RecordSlot) -> int:
+    return slot.raw.offset

@@ -20,7 +20,7 @@ import anyio
 
 from engine.collector import RecordCollector
 from engine.commit import CommitProtocol
-from engine.errors import CommitFailedError, ConfigError, ProduceError, TaskCorruptedError
+from engine.errors import CommitFailedError, ProduceError, TaskCorruptedError
 from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
@@ -34,8 +34,10 @@ from engine.transport.base import Consumer, Producer
 
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
-from .in_flight import ContextualForwarder, HeldCollector, InFlightWindow
+from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
+from .loops import InFlightPlan
 from .revival import TaskRevival
+from .setup import Committed, ExactlyOnceTask, TaskSetup
 from .task import StreamTask
 from .timeouts import TaskTimer, is_timeout
 
@@ -123,8 +125,10 @@ class TaskManager:
     def task_id_of(self, tp: TopicPartition) -> TaskId:
         return TaskId(self._topology.subtopology_of(tp.topic).id, tp.partition)
 
-    def handle_assignment(self, partitions: Iterable[TopicPartition]) -> list[StreamTask]:
-        """Create and start a task for each newly assigned group of partitions."""
+    def handle_assignment(self, partitions: Iterable[TopicPartition],
+                          timers: Mapping[TaskId, TaskTimer] | None = None) -> list[StreamTask]:
+        """Create and start a task for each newly assigned group of partitions; ``timers``: the
+        KIP-572 timers of revived tasks, which carry over to the tasks created again."""
         if self.shut_down:
             # The consumer's close may finish a rebalance and report an assignment: the
             # thread is past its tasks' shutdown, so they would start on a closed consumer.
@@ -140,7 +144,7 @@ class TaskManager:
         for task_id, tps in sorted(grouped.items()):
             if task_id in self.tasks:
                 raise RuntimeError(f"Task {task_id} got partitions {tps} it did not have before")
-            task = self._create(task_id, tps)
+            task = self._create(task_id, tps, (timers or {}).get(task_id))
             self.tasks[task_id] = task
             for tp in tps:
                 self._by_partition[tp] = task
@@ -161,7 +165,9 @@ class TaskManager:
         self._log.log(level, "Assigned tasks %s", assigned)
         return created
 
-    def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition]) -> StreamTask:
+    def _create(self, task_id: TaskId, partitions: Sequence[TopicPartition],
+                timer: TaskTimer | None = None) -> StreamTask:
+        """The task, complete: its graph and everything decided for it here (``TaskSetup``)."""
         context = TaskContext(self._application_id, task_id, self._clock_ms, self._spark)
         if self._state is not None:
             context.global_stores = self._state.global_stores
@@ -173,15 +179,15 @@ class TaskManager:
         collector: RecordCollector | HeldCollector = own
         concurrency, ordering = self._topology.concurrency_of(task_id.subtopology, self._config)
         limit = self._threads_per_task if concurrency is None else concurrency
-        ordering = ordering or self._ordering
+        in_flight = None
         if limit > 1:
-            if self._eos is not None:
-                raise ConfigError("num.threads.per.task", f"sub-topology {task_id.subtopology} runs records in "
-                                  "flight, which exactly_once_v2 cannot commit atomically with their output")
-            # Each record in flight gets its own forwarding state and holds its output.
+            # Each record in flight gets its own forwarding state, journal and held output (under
+            # exactly-once its changelog updates and dead letters too, until the commit's watermark
+            # covers it: engine.tasks.in_flight).
             context.forwarder = ContextualForwarder()
-            collector = HeldCollector(self._collector)
-        state = self._state_manager(task_id, context, in_flight=limit > 1, collector=own)
+            collector = HeldCollector(own, hold_all=self._eos is not None)
+            in_flight = InFlightPlan(limit, ordering or self._ordering, collector)
+        state = self._state_manager(task_id, context, in_flight=in_flight is not None, append=collector.append_raw)
         try:
             graph = self._topology.build_task_graph(
                 task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
@@ -191,45 +197,43 @@ class TaskManager:
             if state is not None:
                 state.close(clean=False)
             raise
+        holder: list[StreamTask] = []
+        restore = None
+        if state is not None:
+            settings = self._state
+            inputs = sorted(partitions)
+
+            async def restore(committed: Committed) -> None:
+                assert settings is not None  # a task has stores only with state settings
+                await state.restore(self._consumer, settings.reader_factory, inputs, settings.restore_listener,
+                                    holder[0].input.first_offset, committed)
+        exactly_once = None
+        if self._eos is not None:
+            exactly_once = ExactlyOnceTask(
+                collector=collector,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
+                start=own.producer.start,
+                rewind=lambda committed: self._rewind(holder[0], committed),
+                on_failed=self.failed_transactions.append)
+        if timer is None and self._timer_factory is not None:
+            timer = self._timer_factory(task_id, self._log.child(f"task [{task_id}] "))
+        setup = TaskSetup(
+            errors=self._errors, meter=self.meter, timer=timer, on_pause=self._on_pause, state=state,
+            restore=restore, committed=self._consumer.committed, exactly_once=exactly_once,
+            in_flight=in_flight, spark_jobs=self.spark_jobs)
         send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own, task_id))
         task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
-                          self._timer_factory, self._monotonic_ms)
-        if self._eos is not None:
-            task.exactly_once = True
-            task.collector = own
-            task.on_transaction_failed = self.failed_transactions.append
-            task.initialize = lambda: self._initialize_transactions(task)
-        if state is not None:
-            task.state_manager = state
-            listener = self._state.restore_listener if self._state is not None else None
-            reader_factory = self._state.reader_factory if self._state is not None else None
-            inputs = sorted(partitions)
-            task.restore = lambda: state.restore(
-                self._consumer, reader_factory, inputs, listener, task.first_buffered_offset)  # type: ignore[arg-type]  # state exists only with state settings
-        if isinstance(collector, HeldCollector):
-            task.window = InFlightWindow(task, limit, ordering, collector, self._consumer.committed)
-        task.committed = lambda tp: self._consumer.committed(tp)  # its partition times start from the commit
-        task.errors = self._errors
-        task.on_pause = self._on_pause
-        task.meter = self.meter
-        task.spark_jobs = self.spark_jobs
+                          setup, self._monotonic_ms)
+        holder.append(task)  # what its restore and rewind act on, once it exists
         return task
 
-    async def _initialize_transactions(self, task: StreamTask) -> None:
-        """Start the task's producer, then read its committed offsets again.
-
-        Starting initialises the task's transactional.id: a previous owner's open transaction
-        is aborted (or its commit completed) and that owner is fenced. Offsets fetched before
-        that point may miss the previous owner's last commit, so each partition is seeked to
-        its committed offset now and the records fetched from it so far are dropped.
-        """
-        assert task.collector is not None
-        await task.collector.producer.start()
-        for tp in sorted(task.partitions):
-            committed = await self._consumer.committed(tp)
-            if committed is not None:
-                self._consumer.seek(tp, committed.offset)
-                task.discard_buffered(tp)
+    def _rewind(self, task: StreamTask, committed: Committed) -> None:
+        """Exactly-once, once the task's producer started (which aborted a previous owner's open
+        transaction, or completed its commit, and fenced that owner): each partition goes back to
+        the commit read after that point, and the records fetched before it are dropped."""
+        for tp, om in sorted(committed.items()):
+            if om is not None:
+                self._consumer.seek(tp, om.offset)
+                task.input.discard(tp)
                 # No chunk may ever run to resume it: the task can be idle from now on.
                 self._release_backpressure(tp)
 
@@ -239,7 +243,7 @@ class TaskManager:
         return None if task is None else task.collector
 
     def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool,
-                       collector: RecordCollector) -> TaskStateManager | None:
+                       append: Callable[..., None]) -> TaskStateManager | None:
         builders = self._topology.stores_of(task_id.subtopology)
         if not builders:
             return None
@@ -249,7 +253,7 @@ class TaskManager:
 
         def timestamp() -> int:
             slot = CURRENT.get()
-            return context.timestamp if slot is None else slot.raw.timestamp
+            return context.timestamp if slot is None else slot.timestamp
 
         def source() -> tuple[str, int] | None:
             slot = CURRENT.get()
@@ -261,9 +265,11 @@ class TaskManager:
 
         return TaskStateManager(
             str(task_id), self._application_id, settings.state_dir, task_id.partition, builders,
-            settings.default_persistent, self._key_serde, self._value_serde, collector.append_raw,
-            # Records in flight finish out of order: their updates go down at once, uncached.
-            None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "))
+            settings.default_persistent, self._key_serde, self._value_serde, append,
+            # Records in flight finish out of order: their updates go down at once, uncached, and
+            # each record journals its own (a retried one undoes its updates first).
+            None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "),
+            journal=RecordJournals() if in_flight else None)
 
     # -- PAUSE / resume ------------------------------------------------------------
     def _on_pause(self, task: StreamTask) -> None:
@@ -425,7 +431,7 @@ class TaskManager:
         Whether back-pressure holds a partition follows from its buffered count alone: paused at
         ``buffered.records.per.partition`` (``add_records``), resumed at half of it. Caller: every
         path that shrinks a buffer: a processed chunk (``_after_chunk``) and the records dropped at
-        a seek (``_initialize_transactions``). A partition without a task here holds nothing.
+        a seek (``_rewind``). A partition without a task here holds nothing.
         """
         if tp not in self._backpressured:
             return

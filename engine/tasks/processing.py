@@ -1,39 +1,41 @@
-"""How a task processes its records: the one per-record path, and the sequential chunk loop.
+"""The one per-record path of a task: every rule a record meets, whoever runs it.
 
-A record goes one way, whoever runs it::
+A record goes one way::
 
-    deserialize ──> run the graph (``Forwarder.start``; ``drain`` when a processor is async)
-        └──> one ``Outcome``: DONE / SKIPPED (a handler said CONTINUE) / PAUSED (a handler
-             said PAUSE) / RETRY (a timeout: backed off under task.timeout.ms, run it again)
-             / ABANDONED (the task was closed dirty meanwhile)
+    deserialize ──> extract its timestamp ──> run the graph (``Forwarder.start``; ``drain`` when a
+    processor is async) ──> one ``Outcome``: DONE / SKIPPED (a handler said CONTINUE) / PAUSED (a
+    handler said PAUSE) / RETRY (a timeout: backed off under task.timeout.ms, run it again) /
+    ABANDONED (the task was closed dirty meanwhile)
 
-with the task's store journal begun before the graph and ended (or undone, when the
-record runs again) by the outcome, and the task's KIP-572 timer cleared by a record
-that gets through. ``RecordPath.process`` is that path. Two loops call it:
+with the task's store journal begun before the graph and ended (or undone, when the record runs
+again) by the outcome, and the task's KIP-572 timer cleared by a record that gets through. Once
+the loop moves the task's position past the record, ``RecordPath.passed`` moves stream time and
+runs the stream-time punctuations due. ``RecordPath.process`` and ``passed`` are that path; a
+failure anywhere in the task's graph (a record, a punctuation, a cache flush, a Spark batch's
+output) is named and wrapped by ``failure`` (``ProcessingError`` unless it is the engine's own).
 
-- ``ChunkLoop`` (here): records one at a time in chunks, the hot path. ``process`` stays
-  synchronous while nothing needs awaiting, so a record costs no task, event or
-  coroutine unless a processor is async or an error is handled.
+Three run loops call it, and the test driver through them (``engine.tasks.loops`` picks one):
+
+- ``SequentialLoop`` (``sequential.py``): records one at a time in chunks, the hot path. ``process``
+  stays synchronous while nothing needs awaiting, so a record costs no task, event or coroutine
+  unless a processor is async or an error is handled.
 - ``InFlightWindow`` (``in_flight.py``): several records concurrently, one slot each.
+- ``BatchWindow`` (``bulk.py``): a Spark stage's records in batches; failures per record here.
 
-What an outcome means for the committable position is the loop's to apply: the
-chunk loop moves past DONE and SKIPPED records; the window releases slots in order.
+What an outcome means for the committable position is the loop's to apply.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.lowlevel
-
 from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from engine.ids import TaskId
 from engine.processors.context import CURRENT
-from engine.processors.nodes import SourceNode
+from engine.processors.nodes import Forwarder, SourceNode
 from engine.records import ConsumerRecord, Record
 from engine.timestamps import ConsumedRecord, InvalidTimestampError
 from handlers.responses import Answer
@@ -44,10 +46,6 @@ if TYPE_CHECKING:
     from .task import StreamTask
 
 log = logging.getLogger(__name__)
-
-# Records processed before the task yields to the loop's other coroutines.
-CHUNK = 512
-
 
 class Outcome(Enum):
     DONE = "done"
@@ -65,18 +63,39 @@ _DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
 _FAILED = -(2**63)
 
 
-class RecordPath:
-    """One record of a task from bytes to an ``Outcome``. Caller: ``ChunkLoop``, ``InFlightWindow``.
+def failed_node(forwarder: Forwarder, where: str) -> str:
+    """The node that ran last when the task's graph failed (else ``where``); the forwarder's queued
+    work is dropped."""
+    node = forwarder.node.name if forwarder.node is not None else where
+    forwarder.reset()
+    return node
 
-    ``journal``: whether store updates are journaled per record, so that a record run
-    again (RETRY, or a resume after PAUSE) does not apply them twice. Only records that
-    run one at a time can be journaled: the journal is the task's, not the record's.
+
+def failure(task_id: TaskId, forwarder: Forwarder, where: str, exc: Exception) -> StreamsError:
+    """A failure in the task's graph outside a record (a punctuation, a cache flush), as the task
+    reports it: the engine's own errors as they are, anything else a ``ProcessingError`` naming
+    the node that ran last (else ``where``)."""
+    node = failed_node(forwarder, where)
+    if isinstance(exc, StreamsError):
+        return exc
+    error = ProcessingError(task_id, node, None, None, None, exc)
+    error.__cause__ = exc
+    return error
+
+
+class RecordPath:
+    """One record of a task from bytes to an ``Outcome``, and past it. Caller: the run loops.
+
+    ``journal``: whether store updates are journaled per record, so that a record run again
+    (RETRY, or a resume after PAUSE) does not apply them twice. Records in flight each have a
+    journal of their own (the task state manager's journal follows the record in flight).
     """
 
-    __slots__ = ("_ctx", "_error", "_forwarder", "_journal", "_sources", "_task", "process")
+    __slots__ = ("_ctx", "_error", "_forwarder", "_input", "_journal", "_sources", "_task", "process")
 
     def __init__(self, task: StreamTask, journal: bool) -> None:
         self._task = task
+        self._input = task.input
         self._ctx = task.context
         self._forwarder = task.context.forwarder
         self._sources = task.graph.sources
@@ -84,6 +103,18 @@ class RecordPath:
         self._journal = manager if journal and manager is not None and manager.stores else None
         self._error: Exception | None = None
         self.process = self._bind()
+
+    def passed(self, timestamp: int) -> Awaitable[None] | None:
+        """The task's position moved past a record of ``timestamp`` (-1: it could not be read):
+        stream time moves to it if it is later, and the stream-time punctuations due run: the
+        awaitable that runs them, None when none is due (the hot path awaits nothing then)."""
+        group = self._input
+        if timestamp > group.stream_time:
+            group.stream_time = timestamp
+            schedules = self._ctx.stream_time_schedules
+            if schedules.next_due() is not None:
+                return self._task.punctuations.run(schedules.due(timestamp), timestamp)
+        return None
 
     def _bind(self) -> Callable[[ConsumerRecord], Outcome | Coroutine[Any, Any, Outcome]]:
         """``process``, as a closure: what it reads per record are its own cells, not attributes (the
@@ -122,8 +153,8 @@ class RecordPath:
                     slot.timestamp = timestamp
             elif timestamp < 0:  # FailOnInvalidTimestamp, the default, inlined
                 return timestamp_failed(raw, timestamp)
-            # Kafka Streams moves stream time when it takes a record to process: even if a
-            # handler drops the record later (ChunkLoop reads this).
+            # The time the record passes with (stream time moves with it, even if a handler drops
+            # it later): the sequential loop reads it here, records in flight in their slot.
             task.record_time = timestamp
             record = Record(key, value, timestamp, raw.headers)
             if begin_record is not None:
@@ -146,7 +177,7 @@ class RecordPath:
         """The source's extractor's timestamp for ``raw``, or ``_FAILED`` (a negative number) when it
         raised; then ``self._error`` holds the exception for ``_timestamp_failed``."""
         tp = (raw.topic, raw.partition)
-        stamps = self._task.head_stamps
+        stamps = self._input.head_stamps
         stamp = stamps.pop(tp, None) if stamps else None
         if stamp is not None and stamp[0] == raw.offset:
             timestamp = stamp[1]  # extracted when the record was chosen (head_timestamp)
@@ -156,7 +187,7 @@ class RecordPath:
             except Exception as exc:  # the extractor's failure goes to the deserialization handler
                 self._error = exc
                 return _FAILED
-        partition_times = self._task.partition_times
+        partition_times = self._input.partition_times
         if timestamp > partition_times.get(tp, -1):
             partition_times[tp] = timestamp
         return timestamp
@@ -164,7 +195,7 @@ class RecordPath:
     def _call_extractor(self, raw: ConsumerRecord, source: SourceNode, key: object, value: object) -> int:
         consumed = ConsumedRecord(raw.topic, raw.partition, raw.offset, raw.timestamp, key, value, raw.headers)
         extractor = source.timestamp_extractor
-        timestamp = extractor.extract(consumed, self._task.partition_times.get((raw.topic, raw.partition), -1))  # type: ignore[union-attr]  # called only for sources with one
+        timestamp = extractor.extract(consumed, self._input.partition_times.get((raw.topic, raw.partition), -1))  # type: ignore[union-attr]  # called only for sources with one
         if not isinstance(timestamp, int):
             raise TypeError(f"{extractor!r}.extract() returned {timestamp!r}, not an int of ms")
         return timestamp
@@ -172,11 +203,11 @@ class RecordPath:
     def head_timestamp(self, raw: ConsumerRecord) -> int:
         """The timestamp that orders ``raw`` among the task's partition heads: its extractor's,
         remembered for when it runs. A record that cannot be read orders by its own timestamp;
-        its error comes when it runs. Caller: ``StreamTask.next_queue`` (sources with extractors)."""
+        its error comes when it runs. Caller: ``PartitionGroup.next_queue`` (sources with extractors)."""
         source = self._sources[raw.topic]
         if source.timestamp_extractor is None:
             return raw.timestamp
-        stamp = self._task.head_stamps.get((raw.topic, raw.partition))
+        stamp = self._input.head_stamps.get((raw.topic, raw.partition))
         if stamp is not None and stamp[0] == raw.offset:
             return stamp[1]
         try:
@@ -185,7 +216,7 @@ class RecordPath:
             timestamp = self._call_extractor(raw, source, key, value)
         except Exception:  # the same failure comes again when the record runs, and is handled there
             return raw.timestamp
-        self._task.head_stamps[(raw.topic, raw.partition)] = (raw.offset, timestamp)
+        self._input.head_stamps[(raw.topic, raw.partition)] = (raw.offset, timestamp)
         return timestamp
 
     def _timestamp_failed(self, raw: ConsumerRecord, timestamp: int) -> Outcome | Coroutine[Any, Any, Outcome]:
@@ -193,7 +224,7 @@ class RecordPath:
         negative one (its error, to the deserialization handler), or another extractor returned a
         negative one (the record is dropped, as Kafka Streams' RecordQueue does)."""
         task = self._task
-        task.record_time = -1
+        _untimed(task)
         source = self._sources[raw.topic]
         if timestamp == _FAILED:
             exc, self._error = self._error, None
@@ -228,10 +259,8 @@ class RecordPath:
 
     async def _failed(self, raw: ConsumerRecord, source: SourceNode, record: Record, exc: Exception,
                       started: int) -> Outcome:
-        forwarder = self._forwarder
-        node = forwarder.node.name if forwarder.node is not None else source.name
-        forwarder.reset()
         task = self._task
+        node = failed_node(self._forwarder, source.name)
         if is_timeout(exc):
             # Never skipped: the record runs again after the back-off.
             self._undo()
@@ -270,7 +299,7 @@ class RecordPath:
 
     async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
         task = self._task
-        task.record_time = -1  # not taken to process: stream time stays
+        _untimed(task)  # not taken to process: stream time stays
         error = DeserializationError(task.id, raw.topic, raw.partition, raw.offset, what, exc)
         error.__cause__ = exc
         if task.errors is None:
@@ -293,85 +322,9 @@ class RecordPath:
             self._journal.undo_record()
 
 
-class ChunkLoop:
-    """A task's records one at a time, in chunks of up to ``CHUNK``. Caller: ``StreamTask``."""
-
-    def __init__(self, task: StreamTask) -> None:
-        self._task = task
-        self._path = RecordPath(task, journal=True)
-        if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
-            # The partition to take from is the one whose head has the lowest extracted timestamp.
-            task.head_time = self._path.head_timestamp
-
-    async def run(self) -> None:
-        """Until the task closes: process what is buffered, or wait for records or a punctuation."""
-        task = self._task
-        caching = task.state_manager is not None and task.state_manager.caching
-        while not task.closing:
-            if task.buffered() == 0:
-                task.clear_wakeup()
-                await task.wait_for_wakeup()
-                if task.context.wall_clock_schedules.next_due() is not None:
-                    async with task.processing:
-                        await task.punctuations.maybe_wall_clock()
-                # Punctuations may have produced output; hand it on now, not at the next chunk.
-                await task.flush_output()
-                continue
-            async with task.processing:
-                await self.process_chunk()
-                if caching and task.flush_requested:
-                    await task.flush_state()
-            # Output of this chunk goes to the network together: one batch per partition.
-            await task.flush_output()
-            await anyio.lowlevel.checkpoint()
-
-    async def process_buffered(self) -> None:
-        """Every buffered record, chunk by chunk, while the task runs. Caller: the test driver."""
-        task = self._task
-        while task.buffered() and task.is_running and not task.closing:
-            await self.process_chunk()
-            await task.flush_output()
-
-    async def process_chunk(self) -> None:
-        task = self._task
-        process = self._path.process
-        queue = task.next_queue()
-        single = task.partition_count == 1
-        # Keyed by plain tuples: building a TopicPartition per record would cost more than the rest
-        # of the bookkeeping (equal tuples hash and compare alike).
-        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]  # TopicPartition is a (topic, partition) tuple
-        stream_time_schedules = task.context.stream_time_schedules
-        done = 0
-        # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
-        stop = task.closing
-        began = time.perf_counter_ns()
-        while queue and done < CHUNK and not stop:
-            raw = queue[0]
-            outcome = process(raw)
-            if outcome is not _DONE and not isinstance(outcome, Outcome):
-                outcome = await outcome
-                if outcome is _ABANDONED:
-                    return
-                # Only an await lets the loop's other coroutines run, so only then can a close
-                # have been requested: the check costs the synchronous hot path nothing.
-                stop = task.closing
-            if outcome is not _DONE and outcome is not _SKIPPED:
-                break  # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue
-            # Done or dropped by a handler: the position moves past it.
-            queue.popleft()
-            next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
-            done += 1
-            # Stream time: the largest timestamp of the records taken to process, dropped by a
-            # processing handler or not (record_time is -1 for those that could not be read).
-            timestamp = task.record_time
-            if timestamp > task.stream_time:
-                task.stream_time = timestamp
-                if stream_time_schedules.next_due() is not None:
-                    await task.punctuations.run(stream_time_schedules.due(timestamp), timestamp)
-                    stop = task.closing
-            if not single:
-                queue = task.next_queue()
-        task.processed += done
-        task.meter.add(done, time.perf_counter_ns() - began)
-        if task.context.wall_clock_schedules.next_due() is not None:
-            await task.punctuations.maybe_wall_clock()
+def _untimed(task: StreamTask) -> None:
+    """The record in progress could not be read: it passes without a time (stream time stays)."""
+    task.record_time = -1
+    slot = CURRENT.get()
+    if slot is not None:
+        slot.timestamp = -1

@@ -123,9 +123,7 @@ class TaskRevival:
         for tp in partitions:
             committed = await self._committed_of_reopened(tp, timers)
             self._consumer.seek(tp, committed.offset if committed is not None else 0)
-        for task in self._manager.handle_assignment(partitions):
-            if task.id in timers:
-                task.timer = timers[task.id]
+        self._manager.handle_assignment(partitions, timers)
 
     async def _hold_at_commit(self, partitions: list[TopicPartition]) -> None:
         """Partitions whose tasks were closed dirty until the rejoin: rewound to their last commit and

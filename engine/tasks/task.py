@@ -1,16 +1,19 @@
 """``StreamTask``: one sub-topology over one partition number: its lifecycle and what it exposes.
 
-The stream thread buffers fetched records into the task; the task's coroutine
-(``run``) first starts what the task needs (exactly-once: its producer; logged
-stores: RESTORING), then hands over to its run loop, which processes the records
-(``processing.py``: the per-record path and the sequential chunk loop;
-``in_flight.py``: records concurrently). The committable position of each
-partition advances only after a record's whole graph has finished; the commit
-(``engine/commit/``) takes it from ``offsets_to_commit``.
+A task is complete when constructed: its graph, its context and everything the task manager
+decided for it (``TaskSetup``: error handling, state stores, exactly-once, records in flight).
+The stream thread buffers fetched records into its input (``PartitionGroup``); the task's
+coroutine (``run``) first starts what the task needs, reading its partitions' committed offsets
+once (``Committed``: exactly-once rewinds to them, partition and stream time restore from their
+metadata, the stores restore against them, records in flight skip what they list as done), then
+hands over to its run loop (``engine.tasks.loops``), which runs the records by the one per-record
+path (``engine.tasks.processing``). The committable position of each partition advances only
+past records whose whole graph has finished; the commit (``engine/commit/``) takes it from
+``offsets_to_commit``.
 
-A task with logged state stores first restores them (RESTORING). With a record
-cache, its stores' updates go down when the task flushes them between records;
-a commit covers only the positions of records whose updates went down.
+A task with logged state stores first restores them (RESTORING). With a record cache, its
+stores' updates go down when the task flushes them between records; a commit covers only the
+positions of records whose updates went down.
 
 States::
 
@@ -30,7 +33,6 @@ its closing needs to know (whether its stores were restored, whether a handler p
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -40,9 +42,7 @@ from anyio import CancelScope
 
 from engine.completed_offsets import decode_metadata
 from engine.errors import (
-    ProcessingError,
     ProducerFencedError,
-    StreamsError,
     TaskCorruptedError,
     TaskMigratedError,
     TransportError,
@@ -50,7 +50,6 @@ from engine.errors import (
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
-from engine.metrics import ProcessMeter
 from engine.processors.api import ObservesStreamTime
 from engine.processors.context import TaskContext
 from engine.processors.nodes import ProcessorNode
@@ -58,22 +57,18 @@ from engine.records import ConsumerRecord, TopicPartition
 from engine.topology.specs import TaskGraph
 from engine.transport.base import OffsetAndMetadata
 
-from .bulk import BatchWindow, bulk_window
-from .bulk_jobs import StageJobs
-from .error_handling import ErrorHandling
+from .loops import RunLoop, run_loop
+from .partition_group import PartitionGroup
 from .positions import Positions
-from .processing import ChunkLoop
+from .processing import failure
 from .punctuation import Punctuations
+from .setup import Committed, TaskSetup
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
     from engine.collector import RecordCollector
-    from engine.state.task_state import TaskStateManager
-
-    from .in_flight import InFlightWindow
 
 log = logging.getLogger(__name__)
-
 
 class TaskState(Enum):
     CREATED = "CREATED"
@@ -104,9 +99,10 @@ class StreamTask:
         send_buffered: Callable[[], Awaitable[object]],
         logger: LogContext,
         clock_ms: Callable[[], int],
-        timer_factory: Callable[[TaskId, LogContext], TaskTimer] | None = None,
+        setup: TaskSetup | None = None,
         monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
+        setup = setup or TaskSetup()
         self.id = task_id
         self.partitions = frozenset(partitions)
         self.graph = graph
@@ -116,58 +112,41 @@ class StreamTask:
         self._send_buffered = send_buffered
         self._clock_ms = clock_ms
         self.monotonic_ms = monotonic_ms or clock_ms
-        self.timer = (timer_factory or _no_retry_timer)(task_id, self.log)
+        # Replaced only when the task is revived (its predecessor's timer carries over).
+        self.timer = setup.timer or _no_retry_timer(task_id, self.log)
+        self.errors = setup.errors
+        self.meter = setup.meter
+        self.state_manager = setup.state
+        self.collector: RecordCollector | None = setup.exactly_once.collector if setup.exactly_once else None
+        self._setup = setup
+        self.input = PartitionGroup(self.partitions, (topic for topic, source in graph.sources.items()
+                                                      if source.timestamp_extractor is not None))
+        self.positions = Positions(self.partitions, self.input.partition_time)
+        self.punctuations = Punctuations(task_id, context, clock_ms)
         self.timeouts = 0
-        # Set once a close is requested (or the transaction failed): the run loop ends after its record.
-        self._stop = anyio.Event()
-        self._queues: dict[TopicPartition, deque[ConsumerRecord]] = {tp: deque() for tp in self.partitions}
-        # Set when there is something to do; a fresh event replaces a set one (anyio's cannot be cleared).
-        self._wakeup = anyio.Event()
-        self.positions = Positions(self.partitions, self.partition_time)
-        # The group's committed offsets as last read for the lag metric, for partitions this
-        # task has not committed itself yet (what the console shows for a task just assigned).
-        self.group_committed: dict[TopicPartition, int] = {}
-        self.stream_time = -1
-        # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
-        self.record_time = -1
-        # Sources with timestamp extractors: each partition's time (the largest timestamp taken from
-        # it), and the heads' timestamps extracted to choose among them (offset, timestamp).
-        self.partition_times: dict[tuple[str, int], int] = {}
-        self.head_stamps: dict[tuple[str, int], tuple[int, int]] = {}
-        # Set when a source has an extractor: orders the partitions' heads (else their own timestamps).
-        self.head_time: Callable[[ConsumerRecord], int] | None = None
         self.processed = 0
         self.dropped = 0
-        # The thread's meter (its manager sets a shared one); the task's own when run alone.
-        self.meter = ProcessMeter()
+        # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
+        self.record_time = -1
+        # The group's committed offsets as read when the task started (and by the lag metric), for
+        # partitions this task has not committed itself yet (what the console shows for a task just assigned).
+        self.group_committed: dict[TopicPartition, int] = {}
+        # Set once a close is requested (or the transaction failed): the run loop ends after its record.
+        self._stop = anyio.Event()
+        # Set when there is something to do; a fresh event replaces a set one (anyio's cannot be cleared).
+        self._wakeup = anyio.Event()
         self.finished = anyio.Event()
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
-        self.errors: ErrorHandling | None = None
-        # Set by the manager when num.threads.per.task > 1: records then run concurrently.
-        self.window: InFlightWindow | BatchWindow | None = None
-        # The Spark jobs the bulk path shares with the thread's other tasks, by stage (task manager).
-        self.spark_jobs: dict[str, StageJobs] | None = None
-        self.on_pause: Callable[[StreamTask], None] | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
-        self.punctuations = Punctuations(task_id, context, clock_ms)
-        # State stores (set by the manager when the sub-topology has any) and how to restore them.
-        self.state_manager: TaskStateManager | None = None
-        self.restore: Callable[[], Awaitable[object]] | None = None
-        # Held while a chunk of records runs: a commit flushes the caches only between records.
-        # Fast: the chunk loop takes it once per chunk and must not yield to do so.
+        # Held while records run (a chunk, a wall-clock punctuation; under exactly-once, a record in
+        # flight passing): a commit flushes the caches and takes positions only between records.
+        # Fast: the sequential loop takes it once per chunk and must not yield to do so.
         self.processing = anyio.Lock(fast_acquire=True)
         self.flush_requested = False
-        # Exactly-once: the task's own collector (over its transactional producer), what starts the
-        # producer before anything else, and the failure that ends the task's transaction.
-        self.exactly_once = False
-        self.collector: RecordCollector | None = None
-        self.initialize: Callable[[], Awaitable[object]] | None = None
         self.transaction_error: TaskCorruptedError | TaskMigratedError | None = None
-        self.on_transaction_failed: Callable[[StreamTask], None] | None = None
-        # The group's committed offset of a partition (set by the manager): the partition times
-        # a previous owner committed are restored from it before the first record.
-        self.committed: Callable[[TopicPartition], Awaitable[OffsetAndMetadata | None]] | None = None
+        self.loop: RunLoop | None = None
+        self._committed: dict[TopicPartition, OffsetAndMetadata | None] = {}
 
     def __repr__(self) -> str:
         return f"StreamTask({self.id}, {sorted(self.partitions)}, {self.state.state.name})"
@@ -181,60 +160,24 @@ class StreamTask:
         """
         if self.state.state is TaskState.PAUSED:
             return 0
-        queue = self._queues[partition]
-        queue.extend(records)
+        held = self.input.add(partition, records)
         self._wakeup.set()
-        return len(queue)
+        return held
 
     def buffered(self, partition: TopicPartition | None = None) -> int:
-        if partition is None:
-            # Counted from the queues, not kept beside them: the chunk loop pops records without
-            # bookkeeping, and a PAUSE or a close empties the queues.
-            return sum(len(queue) for queue in self._queues.values())
-        return len(self._queues[partition])
+        return self.input.buffered(partition)
 
     @property
-    def partition_count(self) -> int:
-        return len(self._queues)
+    def stream_time(self) -> int:
+        return self.input.stream_time
 
-    def next_queue(self) -> deque[ConsumerRecord] | None:
-        """The partition whose head has the lowest timestamp (Kafka Streams' choice)."""
-        best: deque[ConsumerRecord] | None = None
-        head_time = self.head_time
-        if head_time is not None and len(self._queues) > 1:
-            best_time = 0
-            for queue in self._queues.values():
-                if queue:
-                    time = head_time(queue[0])
-                    if best is None or time < best_time:
-                        best, best_time = queue, time
-            return best
-        for queue in self._queues.values():
-            if queue and (best is None or queue[0].timestamp < best[0].timestamp):
-                best = queue
-        return best
+    @property
+    def partition_times(self) -> dict[tuple[str, int], int]:
+        return self.input.partition_times
 
-    def queues(self) -> dict[TopicPartition, deque[ConsumerRecord]]:
-        return self._queues
-
-    def take(self, tp: TopicPartition, index: int) -> ConsumerRecord:
-        """Take a buffered record out of its queue to run it in flight. Caller: ``InFlightWindow``."""
-        queue = self._queues[tp]
-        if index == 0:
-            raw = queue.popleft()
-        else:
-            raw = queue[index]
-            del queue[index]
-        return raw
-
-    def discard_buffered(self, partition: TopicPartition) -> None:
-        """Drop the records fetched from ``partition`` (it was seeked to its committed offset)."""
-        self._queues[partition].clear()
-
-    def first_buffered_offset(self, partition: TopicPartition) -> int | None:
-        """The offset of the first fetched record waiting in ``partition``'s queue, if any."""
-        queue = self._queues.get(partition)
-        return queue[0].offset if queue else None
+    @property
+    def exactly_once(self) -> bool:
+        return self._setup.exactly_once is not None
 
     # -- the task's coroutine -------------------------------------------------------
     @property
@@ -258,7 +201,8 @@ class StreamTask:
     async def run(self) -> None:
         started = self.monotonic_ms()
         try:
-            await self._run()
+            if await self._start():
+                await self._loop().run()
         except (TaskCorruptedError, TaskMigratedError, ProducerFencedError) as exc:
             if not self.exactly_once:
                 raise
@@ -280,62 +224,73 @@ class StreamTask:
         finally:
             self.finished.set()
 
-    async def _run(self) -> None:
-        if self.initialize is not None and not await self._prepare(self.initialize, "initialising"):
+    async def drain(self) -> None:
+        """Start the task if it is new, then process every buffered record by its run loop, until
+        nothing is buffered or in flight. Caller: ``engine.testing.TopologyTestDriver``, which
+        schedules tasks itself instead of running ``run``: the same start (restores included) and
+        the same loop as ``run``; returns early when the task pauses or closes."""
+        if self.state.state is TaskState.CREATED and not await self._start():
             return
-        if self.committed is not None and not await self._prepare(self.restore_time, "reading the partition times"):
-            return
-        if self.restore is not None:
-            if self.closing:
-                return
-            self.state.transition_to(TaskState.RESTORING)
-            if not await self._prepare(self.restore, "restoring"):
-                return
-        self.state.transition_to(TaskState.RUNNING)
-        # The one place that picks how the task's records run (a new kind of run loop goes here).
-        if self.window is not None:
-            # A Spark stage right after the source takes its records in bulk: one entry per batch.
-            self.window = bulk_window(self) or self.window
-            await self.window.run()
-        else:
-            await ChunkLoop(self).run()
+        if self.is_running:
+            await self._loop().drain()
 
-    async def _prepare(self, step: Callable[[], Awaitable[object]], what: str) -> bool:
-        """Run a step before processing; False when the task is closing (then a failure is expected:
-        the thread may be closing the consumer the step uses)."""
-        if self.closing:
-            return False
+    def _loop(self) -> RunLoop:
+        if self.loop is None:
+            self.loop = run_loop(self, self._setup.in_flight, self._skips, self._setup.spark_jobs)
+        return self.loop
+
+    async def _start(self) -> bool:
+        """Start the producer (exactly-once), read the committed positions once, restore time and
+        stores; False when the task is closing (then a failure is expected: the thread may be
+        closing the consumer a step uses)."""
+        setup = self._setup
         try:
-            await step()
+            if setup.exactly_once is not None and not self.closing:
+                await setup.exactly_once.start()
+            committed = await self._read_committed() if not self.closing else {}
+            if setup.exactly_once is not None and not self.closing:
+                setup.exactly_once.rewind(committed)
+            self._restore_time(committed)
+            if setup.restore is not None and not self.closing:
+                self.state.transition_to(TaskState.RESTORING)
+                await setup.restore(committed)
         except Exception as exc:
             if not self.closing:
                 raise
-            self.log.info("Stopped %s: the task is closing (%r)", what, exc)
+            self.log.info("Stopped starting: the task is closing (%r)", exc)
             return False
-        return not self.closing
+        if self.closing:
+            return False
+        self.state.transition_to(TaskState.RUNNING)
+        return True
 
-    async def process_buffered(self) -> None:
-        """Process every buffered record now and hand the output on, one record at a time.
+    async def _read_committed(self) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        read = self._setup.committed
+        if read is None:
+            return {}
+        committed = {tp: await read(tp) for tp in sorted(self.partitions)}
+        for tp, om in committed.items():
+            if om is not None:
+                self.group_committed[tp] = om.offset
+        self._committed = committed
+        return committed
 
-        Caller: ``engine.testing.TopologyTestDriver``, which schedules tasks itself instead of
-        running ``run``. It is the same path as ``run`` (timeouts back off and retry, handlers
-        decide), except that records of a task never run concurrently. Returns early when the
-        task pauses or closes; a FAIL answer or a ``TaskTimeoutError`` is raised as in ``run``.
-        """
-        if self.state.state is TaskState.CREATED:
-            if self.restore is not None:
-                self.state.transition_to(TaskState.RESTORING)
-                await self.restore()
-            self.state.transition_to(TaskState.RUNNING)
-        await ChunkLoop(self).process_buffered()
+    @property
+    def _skips(self) -> dict[TopicPartition, frozenset[int]]:
+        """Records in flight: the offsets a previous owner finished above its committed watermark
+        (exactly-once commits none: their output was never committed)."""
+        if self.exactly_once:
+            return {}
+        return {tp: decode_metadata(om.offset, om.metadata).completed
+                for tp, om in self._committed.items() if om is not None and om.metadata}
 
     def transaction_failed(self, error: TaskCorruptedError | TaskMigratedError) -> None:
         """Exactly-once: the task's transaction must be aborted; the task manager revives or migrates it."""
         if self.transaction_error is None:
             self.transaction_error = error
             self.request_close()
-            if self.on_transaction_failed is not None:
-                self.on_transaction_failed(self)
+            if self._setup.exactly_once is not None:
+                self._setup.exactly_once.on_failed(self)
 
     # -- waiting -----------------------------------------------------------------------
     def clear_wakeup(self) -> None:
@@ -357,7 +312,8 @@ class StreamTask:
         self._wakeup.set()
 
     async def back_off(self, exc: BaseException, what: str, started: int) -> None:
-        """A record timed out: set this task aside for the back-off; the thread's other tasks run meanwhile."""
+        """A record (or a batch) timed out: set this task aside for the back-off; the thread's other
+        tasks run meanwhile, and a close ends the wait. The one back-off of every run loop."""
         self.timeouts += 1
         backoff = self.timer.on_timeout(exc, what, started)
         if self.exactly_once:
@@ -367,7 +323,7 @@ class StreamTask:
         with anyio.move_on_after(backoff):
             await self._stop.wait()
 
-    # -- output and state stores ---------------------------------------------------------
+    # -- output, state stores, punctuation ------------------------------------------------
     async def flush_output(self) -> None:
         """Hand the output buffered since the last call on (one batch per partition)."""
         await self._send_buffered()
@@ -387,15 +343,19 @@ class StreamTask:
             if forwarder.pending:
                 await forwarder.drain()
         except Exception as exc:
-            forwarder.reset()
-            if isinstance(exc, StreamsError):
-                raise
-            node = forwarder.node.name if forwarder.node is not None else "cache flush"
-            raise ProcessingError(self.id, node, None, None, None, exc) from exc
+            raise failure(self.id, forwarder, "cache flush", exc) from exc
         self.positions.flushed()
 
-    async def maybe_punctuate_wall_clock(self) -> None:
-        await self.punctuations.maybe_wall_clock()
+    async def punctuate_wall_clock(self, locked: bool = False) -> None:
+        """Run the wall-clock punctuations due, between records (holding ``processing`` unless the
+        caller does), as every run loop does."""
+        if self.context.wall_clock_schedules.next_due() is None:
+            return
+        if locked:
+            await self.punctuations.maybe_wall_clock()
+            return
+        async with self.processing:
+            await self.punctuations.maybe_wall_clock()
 
     # -- PAUSE ------------------------------------------------------------------
     def pause(self, raw: ConsumerRecord) -> None:
@@ -417,27 +377,32 @@ class StreamTask:
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
         next_offsets[tp] = self._below_in_flight(tp, raw.offset)
-        for other, queue in self._queues.items():
+        for other, queue in self.input.queues().items():
             if queue and other not in next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
                 next_offsets[other] = queue[0].offset
-            queue.clear()
+        self.input.clear()
         self.timer.clear()  # a paused task keeps no timer
         self.context.commit_requested = True
         self.log.error("Paused at %s offset %d; resume with KafkaStreams.resume(%s)", tp, raw.offset,
                        f"'{self.id}'")
-        if self.on_pause is not None:
-            self.on_pause(self)
+        if self._setup.on_pause is not None:
+            self._setup.on_pause(self)
 
     def paused_below(self, raw: ConsumerRecord) -> bool:
         """Whether the task is PAUSED at a lower offset of ``raw``'s partition."""
         paused = self.paused_at
         return paused is not None and paused[0] == (raw.topic, raw.partition) and raw.offset > paused[1]
 
+    def paused_offset(self, tp: TopicPartition) -> int | None:
+        """The offset the task is paused at on ``tp``: positions never pass it."""
+        paused = self.paused_at
+        return paused[1] if paused is not None and paused[0] == tp else None
+
     def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
         """``offset``, or lower while records below it are still in flight (a batch that has not
         finished): committing past them would lose them in a crash."""
-        lowest = self.window.lowest_in_flight(tp) if self.window is not None else None
+        lowest = self.loop.lowest_in_flight(tp) if self.loop is not None else None
         return offset if lowest is None else min(offset, lowest)
 
     def resume(self, skip: bool) -> None:
@@ -462,48 +427,27 @@ class StreamTask:
         return self.state.state in (TaskState.RUNNING, TaskState.PAUSED)
 
     # -- time --------------------------------------------------------------------------
-    def _tracks_partition_time(self, topic: str) -> bool:
-        """Whether the run loops keep ``topic``'s partition times: sources with an extractor (it is
-        given the partition time); the hot path of the others keeps only the task's stream time."""
-        source = self.graph.sources.get(topic)
-        return source is not None and source.timestamp_extractor is not None
-
-    def partition_time(self, tp: TopicPartition) -> int:
-        """The time committed with ``tp``'s position: the partition's own where it is tracked, else
-        the task's stream time, which is never below it and is what a restart needs (stream time
-        is the largest of the restored times)."""
-        if self._tracks_partition_time(tp[0]):
-            return self.partition_times.get((tp[0], tp[1]), -1)
-        return self.stream_time
-
-    async def restore_time(self) -> None:
+    def _restore_time(self, committed: Committed) -> None:
         """Kafka Streams' ``StreamTask.initializeTaskTime``: each partition's time and the task's
         stream time (the largest of them) start from what the last commit of its partitions says,
         so stream time does not fall back to -1 after a restart or a move: records late before
         stay late, stream-time punctuations do not fire again for times already passed."""
-        assert self.committed is not None
         restored = {}
-        for tp in sorted(self.partitions):
-            committed = await self.committed(tp)
-            if committed is None or not committed.metadata:
+        for tp, om in sorted(committed.items()):
+            if om is None or not om.metadata:
                 continue
-            time = decode_metadata(committed.offset, committed.metadata).partition_time
+            time = decode_metadata(om.offset, om.metadata).partition_time
             if time >= 0:
                 restored[(tp.topic, tp.partition)] = time
         if not restored:
             return
-        for key, time in restored.items():
-            if self._tracks_partition_time(key[0]):
-                self.partition_times[key] = max(self.partition_times.get(key, -1), time)
-        self.stream_time = max(self.stream_time, *restored.values())
-        self._seed_observed_time(self.stream_time)
-        self.log.debug("Restored partition times %s from the commit: stream time %d", restored, self.stream_time)
-
-    def _seed_observed_time(self, stream_time: int) -> None:
-        """Processors that keep the stream time they observed start from the restored one."""
+        self.input.restore(restored)
+        stream_time = self.input.stream_time
+        # Processors that keep the stream time they observed start from the restored one.
         for node in self.graph.nodes:
             if isinstance(node, ProcessorNode) and isinstance(node.processor, ObservesStreamTime):
                 node.processor.observe_stream_time(stream_time)
+        self.log.debug("Restored partition times %s from the commit: stream time %d", restored, stream_time)
 
     # -- positions and commit ------------------------------------------------------------
     def position(self, partition: TopicPartition) -> int | None:
@@ -514,25 +458,15 @@ class StreamTask:
         """The last committed position per partition; a copy, safe to take from another thread."""
         return {**dict(self.group_committed), **self.positions.committed_offsets()}
 
-    def advance_past(self, tp: TopicPartition, offset: int, lowest_in_flight: int | None) -> int:
-        """``offset`` is done in flight: the committable position becomes the contiguous watermark
-        (returned), never past a record still in flight, still buffered or paused at."""
-        queue = self._queues[tp]
-        bounds = [b for b in (lowest_in_flight, queue[0].offset if queue else None) if b is not None]
-        paused = self.paused_at
-        self.processed += 1
-        return self.positions.advance_past(tp, offset, bounds, paused[1] if paused is not None and paused[0] == tp
-                                           else None)
-
     def committable_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
         """Positions of finished records that moved since the last commit: the next offset to read
         per partition. With a record cache, only positions whose state updates went down (the last
         flush). With records in flight, the metadata lists offsets done above the watermark."""
-        window = self.window
-        if window is None:
+        metadata = getattr(self.loop, "metadata", None)
+        if metadata is None:
             caching = self.state_manager is not None and self.state_manager.caching
             return self.positions.moved(flushed_only=caching)
-        return self.positions.moved_with_metadata(window.metadata)
+        return self.positions.moved_with_metadata(metadata)
 
     def offsets_to_commit(self) -> dict[TopicPartition, OffsetAndMetadata]:
         """``committable_offsets``, taken by a commit: a processor's request to commit is answered."""
@@ -541,7 +475,7 @@ class StreamTask:
 
     async def prepare_commit(self) -> None:
         """Before a commit: flush the caches now if no record is running, else after the current chunk."""
-        if self.state_manager is None or not self.state_manager.caching or self.window is not None:
+        if self.state_manager is None or not self.state_manager.caching or self._setup.in_flight is not None:
             return
         if self.processing.locked():
             self.flush_requested = True
@@ -562,8 +496,7 @@ class StreamTask:
             return
         self.state.transition_to(TaskState.CLOSED)
         self.context.forwarder.reset()
-        for queue in self._queues.values():
-            queue.clear()
+        self.input.clear()
         try:
             self.graph.close()
         except Exception:  # a failing close must not stop the others closing

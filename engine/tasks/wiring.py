@@ -84,13 +84,11 @@ def task_manager(
     monotonic_ms: Callable[[], int],
     errors: ErrorHandling,
     state: StateSettings,
-    one_record_at_a_time: bool = False,
     on_tasks_changed: Callable[[], None] = lambda: None,
     spark: SparkSessions | None = None,
     exactly_once: ExactlyOnce | None = None,
 ) -> TaskManager:
-    """The thread's ``TaskManager``. ``one_record_at_a_time`` (the test driver): no records in
-    flight, whatever ``num.threads.per.task`` and ``processing.ordering`` say."""
+    """The thread's ``TaskManager`` (a client's stream thread, or the test driver's)."""
     return TaskManager(
         config[cfg.APPLICATION_ID], topology, consumer, collector, committer, spawn, logger, clock_ms,
         default_serde(config, cfg.DEFAULT_KEY_SERDE), default_serde(config, cfg.DEFAULT_VALUE_SERDE),
@@ -99,10 +97,10 @@ def task_manager(
         monotonic_ms=monotonic_ms,
         errors=errors,
         on_tasks_changed=on_tasks_changed,
-        threads_per_task=1 if one_record_at_a_time else config[cfg.NUM_THREADS_PER_TASK],
-        ordering="partition" if one_record_at_a_time else config[cfg.PROCESSING_ORDERING],
+        threads_per_task=config[cfg.NUM_THREADS_PER_TASK],
+        ordering=config[cfg.PROCESSING_ORDERING],
         state=state,
-        config=None if one_record_at_a_time else config,
+        config=config,
         spark=spark,
         exactly_once=exactly_once,
         timestamp_extractor=load_timestamp_extractor(config),

@@ -7,8 +7,8 @@ call (``pipe_input``, ``advance_wall_clock_time``, ``resume``, a fault) runs to
 completion before it returns: the record goes through its task, output written to a
 topic the topology also reads goes through the task that reads it, and then offsets
 are committed (after every record unless ``commit.interval.ms`` is given, as Kafka's
-driver does). Tasks are visited in task-id order and a task processes one record at a
-time, so the same inputs always give the same outputs in the same order.
+driver does). Tasks are visited in task-id order, on a loop whose time is virtual, so the
+same inputs always give the same outputs in the same order.
 
 Async processors run on an event loop the driver owns (``VirtualTimeLoop``): a
 back-off, a ``task.timeout.ms`` deadline or an ``asyncio.sleep`` takes no real time,
@@ -20,10 +20,11 @@ The calls are plain functions: called from a coroutine on a running loop they ra
 ``IllegalStateError`` (run them in a worker thread, e.g.
 ``await anyio.to_thread.run_sync(driver.pipe_input, ...)``).
 
-Differences from a ``KafkaStreams`` client, by design: ``num.threads.per.task`` and
-per-processor ``concurrency`` are ignored (records of a task go one at a time, which
-is one of the orders the engine allows), and ``blocking=True`` functions run inline
-(no OS threads). State stores are the engine's, in a temporary ``state.dir`` of the
+Records run as a client runs them: one at a time, or several in flight
+(``num.threads.per.task``, a processor's ``concurrency=``) in ``processing.ordering``, by the
+same run loops (``engine.tasks.loops``); a call returns once none is buffered or in flight.
+One difference from a ``KafkaStreams`` client, by design: ``blocking=True`` functions run
+inline (no OS threads). State stores are the engine's, in a temporary ``state.dir`` of the
 driver's own, restored from the driver's changelog topics after ``crash()`` or
 ``rebalance()``; ``get_key_value_store`` / ``get_window_store`` read them. A record piped
 to a global table's topic updates the table at once (``engine.testing.driver_global``).
@@ -160,7 +161,6 @@ class TopologyTestDriver:
             errors=self._errors,
             state=wiring.state_settings(config_, self._state_dir, ThreadCache(config_[cfg.CACHE_MAX_BYTES_BUFFERING]),
                                         lambda: DriverReader(self._log), global_stores=self._global.stores),
-            one_record_at_a_time=True,
         )
         self._all_partitions = [TopicPartition(t, p) for t in topology.source_topics
                                 for p in range(len(self._log(t).partitions))]
@@ -454,7 +454,7 @@ class TopologyTestDriver:
                 if task.state.state is TaskState.CREATED:
                     # A new task restores its stores first, with or without records to process.
                     self._runner.current = task
-                    await task.process_buffered()
+                    await task.drain()
             fetched = self._consumer.fetch(self.config[cfg.MAX_POLL_RECORDS])
             if fetched:
                 self._manager.add_records(fetched)
@@ -463,7 +463,7 @@ class TopologyTestDriver:
                 return
             for task in busy:
                 self._runner.current = task
-                await task.process_buffered()
+                await task.drain()
             self._runner.current = None
             await self._manager.maybe_commit()
 
@@ -471,7 +471,7 @@ class TopologyTestDriver:
         for _id, task in sorted(self._manager.tasks.items()):
             if not task.is_paused:
                 self._runner.current = task
-                await task.maybe_punctuate_wall_clock()
+                await task.punctuate_wall_clock()
         self._runner.current = None
         await self._collector.send_buffered()
         await self._pump()

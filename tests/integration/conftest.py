@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import engine.tasks.task as task_module
+import engine.tasks.loops as loops_module
 from tests.support.failure_logs import FailureLog, capture_setting, log_path
 
 # Records kept per test: a test logs a few hundred to 2,000 (with aiokafka); this is minutes of the busiest.
@@ -69,14 +69,14 @@ def pytest_runtest_makereport(item: pytest.Item,
 def windows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The run loop each task chose: a ``BatchWindow`` on the Spark bulk path, else the per-record one."""
     chosen: list[Any] = []
-    original = task_module.bulk_window
+    original = loops_module.bulk_window
 
-    def spy(task: Any) -> Any:
-        window = original(task)
+    def spy(task: Any, spark_jobs: Any) -> Any:
+        window = original(task, spark_jobs)
         chosen.append(window)
         return window
 
-    monkeypatch.setattr(task_module, "bulk_window", spy)
+    monkeypatch.setattr(loops_module, "bulk_window", spy)
     return chosen
 
 

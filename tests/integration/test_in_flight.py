@@ -202,3 +202,123 @@ async def test_blocking_functions_run_off_the_loop_on_a_bounded_pool(cluster: Cl
     assert 1 < seen["max"] <= 8
     assert not any("StreamThread" in name for name in seen["threads"])
 
+
+
+class StreamTimeTicks:
+    """Forwards a record ``{"tick": t}`` at each stream-time punctuation (every 1 000 ms) and each
+    input record as it is."""
+
+    def __init__(self) -> None:
+        self.context = None
+
+    def init(self, context) -> None:
+        from engine.processors.api import PunctuationType
+
+        self.context = context
+        context.schedule(1_000, PunctuationType.STREAM_TIME, self._tick)
+
+    def _tick(self, timestamp: int) -> None:
+        from engine.records import Record
+
+        self.context.forward(Record(-1, {"tick": timestamp}, timestamp))
+
+    async def process(self, record) -> None:
+        await asyncio.sleep(0.001)  # a little I/O: records overlap when in flight
+        self.context.forward(record)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("threads", "ordering"), [(1, "partition"), (4, "partition"), (4, "key"), (4, "unordered")])
+async def test_stream_time_moves_and_punctuates_with_records_in_flight(
+        cluster: Cluster, names, threads: int, ordering: str) -> None:
+    """Records in flight move stream time as one record at a time does: stream-time punctuation
+    fires at the same times, and each commit carries its partition's time (sl2 metadata)."""
+    from engine.completed_offsets import decode_metadata
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    for i in range(12):  # timestamps 0 .. 5 500
+        await cluster.produce(source, [(i % 3, {"i": i})], INT, JSON, partitions=1, timestamp=i * 500)
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).process(StreamTimeTicks).to(
+        sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=threads,
+                           processing_ordering=ordering)
+    tp = TopicPartition(source, 0)
+
+    async def ticks() -> list[int]:
+        out = [JSON.deserialize(r.value) for r in await cluster.read_all(sink)]
+        return [v["tick"] for v in out if "tick" in v]
+
+    async def committed_time() -> int:
+        committed = await committed_position(cluster, names.app, tp)
+        return -1 if committed is None else decode_metadata(committed[0], committed[1]).partition_time
+
+    async with streams:
+        await eventually_async(lambda: _at_least(ticks, 5), 30, "stream-time ticks up to 5 000")
+        await eventually_async(lambda: _equals(committed_time, 5_500), 30, "a commit carrying partition time 5 500")
+    assert await ticks() == [1_000, 2_000, 3_000, 4_000, 5_000]  # as one record at a time gives them
+
+
+async def _at_least(values, count: int) -> bool:
+    return len(await values()) >= count
+
+
+async def _equals(value, expected: int) -> bool:
+    return await value() == expected
+
+
+class CountsThenTimesOut:
+    """Counts records per key in a store, then times out once for every third record, after the
+    store update: its retry must not count it again."""
+
+    def __init__(self, timed_out: set[int]) -> None:
+        self.timed_out = timed_out
+
+    def init(self, context) -> None:
+        self.counts = context.get_state_store("counts")
+
+    async def process(self, record) -> None:
+        await asyncio.sleep(0.002)  # records overlap in flight
+        self.counts.put(record.key, (self.counts.get(record.key) or 0) + 1)
+        if record.value["i"] % 3 == 0 and record.value["i"] not in self.timed_out:
+            self.timed_out.add(record.value["i"])
+            raise TimeoutError("the service answered too late")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("threads", [1, 8])
+async def test_a_retried_record_updates_its_stores_once_also_in_flight(cluster: Cluster, names, threads: int) -> None:
+    """A record retried after a timeout first has its failed attempt's store updates undone: one
+    at a time, and in flight (each record in flight journals its own updates)."""
+    from engine.state import Stores
+
+    source = names("in")
+    await cluster.create_topics({source: 1})
+    await cluster.produce(source, [(i % 4, {"i": i}) for i in range(48)], INT, JSON, partitions=1)
+    timed_out: set[int] = set()
+    builder = StreamsBuilder()
+    builder.add_state_store(Stores.key_value_store_builder(Stores.in_memory_key_value_store("counts"),
+                                                          key_serde=INT, value_serde=INT))
+    builder.stream(source, key_serde=INT, value_serde=JSON).process(lambda: CountsThenTimesOut(timed_out),
+                                                                     stores=["counts"])
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=threads,
+                           processing_ordering="key", task_timeout_ms=60_000, retry_backoff_ms=1,
+                           default_dsl_store="in_memory")
+    async with streams:
+        await eventually_async(lambda: len(timed_out) == 16 and _counted(streams, 48), 30,
+                               "16 retried records and every record counted")
+        counts = streams.store("counts")
+        assert {k: counts.get(k) for k in range(4)} == dict.fromkeys(range(4), 12)
+
+
+def _counted(streams, total: int) -> bool:
+    try:
+        counts = streams.store("counts")
+    except Exception:  # not queryable before the task runs
+        return False
+    return sum(counts.get(k) or 0 for k in range(4)) >= total

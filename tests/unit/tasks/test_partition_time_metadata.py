@@ -146,7 +146,7 @@ async def test_a_task_started_from_a_commit_restores_partition_and_stream_time()
         asked.append(tp)
         return OffsetAndMetadata(2, "sl2:61000")
 
-    rig.task.committed = committed
+    rig.rebuild(committed=committed)
     rig.add(IN, plain(2, b"late", 2_000))
     async with rig.running():
         await rig.processed(1)
@@ -167,7 +167,7 @@ async def test_a_commit_without_a_time_leaves_the_task_at_unknown_time() -> None
     async def committed(tp: TopicPartition) -> OffsetAndMetadata | None:
         return OffsetAndMetadata(2, "sl1:3")  # an in-flight commit of the old format
 
-    rig.task.committed = committed
+    rig.rebuild(committed=committed)
     rig.add(IN, plain(2, b"x", 2_000))
     async with rig.running():
         await rig.processed(1)
@@ -195,7 +195,7 @@ async def test_with_an_extractor_each_partition_restores_and_commits_its_own_tim
     async def committed(tp: TopicPartition) -> OffsetAndMetadata | None:
         return commits[tp]
 
-    rig.task.committed = committed
+    rig.rebuild(committed=committed)
     rig.add(A, plain(1, b"6000", 6_000))
     async with rig.running():
         await rig.processed(1)

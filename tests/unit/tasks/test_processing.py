@@ -103,7 +103,7 @@ async def test_a_record_through_an_async_processor_is_done_once_awaited() -> Non
 @pytest.mark.asyncio
 async def test_an_undeserializable_record_a_handler_continues_past_is_skipped_and_counted() -> None:
     rig = TaskRig(passing_topology(value_serde=JSON))
-    rig.task.errors = Answering(Answer.CONTINUE)  # type: ignore[assignment]
+    rig.rebuild(errors=Answering(Answer.CONTINUE))
 
     assert await outcome_of(RecordPath(rig.task, journal=True), raw(0, b"{not json")) is Outcome.SKIPPED
     assert rig.task.dropped == 1 and values_of(rig.collector) == []
@@ -113,7 +113,7 @@ async def test_an_undeserializable_record_a_handler_continues_past_is_skipped_an
 @pytest.mark.asyncio
 async def test_a_failing_record_a_handler_pauses_at_pauses_the_task_there(is_async: bool) -> None:
     rig = raising_rig([ValueError("boom")], is_async)
-    rig.task.errors = Answering(Answer.PAUSE)  # type: ignore[assignment]
+    rig.rebuild(errors=Answering(Answer.PAUSE))
 
     assert await outcome_of(RecordPath(rig.task, journal=True), raw(4)) is Outcome.PAUSED
     assert rig.task.is_paused and rig.task.paused_at == (IN, 4)
@@ -123,7 +123,7 @@ async def test_a_failing_record_a_handler_pauses_at_pauses_the_task_there(is_asy
 @pytest.mark.asyncio
 async def test_a_failing_record_a_handler_fails_on_raises_a_processing_error() -> None:
     rig = raising_rig([ValueError("boom")])
-    rig.task.errors = Answering(Answer.FAIL)  # type: ignore[assignment]
+    rig.rebuild(errors=Answering(Answer.FAIL))
 
     with pytest.raises(ProcessingError, match="boom"):
         await outcome_of(RecordPath(rig.task, journal=True), raw(0))
@@ -132,7 +132,7 @@ async def test_a_failing_record_a_handler_fails_on_raises_a_processing_error() -
 @pytest.mark.asyncio
 async def test_a_timeout_is_retried_after_a_back_off_and_the_next_success_clears_the_timer() -> None:
     rig = raising_rig([TimeoutError("slow broker")], is_async=True)
-    rig.task.timer = TaskTimer(TASK, 60_000, 1, 1, rig.clock.wall_ms, thread_log(__name__, "t"))
+    rig.rebuild(timer=TaskTimer(TASK, 60_000, 1, 1, rig.clock.wall_ms, thread_log(__name__, "t")))
     path = RecordPath(rig.task, journal=True)
 
     assert await outcome_of(path, raw(0)) is Outcome.RETRY
@@ -146,7 +146,7 @@ async def test_a_timeout_is_retried_after_a_back_off_and_the_next_success_clears
 async def test_a_streams_error_that_is_no_timeout_is_raised_without_asking_a_handler() -> None:
     rig = raising_rig([StreamsError("broken")])
     answering = Answering(Answer.CONTINUE)
-    rig.task.errors = answering  # type: ignore[assignment]
+    rig.rebuild(errors=answering)
 
     with pytest.raises(StreamsError, match="broken"):
         await outcome_of(RecordPath(rig.task, journal=True), raw(0))

@@ -26,6 +26,7 @@ from engine.processors.context import TaskContext
 from engine.processors.nodes import SinkNode
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
+from engine.tasks.setup import ExactlyOnceTask, TaskSetup
 from engine.tasks.task import StreamTask, TaskState
 from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
@@ -56,11 +57,24 @@ class TaskRig:
         self.clock = ManualClock(1_000)
         self.collector = RecordingCollector()
         self.hand_overs = 0
+        self._topology, self._partitions = topology, partitions
+        self.task = self._build(TaskSetup())
+
+    def _build(self, setup: TaskSetup) -> StreamTask:
         self.context = TaskContext("app", TASK, self.clock.wall_ms)
-        graph = topology.build_task_graph(TASK.subtopology, self.context, self.collector,  # type: ignore[arg-type]
-                                          BytesSerde(), BytesSerde())
-        self.task = StreamTask(TASK, partitions, graph, self.context, self._send_buffered,
-                               thread_log(__name__, "app-StreamThread-1"), self.clock.wall_ms)
+        graph = self._topology.build_task_graph(TASK.subtopology, self.context, self.collector,  # type: ignore[arg-type]
+                                                BytesSerde(), BytesSerde())
+        return StreamTask(TASK, self._partitions, graph, self.context, self._send_buffered,
+                          thread_log(__name__, "app-StreamThread-1"), self.clock.wall_ms, setup)
+
+    def rebuild(self, **setup: Any) -> StreamTask:
+        """The task built again, as the task manager would, with these ``TaskSetup`` fields (and as
+        far along as the one it replaces: a rig made RUNNING stays so)."""
+        running = self.task.state.state is TaskState.RUNNING
+        self.task = self._build(TaskSetup(**setup))
+        if running:
+            self.task.state.transition_to(TaskState.RUNNING)
+        return self.task
 
     async def _send_buffered(self) -> None:
         self.hand_overs += 1
@@ -622,13 +636,13 @@ async def test_a_failed_start_under_exactly_once_keeps_its_cause() -> None:
                              (TransportError("initialising timed out"), TaskCorruptedError)):
         raised.retriable = isinstance(raised, TransportError) and not isinstance(raised, ProducerFencedError)
         rig = TaskRig(builder.build())
-        rig.task.exactly_once = True
-        rig.task.timer = TaskTimer(TASK, 60_000, 100, 1_000, rig.clock.monotonic_ms, rig.task.log)
 
         async def initialize(raised: BaseException = raised) -> None:
             raise raised
 
-        rig.task.initialize = initialize
+        rig.rebuild(timer=TaskTimer(TASK, 60_000, 100, 1_000, rig.clock.monotonic_ms, rig.task.log),
+                    exactly_once=ExactlyOnceTask(rig.collector, initialize, lambda _committed: None,  # type: ignore[arg-type]
+                                                 lambda _task: None))
         await asyncio.wait_for(rig.task.run(), WAIT)
         error = rig.task.transaction_error
         assert isinstance(error, expected) and error.task_id == TASK

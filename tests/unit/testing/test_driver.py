@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -515,3 +515,66 @@ def test_a_crash_after_a_commit_restores_the_store_from_its_changelog() -> None:
         driver.crash()
         store = driver.get_key_value_store("counts")
         assert (store.get("a"), store.get("b")) == (2, 1)
+
+
+class RemembersRestoredTime(BaseProcessor):
+    """Forwards its records; notes the stream time a task restored from a commit gives it."""
+
+    restored: ClassVar[list[int]] = []
+
+    def observe_stream_time(self, time: int) -> None:
+        RemembersRestoredTime.restored.append(time)
+
+    def process(self, record: Record) -> None:
+        self.context.forward(record)
+
+
+def test_a_crash_restores_stream_time_from_the_commit_as_a_client_does() -> None:
+    """What the driver tests is what a client runs: tasks started again after ``crash()`` start
+    from the partition time their last commit carries (sl2 metadata), not from -1."""
+    RemembersRestoredTime.restored = []
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=INT).process(RemembersRestoredTime)
+            .to("out", key_serde=STR, value_serde=INT))
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", STR, INT)
+        driver.create_output_topic("out", STR, INT)
+        source.pipe_input("a", 1, timestamp=2_000)
+        source.pipe_input("b", 2, timestamp=5_000)
+        assert RemembersRestoredTime.restored == []
+        driver.crash()
+        assert RemembersRestoredTime.restored == [5_000]
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key", "unordered"])
+def test_records_run_in_flight_as_a_client_runs_them(ordering: str) -> None:
+    """``num.threads.per.task`` and ``processing.ordering`` apply in the driver too: the records a
+    task has buffered overlap (at most 4 in flight at once), and with partition ordering the output
+    keeps the input's order although later records finish first. (Each piped record runs to
+    completion, so the 8 records come together from a topic the topology writes and reads.)"""
+    running: list[int] = []
+    most = [0]
+
+    async def slow_for_early(value: int) -> int:
+        running.append(value)
+        most[0] = max(most[0], len(running))
+        await asyncio.sleep(0.01 * (8 - value))  # earlier records take longer
+        running.remove(value)
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=INT).flat_map(lambda k, v: [(f"k{i}", i) for i in range(v)])
+            .to("eight", key_serde=STR, value_serde=INT))
+    (builder.stream("eight", key_serde=STR, value_serde=INT).map_values(slow_for_early)
+            .to("out", key_serde=STR, value_serde=INT))
+    config = {"num.threads.per.task": 4, "processing.ordering": ordering}
+    with TopologyTestDriver(builder.build(), config) as driver:
+        source = driver.create_input_topic("in", STR, INT)
+        out = driver.create_output_topic("out", STR, INT)
+        source.pipe_input("go", 8)
+        values = [v for _k, v in out.read_key_values()]
+    assert most[0] == 4
+    assert sorted(values) == list(range(8))
+    if ordering == "partition":
+        assert values == list(range(8))
+

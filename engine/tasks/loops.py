@@ -1,0 +1,63 @@
+"""Which run loop runs a task's records: the one choice, for a client's tasks and the test driver's.
+
+- ``SequentialLoop`` (``sequential.py``): one record at a time, the default and the hot path.
+- ``InFlightWindow`` (``in_flight.py``): several records at once (``num.threads.per.task`` > 1,
+  or a processor's ``concurrency=``), ordered by ``processing.ordering``.
+- ``BatchWindow`` (``bulk.py``): a Spark stage right after the source takes its records in
+  batches, one entry per batch (when records may be in flight, as for a Spark stage).
+
+Every loop runs records by the task's one per-record path (``processing.RecordPath``) and passes
+them (position and stream time) in offset order per partition; what differs is how many run at
+once and when their output leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from engine.records import TopicPartition
+
+from .bulk import bulk_window
+from .in_flight import HeldCollector, InFlightWindow
+from .sequential import SequentialLoop
+
+if TYPE_CHECKING:
+    from .bulk_jobs import StageJobs
+    from .task import StreamTask
+
+__all__ = ["InFlightPlan", "RunLoop", "run_loop"]
+
+
+@dataclass(frozen=True)
+class InFlightPlan:
+    """Records of the task run in flight: at most ``limit`` at once, in ``ordering``, their output
+    held by ``collector`` until their turn."""
+
+    limit: int
+    ordering: str
+    collector: HeldCollector
+
+
+class RunLoop(Protocol):
+    async def run(self) -> None:
+        """Until the task closes."""
+
+    async def drain(self) -> None:
+        """Until nothing is buffered or in flight (the test driver)."""
+
+    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        """The lowest offset of ``tp`` still running or holding output: positions stay below it."""
+
+
+def run_loop(task: StreamTask, in_flight: InFlightPlan | None,
+             skips: Mapping[TopicPartition, frozenset[int]],
+             spark_jobs: dict[str, StageJobs] | None) -> RunLoop:
+    if in_flight is None:
+        return SequentialLoop(task)
+    # A Spark stage right after the source takes its records in bulk: one entry per batch.
+    bulk = bulk_window(task, spark_jobs)
+    if bulk is not None:
+        return bulk
+    return InFlightWindow(task, in_flight.limit, in_flight.ordering, in_flight.collector, skips)

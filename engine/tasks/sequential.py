@@ -1,0 +1,108 @@
+"""``SequentialLoop``: a task's records one at a time, in chunks: the hot path.
+
+Each record goes the one per-record path (``RecordPath.process``); a record done or dropped by a
+handler is passed (the position moves past it, stream time with it: ``RecordPath.passed``). A
+chunk runs under the task's ``processing`` lock, so a commit flushes the record caches only
+between records, and its output goes to the network together, one batch per partition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import anyio.lowlevel
+
+from .processing import Outcome, RecordPath
+
+if TYPE_CHECKING:
+    from .task import StreamTask
+
+# Records processed before the task yields to the loop's other coroutines.
+CHUNK = 512
+
+# Module constants: the hot path compares against them per record, and an Enum's class attribute
+# lookup costs several times a global's.
+_DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
+
+
+class SequentialLoop:
+    """A task's records one at a time, in chunks of up to ``CHUNK``. Caller: ``StreamTask``."""
+
+    def __init__(self, task: StreamTask) -> None:
+        self._task = task
+        self._path = RecordPath(task, journal=True)
+        if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
+            # The partition to take from is the one whose head has the lowest extracted timestamp.
+            task.input.head_time = self._path.head_timestamp
+
+    async def run(self) -> None:
+        """Until the task closes: process what is buffered, or wait for records or a punctuation."""
+        task = self._task
+        caching = task.state_manager is not None and task.state_manager.caching
+        while not task.closing:
+            if task.buffered() == 0:
+                task.clear_wakeup()
+                await task.wait_for_wakeup()
+                await task.punctuate_wall_clock()
+                # Punctuations may have produced output; hand it on now, not at the next chunk.
+                await task.flush_output()
+                continue
+            async with task.processing:
+                await self._chunk()
+                if caching and task.flush_requested:
+                    await task.flush_state()
+            # Output of this chunk goes to the network together: one batch per partition.
+            await task.flush_output()
+            await anyio.lowlevel.checkpoint()
+
+    async def drain(self) -> None:
+        """Every buffered record, chunk by chunk, while the task runs. Caller: the test driver."""
+        task = self._task
+        while task.buffered() and task.is_running and not task.closing:
+            async with task.processing:
+                await self._chunk()
+            await task.flush_output()
+
+    def lowest_in_flight(self, _tp: object) -> int | None:
+        return None  # a record is never in flight here: it is done before the next one starts
+
+    async def _chunk(self) -> None:
+        task = self._task
+        path = self._path
+        process, passed = path.process, path.passed
+        group = task.input
+        queue = group.next_queue()
+        single = len(group) == 1
+        # Keyed by plain tuples: building a TopicPartition per record would cost more than the rest
+        # of the bookkeeping (equal tuples hash and compare alike).
+        next_offsets: dict[tuple[str, int], int] = task.positions.next  # type: ignore[assignment]  # TopicPartition is a (topic, partition) tuple
+        done = 0
+        # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
+        stop = task.closing
+        began = time.perf_counter_ns()
+        while queue and done < CHUNK and not stop:
+            raw = queue[0]
+            outcome = process(raw)
+            if outcome is not _DONE and not isinstance(outcome, Outcome):
+                outcome = await outcome
+                if outcome is _ABANDONED:
+                    return
+                # Only an await lets the loop's other coroutines run, so only then can a close
+                # have been requested: the check costs the synchronous hot path nothing.
+                stop = task.closing
+            if outcome is not _DONE and outcome is not _SKIPPED:
+                break  # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue
+            # Done or dropped by a handler: the position moves past it, stream time with it.
+            queue.popleft()
+            next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
+            done += 1
+            punctuating = passed(task.record_time)
+            if punctuating is not None:
+                await punctuating
+                stop = task.closing
+            if not single:
+                queue = group.next_queue()
+        task.processed += done
+        task.meter.add(done, time.perf_counter_ns() - began)
+        await task.punctuate_wall_clock(locked=True)
