@@ -42,6 +42,7 @@ from anyio import CancelScope
 
 from engine.completed_offsets import decode_metadata
 from engine.errors import (
+    IllegalStateError,
     ProducerFencedError,
     TaskCorruptedError,
     TaskMigratedError,
@@ -69,6 +70,9 @@ if TYPE_CHECKING:
     from engine.collector import RecordCollector
 
 log = logging.getLogger(__name__)
+
+# How long a task whose start met a partition no longer assigned waits for the revocation's close.
+REVOKED_PATIENCE_S = 30.0
 
 class TaskState(Enum):
     CREATED = "CREATED"
@@ -255,6 +259,13 @@ class StreamTask:
                 self.state.transition_to(TaskState.RESTORING)
                 await setup.restore(committed)
         except Exception as exc:
+            if isinstance(exc, IllegalStateError) and not self.closing:
+                # A partition of the task left the consumer's assignment while it started: a
+                # cooperative rebalance installs the new assignment before the revocation callback
+                # asks the task to close, and the start's read of a position can fail in between.
+                # The close request follows on this loop; a real illegal state is raised after the wait.
+                with anyio.move_on_after(REVOKED_PATIENCE_S):
+                    await self._stop.wait()
             if not self.closing:
                 raise
             self.log.info("Stopped starting: the task is closing (%r)", exc)

@@ -647,3 +647,25 @@ async def test_a_failed_start_under_exactly_once_keeps_its_cause() -> None:
         error = rig.task.transaction_error
         assert isinstance(error, expected) and error.task_id == TASK
         assert error.__cause__ is raised
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_meets_a_revoked_partition_waits_for_the_close_that_follows() -> None:
+    """A cooperative rebalance installs the new assignment before its revocation callback asks the
+    task to close: a restore that reads a position in between fails with IllegalStateError. That is
+    the close on its way, not a failure of the thread."""
+    from engine.errors import IllegalStateError
+
+    builder = StreamsBuilder()
+    builder.stream("in").to("out")
+    rig = TaskRig(builder.build())
+
+    async def restore(_committed: object) -> None:
+        raise IllegalStateError("Partition TopicPartition(topic='in', partition=2) is not assigned")
+
+    rig.rebuild(restore=restore)
+    runner = asyncio.get_running_loop().create_task(rig.task.run())
+    await eventually_async(lambda: rig.task.state.state is TaskState.RESTORING, WAIT, "the restore started")
+    rig.task.request_close()  # the revocation callback, a moment later
+    await asyncio.wait_for(runner, WAIT)  # ends cleanly: no IllegalStateError
+    assert rig.task.finished.is_set()
