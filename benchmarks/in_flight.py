@@ -23,7 +23,9 @@ the worker, all sharing the input.
 
 Run: ``python benchmarks/in_flight.py`` (starts the test broker),
 ``--bootstrap host:port`` for an existing broker, or ``--memory`` for the
-embedded broker (streamloop only: faust needs Kafka).
+embedded broker (streamloop only: faust needs Kafka). ``--exactly-once`` runs streamloop under
+``exactly_once_v2`` (a record's output is held until the commit covers it) and reads the output
+``read_committed``; faust is left out then (it has no exactly-once for agents).
 """
 
 from __future__ import annotations
@@ -101,10 +103,14 @@ def _quiet_not_leader(record: logging.LogRecord) -> bool:
 
 
 class KafkaSide:
-    """Topics, input and output of one real broker, through aiokafka (not the engine)."""
+    """Topics, input and output of one real broker, through aiokafka (not the engine).
 
-    def __init__(self, bootstrap: str) -> None:
+    ``read_committed``: the output is counted and read as a ``read_committed`` consumer sees it (the
+    offsets of transaction markers are no records)."""
+
+    def __init__(self, bootstrap: str, read_committed: bool = False) -> None:
         self.bootstrap = bootstrap
+        self.isolation = "read_committed" if read_committed else "read_uncommitted"
 
     async def create_topics(self, names: list[str]) -> None:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -136,15 +142,27 @@ class KafkaSide:
     async def output_total(self, topic: str) -> Callable[[], Awaitable[int]]:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level=self.isolation)
         await consumer.start()
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         self._closers = [consumer.stop]
+        if self.isolation == "read_uncommitted":
 
-        async def total() -> int:
-            return sum((await consumer.end_offsets(tps)).values())
+            async def total() -> int:
+                return sum((await consumer.end_offsets(tps)).values())
 
-        return total
+            return total
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen = [0]
+
+        async def committed_total() -> int:
+            # Transaction markers take offsets: committed records are counted as they are read.
+            for records in (await consumer.getmany(timeout_ms=10, max_records=10_000)).values():
+                seen[0] += len(records)
+            return seen[0]
+
+        return committed_total
 
     async def close_watch(self) -> None:
         for close in self._closers:
@@ -153,7 +171,8 @@ class KafkaSide:
     async def read_values(self, topic: str) -> list[bytes]:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    isolation_level=self.isolation)
         await consumer.start()
         try:
             tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
@@ -304,7 +323,7 @@ async def fresh_topics(side: Side, tag: str, count: int) -> tuple[str, str]:
 # -- streamloop ----------------------------------------------------------------
 
 
-async def run_streamloop(side: Side, level: int, count: int) -> Result:
+async def run_streamloop(side: Side, level: int, count: int, exactly_once: bool = False) -> Result:
     source, sink = await fresh_topics(side, f"sl{level}", count)
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=BytesSerde(), value_serde=BytesSerde())
@@ -321,7 +340,7 @@ async def run_streamloop(side: Side, level: int, count: int) -> Result:
         return f"(client {clients[0].state.name}, {polled:.0f} records polled)"
 
     async def run(stop: asyncio.Event) -> None:
-        streams = KafkaStreams(topology, {
+        config = {
             "application.id": f"bench-inflight-{uuid.uuid4().hex[:6]}-{level}",
             "bootstrap.servers": side.bootstrap,
             "num.stream.threads": 1,
@@ -329,13 +348,18 @@ async def run_streamloop(side: Side, level: int, count: int) -> Result:
             "processing.ordering": "partition",
             "commit.interval.ms": 1000,
             "linger.ms": 5,
-        })
+        }
+        if exactly_once:
+            # Output is visible at each commit: the guarantee's own default interval (100 ms).
+            config["processing.guarantee"] = "exactly_once_v2"
+            del config["commit.interval.ms"]
+        streams = KafkaStreams(topology, config)
         clients.append(streams)
         async with streams:
             await stop.wait()
 
-    return await measure(side, f"streamloop threads.per.task={level}", level, source, sink, count, run,
-                         status=status)
+    name = f"streamloop{' eos' if exactly_once else ''} threads.per.task={level}"
+    return await measure(side, name, level, source, sink, count, run, status=status)
 
 
 # -- faust-streaming -----------------------------------------------------------
@@ -436,19 +460,22 @@ def print_summary(title: str, results: dict[int, Result], in_flight_per_level: i
 
 
 async def main_async(bootstrap: str, memory: bool, levels: list[int], base: int, cap: int,
-                     with_faust: bool) -> None:
-    side: Side = MemorySide(bootstrap) if memory else KafkaSide(bootstrap)
+                     with_faust: bool, exactly_once: bool = False) -> None:
+    side: Side = MemorySide(bootstrap) if memory else KafkaSide(bootstrap, read_committed=exactly_once)
     where = "embedded broker" if memory else "Kafka broker"
+    guarantee = "exactly_once_v2, output read read_committed" if exactly_once else "at_least_once"
     print(f"async map_values awaiting {IO_SECONDS * 1000:.0f} ms per record; {PARTITIONS} input partitions, "
-          f"1 stream thread, processing.ordering=partition; {where} {bootstrap}\n", flush=True)
+          f"1 stream thread, processing.ordering=partition, {guarantee}; {where} {bootstrap}\n", flush=True)
 
     ours: dict[int, Result] = {}
     for level in levels:
-        ours[level] = await run_streamloop(side, level, records_for(level, base, cap))
+        ours[level] = await run_streamloop(side, level, records_for(level, base, cap), exactly_once)
 
     theirs: dict[int, Result] = {}
     faust_note = None
-    if not with_faust:
+    if exactly_once:
+        faust_note = "faust-streaming: not run under --exactly-once (its agents have no exactly-once)"
+    elif not with_faust:
         faust_note = "faust-streaming: not run (--no-faust)"
     elif memory:
         faust_note = "faust-streaming: not run: it needs a real Kafka broker, not the embedded one (--memory)"
@@ -498,6 +525,8 @@ def main() -> None:
                         help="records per run at setting 1; scaled by the setting up to --max-records")
     parser.add_argument("--max-records", type=int, default=24_000)
     parser.add_argument("--no-faust", action="store_true", help="skip the faust-streaming comparison")
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="streamloop under exactly_once_v2, output read read_committed (Kafka only)")
     # The faust child process (internal).
     parser.add_argument("--faust-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--app-id", help=argparse.SUPPRESS)
@@ -511,7 +540,7 @@ def main() -> None:
         return
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     run = lambda bootstrap: asyncio.run(main_async(  # noqa: E731
-        bootstrap, args.memory, levels, args.records, args.max_records, not args.no_faust))
+        bootstrap, args.memory, levels, args.records, args.max_records, not args.no_faust, args.exactly_once))
     if args.memory:
         run(f"memory://in-flight-bench-{uuid.uuid4().hex[:6]}")
     elif args.bootstrap:

@@ -558,9 +558,6 @@ class StreamsConfig(Mapping[str, Any]):
         if str(values[ACKS]) not in ("all", "-1"):
             raise ConfigError(ACKS, f"must be 'all' under exactly_once_v2 (transactions are idempotent), "
                               f"got {values[ACKS]!r}")
-        if values[NUM_THREADS_PER_TASK] > 1:
-            raise ConfigError(NUM_THREADS_PER_TASK, "records in flight cannot be committed atomically with their "
-                              "output; use 1 under exactly_once_v2")
 
     @staticmethod
     def _check(key: ConfigKey, value: Any, label: str | None = None) -> Any:

@@ -44,3 +44,19 @@ async def test_at_least_once_loses_nothing_and_drains_after_repeated_sigkills(ka
     assert report.stalls == 0, described(report)
     assert report.lost == 0, described(report)
     assert report.records_out == report.records_in + report.duplicates  # counted, and allowed
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize(("ordering", "count"), [("unordered", False), ("key", True)])
+async def test_records_in_flight_under_exactly_once_lose_and_duplicate_nothing_after_sigkills(
+        kafka_bootstrap: str, ordering: str, count: bool) -> None:
+    """Records in flight (8 per task, finishing out of order) under exactly-once: each record's
+    output, changelog updates included, is held until the commit's watermark covers it, so a
+    transaction holds exactly the output of the offsets it commits. Relaying (unordered) and
+    counting into a store (key order)."""
+    report = await kill_and_restart(kafka_bootstrap, KILLS, "exactly_once_v2", seed=SEED, in_flight=8,
+                                    ordering=ordering, count=count)
+
+    assert report.stalls == 0, described(report)
+    assert (report.lost, report.duplicates) == (0, 0), described(report)
+    assert report.records_out == report.records_in

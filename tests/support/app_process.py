@@ -20,7 +20,9 @@ client is in a terminal state (ERROR or NOT_RUNNING), or on SIGTERM after closin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import random
 import signal
 import sys
 import threading
@@ -54,6 +56,15 @@ def see(_key: int, value: dict[str, Any]) -> None:
 def build(args: argparse.Namespace) -> KafkaStreams:
     builder = StreamsBuilder()
     stream = builder.stream(args.source, key_serde=IntegerSerde(), value_serde=JsonSerde()).peek(see)
+    if args.io_ms:
+        io_s = args.io_ms / 1000
+
+        async def call_a_service(value: dict[str, Any]) -> dict[str, Any]:
+            # Random I/O times: records in flight finish out of offset order.
+            await asyncio.sleep(random.uniform(0, io_s))
+            return value
+
+        stream = stream.map_values(call_a_service)
     if args.count:
         (stream.group_by_key()
                .count(materialized=Materialized("counts"))
@@ -62,7 +73,8 @@ def build(args: argparse.Namespace) -> KafkaStreams:
     else:
         (stream.map_values(lambda value: {"n": value["n"]})
                .to(args.sink, key_serde=IntegerSerde(), value_serde=JsonSerde()))
-    config = streams_config(args.bootstrap, args.application_id, num_stream_threads=args.threads)
+    config = streams_config(args.bootstrap, args.application_id, num_stream_threads=args.threads,
+                            num_threads_per_task=args.threads_per_task, processing_ordering=args.ordering)
     if args.state_dir:
         config["state.dir"] = args.state_dir
     if args.count:
@@ -93,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads-per-task", type=int, default=1, help="num.threads.per.task: records in flight")
+    parser.add_argument("--ordering", default="partition", help="processing.ordering")
+    parser.add_argument("--io-ms", type=float, default=0, help="an async step of up to this much I/O per record")
     parser.add_argument("--exactly-once", action="store_true", help="processing.guarantee=exactly_once_v2")
     parser.add_argument("--count", action="store_true",
                         help="count per key (a RocksDB store, no cache) instead of relaying the values")

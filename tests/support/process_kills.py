@@ -26,19 +26,19 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
+from engine.serdes import IntegerSerde, JsonSerde, LongSerde
 from engine.testing import eventually_async
 from engine.transport import open_transport
 from tests.support.cluster import Cluster, committed_offset
 
-INT, JSON = IntegerSerde(), JsonSerde()
+INT, JSON, LONG = IntegerSerde(), JsonSerde(), LongSerde()
 ROOT = Path(__file__).resolve().parents[2]
 GUARANTEES = ("at_least_once", "exactly_once_v2")
 
@@ -104,13 +104,16 @@ class AppProcess:
 async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: int = 0, batch: int = 300,
                            partitions: int = 2, buffered: int = 10, session_timeout_ms: int = 2_000,
                            stall_after: float = 40.0, initialising: float = 0.25,
-                           max_kill_delay: float = 1.0) -> KillReport:
+                           max_kill_delay: float = 1.0, in_flight: int = 1, ordering: str = "partition",
+                           count: bool = False) -> KillReport:
     """Run a campaign of ``kills`` SIGKILLs under ``guarantee`` (see the module docstring).
 
     ``buffered`` is the app's ``buffered.records.per.partition``: small, so back-pressure pauses
     its partitions while a restarted task initialises (the stall of issue #19). A kill lands
     with probability ``initialising`` as soon as the app has tasks, else up to ``max_kill_delay``
-    seconds after its first processed record.
+    seconds after its first processed record. ``in_flight`` > 1 runs that many records of a task at
+    once (each with up to 5 ms of I/O, so they finish out of order) in ``ordering``; ``count``
+    counts per key into a store instead of relaying the records.
     """
     if guarantee not in GUARANTEES:
         raise ValueError(f"guarantee must be one of {GUARANTEES}, not {guarantee!r}")
@@ -122,6 +125,10 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
     args = ["--bootstrap", bootstrap, "--application-id", app, "--source", source, "--sink", sink,
             "--response", "REPLACE_THREAD", "--buffered-records-per-partition", str(buffered),
             "--session-timeout-ms", str(session_timeout_ms)] + (["--exactly-once"] if exactly_once else [])
+    if in_flight > 1:
+        args += ["--threads-per-task", str(in_flight), "--ordering", ordering, "--io-ms", "5"]
+    if count:
+        args += ["--count", "--state-dir", tempfile.mkdtemp(prefix="kills-state-")]
     rng = random.Random(seed)
     sent = stalls = 0
     drain_seconds = 0.0
@@ -133,7 +140,7 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
         for tp in inputs:
             if await committed_offset(cluster, app, tp) != ends[tp]:
                 return False
-        out = {JSON.deserialize(r.value)["n"] for r in await cluster.read_all(sink, exactly_once)}
+        out = {n for n, _count in _outputs(await cluster.read_all(sink, exactly_once), count)}
         return out >= set(range(sent))
 
     for round_ in range(kills + 1):
@@ -171,9 +178,21 @@ async def kill_and_restart(bootstrap: str, kills: int, guarantee: str, *, seed: 
                     if proc.process.returncode is None:
                         proc.process.kill()  # no commit, no leave-group, no flush
                     await proc.process.wait()
-    out = Counter(JSON.deserialize(r.value)["n"] for r in await cluster.read_all(sink, exactly_once))
+    outputs = _outputs(await cluster.read_all(sink, exactly_once), count)
+    out = Counter(n for n, _count in outputs)
+    # Counting: every input has a key of its own, so each output count is 1; a 2 is an input counted twice.
+    recounted = sum(1 for _n, c in outputs if c != 1)
     expected = set(range(sent))
     return KillReport(
         guarantee=guarantee, kills=kills, records_in=sent, records_out=sum(out.values()),
-        lost=len(expected - set(out)), duplicates=sum(c - 1 for n, c in out.items() if n in expected),
+        lost=len(expected - set(out)),
+        duplicates=sum(c - 1 for n, c in out.items() if n in expected) + recounted,
         stalls=stalls, drain_seconds=drain_seconds, stderr_tail=stalled_stderr)
+
+
+def _outputs(records: list[Any], count: bool) -> list[tuple[int, int]]:
+    """``(input number, count)`` of each output record: relayed values carry their number (count 1),
+    counts are keyed by it."""
+    if count:
+        return [(INT.deserialize(r.key), LONG.deserialize(r.value)) for r in records]
+    return [(JSON.deserialize(r.value)["n"], 1) for r in records]
