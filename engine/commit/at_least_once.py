@@ -13,24 +13,21 @@ from typing import TYPE_CHECKING
 
 from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
 from engine.records import TopicPartition
+from engine.recovery import ProducerLost
 from engine.transport.base import OffsetAndMetadata
 from engine.transport.retriable import is_retriable as is_timeout
 
-from .protocol import CommitProtocol
+from .protocol import CommitProtocol, CommitResult, CommitStatus
 
 if TYPE_CHECKING:
     from engine.tasks.task import StreamTask
 
 
 class AtLeastOnce(CommitProtocol):
-    async def commit(self, tasks: Iterable[StreamTask]) -> int:
-        """Flush output, then commit the processed positions of ``tasks``.
-
-        Raises ``CommitFailedError`` when the group has moved the partitions on.
-        """
+    async def commit(self, tasks: Iterable[StreamTask]) -> CommitResult:
+        """Flush output, then commit the processed positions of ``tasks``."""
         tasks = list(tasks)
         self._last_commit = self._clock_ms()
-        self.timed_out = False
         for task in tasks:
             # State updates held in the record caches go down first, so that no offset is
             # committed without its updates on the changelog.
@@ -52,29 +49,29 @@ class AtLeastOnce(CommitProtocol):
                 if had_output:
                     for task in tasks:
                         self.clear_commit_timer(task)
-                return 0
+                return CommitResult(CommitStatus.COMMITTED)
             await self._consumer.commit(offsets)
         except RebalanceInProgressError as exc:
             # Cooperative: the tasks keep running through the rebalance; their offsets go with the
             # first commit after it (retried at the next poll, not at the next interval).
             self._log.debug("%s", exc)
             self._last_commit = self._clock_ms() - self._interval_ms
-            return 0
-        except CommitFailedError:
-            self._log.warning("Commit of %s failed: the group rebalanced; the tasks will be revoked",
-                              sorted(str(tp) for tp in offsets))
-            raise
+            return CommitResult(CommitStatus.DEFERRED)
+        except CommitFailedError as exc:
+            self._log.warning("Commit of %s refused: the group rebalanced; the tasks will be revoked (%s)",
+                              sorted(str(tp) for tp in offsets), exc)
+            return CommitResult(CommitStatus.REFUSED)
         except Exception as exc:
             if not is_timeout(exc):
                 raise
-            self.timed_out = True
             if isinstance(exc, ProduceError):
-                self.producer_failed = exc
+                # The output buffered before it is lost: every task starts again from its last commit.
+                self.recovery.report(ProducerLost(exc))
             # One call covered every task: each one's timer starts (KIP-572); retry after the back-off.
             backoff = max((task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
                            for task in tasks if not task.is_paused), default=0.0)
             self._last_commit = self._clock_ms() - self._interval_ms + int(backoff * 1000)
-            return 0
+            return CommitResult(CommitStatus.TIMED_OUT)
         committed = {task.id for task, _ in by_task}
         for task, task_offsets in by_task:
             self.finish(task, task_offsets)
@@ -83,7 +80,7 @@ class AtLeastOnce(CommitProtocol):
                 self.clear_commit_timer(task)
         self.commits += 1
         self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
-        return len(offsets)
+        return CommitResult(CommitStatus.COMMITTED, len(offsets))
 
 
 # The name the engine and its tests have always used for the at-least-once committer.

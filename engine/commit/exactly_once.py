@@ -41,7 +41,7 @@ from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedE
 from engine.transport.base import TransactionalProducer
 from engine.transport.retriable import is_retriable as is_timeout
 
-from .protocol import CommitProtocol
+from .protocol import CommitProtocol, CommitResult, CommitStatus
 
 if TYPE_CHECKING:
     from engine.ids import TaskId
@@ -67,7 +67,7 @@ class ExactlyOnce(CommitProtocol):
 
     group_id: str = ""
 
-    async def commit(self, tasks: Iterable[StreamTask]) -> int:
+    async def commit(self, tasks: Iterable[StreamTask]) -> CommitResult:
         tasks = [t for t in tasks if t.transaction_error is None]
         self._last_commit = self._clock_ms()
         results: dict[TaskId, int | Exception] = {}
@@ -93,7 +93,9 @@ class ExactlyOnce(CommitProtocol):
                 committed += result
         if committed:
             self.commits += 1
-        return committed
+        # A task that could not commit reported itself for revival (its transaction_error makes it
+        # close dirty); the others committed.
+        return CommitResult(CommitStatus.COMMITTED, committed)
 
     async def _commit_task(self, task: StreamTask) -> int:
         collector = task.collector

@@ -15,21 +15,56 @@ A commit, whatever the guarantee:
 
 ``AtLeastOnce`` (``at_least_once.py``) and ``ExactlyOnce`` (``exactly_once.py``) are
 the two implementations. The protocol reads tasks only through what they expose.
+
+A commit answers one way, a ``CommitResult``: committed (how many partitions; none when there was
+nothing to commit), deferred (the group is rebalancing: retried at the next poll), timed out
+(retried after the back-off, under the tasks' ``task.timeout.ms``) or refused (the group moved
+the partitions on). What needs recovery beyond the commit (output lost to a producer timeout, a
+task's transaction that cannot commit) goes to the thread's ``RecoveryInbox``; a failure of the
+engine itself (a processor failing in a cache flush, ``TaskTimeoutError``) is raised.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from engine.collector import RecordCollector
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
+from engine.recovery import RecoveryInbox
 from engine.transport.base import Consumer, OffsetAndMetadata
 
 if TYPE_CHECKING:
     from engine.tasks.task import StreamTask
+
+
+class CommitStatus(Enum):
+    COMMITTED = "committed"
+    """Everything the tasks finished is committed (``partitions``: how many moved; 0: none had to)."""
+    DEFERRED = "deferred"
+    """The group is rebalancing (cooperative): nothing was sent; retried at the next poll."""
+    TIMED_OUT = "timed out"
+    """Not committed; retried after the back-off, under the tasks' ``task.timeout.ms``."""
+    REFUSED = "refused"
+    """The group moved the partitions on: not committed, and never will be by this member."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    status: CommitStatus
+    partitions: int = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether the tasks' finished positions are committed (a task closes cleanly only then)."""
+        return self.status is CommitStatus.COMMITTED
+
+
+NOT_DUE = CommitResult(CommitStatus.COMMITTED)
 
 
 class CommitProtocol(ABC):
@@ -42,8 +77,11 @@ class CommitProtocol(ABC):
         interval_ms: int,
         clock_ms: Callable[[], int],
         logger: LogContext,
+        recovery: RecoveryInbox | None = None,
     ) -> None:
         self._monotonic_ms = clock_ms
+        # Where a commit reports what the thread must recover from (output lost, a failed transaction).
+        self.recovery = recovery if recovery is not None else RecoveryInbox()  # an empty inbox is falsy
         self._consumer = consumer
         self._collector = collector
         self._interval_ms = interval_ms
@@ -51,10 +89,6 @@ class CommitProtocol(ABC):
         self._log = logger
         self._last_commit = clock_ms()
         self.commits = 0
-        # Set when the last commit timed out (and will be retried): a closing task is then dirty.
-        self.timed_out = False
-        # Set when output was lost to a producer timeout: the thread must revive its tasks.
-        self.producer_failed: BaseException | None = None
 
     # -- when --------------------------------------------------------------------------
     def due(self, tasks: Iterable[StreamTask]) -> bool:
@@ -62,17 +96,17 @@ class CommitProtocol(ABC):
             return True
         return any(t.commit_needed() for t in tasks)
 
-    async def maybe_commit(self, tasks: Iterable[StreamTask]) -> int:
-        """Commit if the interval passed or a processor asked; returns partitions committed."""
+    async def maybe_commit(self, tasks: Iterable[StreamTask]) -> CommitResult:
+        """Commit if the interval passed or a processor asked."""
         tasks = list(tasks)
         if not self.due(tasks):
-            return 0
+            return NOT_DUE
         return await self.commit(tasks)
 
     # -- the commit --------------------------------------------------------------------
     @abstractmethod
-    async def commit(self, tasks: Iterable[StreamTask]) -> int:
-        """Commit what ``tasks`` finished; returns the number of partitions committed."""
+    async def commit(self, tasks: Iterable[StreamTask]) -> CommitResult:
+        """Commit what ``tasks`` finished."""
 
     @staticmethod
     def safe_offsets(task: StreamTask) -> dict[TopicPartition, OffsetAndMetadata]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Any
 
 import orjson
@@ -54,6 +54,20 @@ class AssignorError(IntEnum):
     NONE = 0
     INCOMPLETE_SOURCE_TOPIC_METADATA = 1
     SHUTDOWN_REQUESTED = 4
+
+
+class ShutdownRequest(Enum):
+    """KIP-671's application shutdown as one member sees it: the one place that says whether this
+    thread asks for it, carries it on its way out, or was answered with it."""
+
+    NONE = "none"
+    ASKED = "asked"
+    """This member's subscription carries the request (a live thread rejoins with it)."""
+    CARRIED_ON_EXIT = "carried on exit"
+    """A failing thread, still a member, rejoins with the request before it leaves; its tasks close
+    without a commit if the rebalance revokes them."""
+    ANSWERED = "answered"
+    """The group's assignment says the application shuts down: every instance's threads stop."""
 
 
 @dataclass
@@ -258,7 +272,7 @@ def _rosters(infos: Mapping[str, SubscriptionInfo]) -> dict[str, dict[str, int]]
 class StreamsAssignor:
     """One per stream thread (member). Implements ``engine.transport.base.GroupAssignor``.
 
-    Affects: ``assigned_tasks`` and ``error_code`` after each assignment, read by
+    Affects: ``assigned_tasks`` and ``shutdown`` after each assignment, read by
     the stream thread's rebalance listener.
     """
 
@@ -284,17 +298,18 @@ class StreamsAssignor:
         self.rejoin_for_endpoint = False
         """Set when an assignment lacks this instance's endpoint; the stream thread then rejoins."""
         self.owned_tasks: list[TaskId] = []
-        self.shutdown_requested = AssignorError.NONE
+        self.shutdown = ShutdownRequest.NONE
         self.assigned_tasks: list[TaskId] = []
         self.follow_up = False
-        self.error_code = AssignorError.NONE
         self.roster: dict[str, int] = {}
         """The threads of this instance in the generation of the last assignment (``engine.tasks.membership``)."""
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
         membership = self._membership
+        # A member answered with the shutdown keeps asking for it: the application is shutting down.
+        error = AssignorError.NONE if self.shutdown is ShutdownRequest.NONE else AssignorError.SHUTDOWN_REQUESTED
         return SubscriptionInfo(self._process_id, self._thread_name, list(self.owned_tasks),
-                                self.shutdown_requested, self._endpoint, list(self.owned_standby_tasks),
+                                error, self._endpoint, list(self.owned_standby_tasks),
                                 membership.token if membership else "", membership.joining if membership else 0,
                                 ).encode()
 
@@ -353,7 +368,8 @@ class StreamsAssignor:
         self.roster = info.roster
         self.follow_up = info.follow_up
         self.standby_tasks = info.standby_tasks
-        self.error_code = info.error_code
+        if info.error_code is AssignorError.SHUTDOWN_REQUESTED:
+            self.shutdown = ShutdownRequest.ANSWERED
         if self._metadata is not None:
             self._metadata.on_change(info.partitions_by_host, info.standby_partitions_by_host)
         # As Kafka Streams' verifyHostInfo: a static member back with another application.server gets

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from engine.collector import RecordCollector
-from engine.commit import CommitProtocol
-from engine.errors import CommitFailedError, ProduceError, TaskCorruptedError
+from engine.commit import CommitProtocol, CommitResult, CommitStatus
+from engine.errors import ProduceError, TaskCorruptedError, TaskMigratedError
 from engine.ids import TaskId
 from engine.logcontext import LogContext
 from engine.metrics import ProcessMeter
 from engine.processors.context import CURRENT, TaskContext
 from engine.records import ConsumerRecord, TopicPartition
+from engine.recovery import ProducerLost, TaskCorrupted, TaskMigrated
 from engine.serdes import Serde
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.timestamps import TimestampExtractor
@@ -103,9 +104,9 @@ class TaskManager:
         self._monotonic_ms = monotonic_ms
         self._state = state
         self._eos = exactly_once
-        # Exactly-once: tasks whose transaction failed, waiting for the poll loop to revive or migrate
-        # them (``TaskRevival.handle_failed_transactions``).
-        self.failed_transactions: list[StreamTask] = []
+        # What the thread must recover from (a failed transaction, lost output), found here or in a
+        # commit; the poll loop drains it between polls (``TaskRevival.recover``).
+        self.recovery = committer.recovery
         self.tasks: dict[TaskId, StreamTask] = {}
         # Counts of tasks already closed, so the thread's totals survive rebalances.
         self.closed_processed = 0
@@ -119,7 +120,7 @@ class TaskManager:
         self.shut_down = False
         # Starts tasks again from their last commit after lost output or a failed transaction: the poll
         # loop calls it between polls (engine.tasks.revival).
-        self.revival = TaskRevival(self, consumer, committer, logger, monotonic_ms, on_tasks_changed)
+        self.revival = TaskRevival(self, consumer, logger, monotonic_ms, on_tasks_changed)
 
     # -- assignment -------------------------------------------------------------
     def task_id_of(self, tp: TopicPartition) -> TaskId:
@@ -213,7 +214,7 @@ class TaskManager:
                 collector=collector,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
                 start=own.producer.start,
                 rewind=lambda committed: self._rewind(holder[0], committed),
-                on_failed=self.failed_transactions.append)
+                on_failed=self._transaction_failed)
         if timer is None and self._timer_factory is not None:
             timer = self._timer_factory(task_id, self._log.child(f"task [{task_id}] "))
         setup = TaskSetup(
@@ -329,14 +330,12 @@ class TaskManager:
         try:
             if clean:
                 try:
-                    await self._committer.commit(tasks)
-                    if self._committer.timed_out:
-                        clean = False  # nothing of it is committed: the tasks' state is ahead
-                    else:
+                    # Deferred, timed out or refused: nothing of it is committed, the tasks' state is
+                    # ahead, and the next owner starts from the last successful commit.
+                    clean = (await self._committer.commit(tasks)).done
+                    if clean:
                         await self._committer.checkpoint(
                             [t for t in tasks if t.transaction_error is None and t.stores_restored])
-                except CommitFailedError:
-                    clean = False  # the new owner starts from the last successful commit
                 except BaseException:
                     clean = False
                     raise
@@ -379,8 +378,6 @@ class TaskManager:
 
     async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:  # noqa: ASYNC109
         """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
-        if task in self.failed_transactions:
-            self.failed_transactions.remove(task)
         producer = task.collector.producer if task.collector is not None else None
         if not clean:
             if task.state_manager is not None:
@@ -461,28 +458,31 @@ class TaskManager:
                 if not is_timeout(exc):
                     raise
                 # Output is lost: the stream thread revives every task from its last commit.
-                self._committer.producer_failed = exc
+                self.recovery.report(ProducerLost(exc))
+
+    def _transaction_failed(self, task: StreamTask) -> None:
+        """Exactly-once: a task's transaction failed; the poll loop revives (or migrates) it."""
+        error = task.transaction_error
+        if isinstance(error, TaskMigratedError):
+            self.recovery.report(TaskMigrated(task, error))
+        elif error is not None:
+            self.recovery.report(TaskCorrupted(task, error))
 
     @property
     def commits(self) -> int:
         return self._committer.commits
 
-    @property
-    def producer_failed(self) -> BaseException | None:
-        return self._committer.producer_failed
-
-    async def maybe_commit(self) -> int:
-        try:
-            return await self._committer.maybe_commit(self.tasks.values())
-        except CommitFailedError as exc:
+    async def maybe_commit(self) -> CommitResult:
+        result = await self._committer.maybe_commit(self.tasks.values())
+        if result.status is CommitStatus.REFUSED:
             # The group moved to a generation this member is not in (yet). Its tasks keep their
             # state: a rebalance revokes (eager) or keeps (cooperative) them, and a later commit
             # covers what this one would have. Kafka Streams rejoins too (TaskMigratedException).
-            self._log.warning("Periodic commit refused, rejoining the group: %s", exc)
+            self._log.warning("Periodic commit refused, rejoining the group")
             self._consumer.request_rejoin()
-            return 0
+        return result
 
-    async def commit_all(self) -> int:
+    async def commit_all(self) -> CommitResult:
         return await self._committer.commit(list(self.tasks.values()))
 
 

@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from engine.errors import TaskMigratedError
 from engine.ids import TaskId
 from engine.records import TopicPartition
+from engine.recovery import ProducerLost, Recovery, TaskCorrupted, TaskMigrated
 from engine.transport.base import Consumer, OffsetAndMetadata
 
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
-    from engine.commit import CommitProtocol
     from engine.logcontext import LogContext
 
     from .manager import TaskManager
@@ -40,29 +39,39 @@ class TaskRevival:
         self,
         manager: TaskManager,
         consumer: Consumer,
-        committer: CommitProtocol,
         logger: LogContext,
         monotonic_ms: Callable[[], int] | None,
         on_tasks_changed: Callable[[], None],
     ) -> None:
         self._manager = manager
         self._consumer = consumer
-        self._committer = committer
         self._log = logger
         self._monotonic_ms = monotonic_ms
         self._on_tasks_changed = on_tasks_changed
-        # When revive_all last reopened the tasks (monotonic ms): the start of their next produce attempt.
+        # When _revive_all last reopened the tasks (monotonic ms): the start of their next produce attempt.
         self._revived_at_ms = 0
 
-    async def handle_failed_transactions(self, timeout: float) -> None:  # noqa: ASYNC109
+    async def recover(self, events: list[Recovery], replace_producer: Callable[[], Awaitable[None]],
+                      timeout: float) -> None:  # noqa: ASYNC109
+        """Act on what the thread's ``RecoveryInbox`` collected since the last poll (a shutdown request
+        is the poll loop's to act on)."""
+        failed = [e for e in events if isinstance(e, (TaskCorrupted, TaskMigrated))]
+        if failed:
+            await self._failed_transactions(failed, timeout)
+        lost = next((e for e in events if isinstance(e, ProducerLost)), None)
+        if lost is not None and not await self._revive_all(lost.cause, replace_producer, timeout):
+            self._manager.recovery.report(lost)  # the broker is still out of reach: again after the next poll
+
+    async def _failed_transactions(self, events: list[TaskCorrupted | TaskMigrated], timeout: float) -> None:  # noqa: ASYNC109
         """Exactly-once: revive corrupted tasks from their last commit; after a fence, close every task
         dirty and rejoin (Kafka Streams' TaskMigratedException)."""
         manager = self._manager
-        failed = [t for t in manager.failed_transactions if t.id in manager.tasks and manager.tasks[t.id] is t]
-        manager.failed_transactions.clear()
+        # A task closed since it failed (revoked, revived by an earlier event) is not this one's to revive.
+        current = [e for e in events if manager.tasks.get(e.task.id) is e.task]
+        failed = list({id(e.task): e.task for e in current}.values())
         if not failed:
             return
-        if any(isinstance(t.transaction_error, TaskMigratedError) for t in failed):
+        if any(isinstance(e, TaskMigrated) for e in current):
             self._log.warning("Producer of tasks %s fenced: closing every task dirty and rejoining the group",
                               [str(t.id) for t in failed])
             tasks = list(manager.tasks.values())
@@ -76,23 +85,24 @@ class TaskRevival:
         await manager.close_tasks(failed, clean=False, timeout=timeout)
         await self._reopen_from_commit(partitions, timers)
         self._log.warning("Revived tasks %s from their last commit: %s", [str(t.id) for t in failed],
-                          "; ".join(str(t.transaction_error) for t in failed))
+                          "; ".join(str(e.error) for e in current))
         self._on_tasks_changed()
 
-    async def revive_all(self, replace_producer: Callable[[], Awaitable[None]], timeout: float) -> None:  # noqa: ASYNC109
+    async def _revive_all(self, cause: BaseException, replace_producer: Callable[[], Awaitable[None]],
+                          timeout: float) -> bool:  # noqa: ASYNC109
         """After output was lost to a producer timeout: close every task dirty, take a new
-        producer, rewind each partition to its last commit and start the tasks again.
+        producer, rewind each partition to its last commit and start the tasks again. False when
+        no new producer could be had yet (the broker is still away).
 
         The records since the last commit are processed again (at-least-once); each
         task keeps its KIP-572 timer, so an outage longer than ``task.timeout.ms``
         still ends in ``TaskTimeoutError``.
         """
-        cause = self._committer.producer_failed
         tasks = list(self._manager.tasks.values())
         timers = {task.id: task.timer for task in tasks}
         partitions = [tp for task in tasks for tp in task.partitions]
         for task in tasks:
-            if cause is not None and not task.is_paused:
+            if not task.is_paused:
                 # The failed produce started after the last revival: once that revival is past
                 # task.timeout.ms, this was the final attempt (a sink topic that stays unknown, a
                 # broker that keeps failing), and TaskTimeoutError ends the revivals.
@@ -107,14 +117,14 @@ class TaskRevival:
             backoff = max((t.timer.on_timeout(exc, "Starting a new producer", started, cleared_by_processing=False)
                            for t in tasks if not t.is_paused), default=0.1)
             await anyio.sleep(backoff)
-            return
+            return False
         await self._manager.close_tasks(tasks, clean=False, timeout=timeout)
-        self._committer.producer_failed = None
         self._revived_at_ms = started
         await self._reopen_from_commit(partitions, timers)
         self._log.warning("Revived tasks %s from their last commit after a producer timeout",
                           [str(t.id) for t in tasks])
         self._on_tasks_changed()
+        return True
 
     async def _reopen_from_commit(self, partitions: list[TopicPartition], timers: dict[TaskId, TaskTimer]) -> None:
         """Rewind each partition to its last commit and create its tasks again, keeping their

@@ -24,8 +24,9 @@ from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, TransactionalCo
 from engine.errors import MissingSinkTopicError, MissingSourceTopicError
 from engine.ids import TaskId
 from engine.records import TopicPartition
+from engine.recovery import RecoveryInbox, ShutdownRequested
 from engine.tasks import wiring
-from engine.tasks.assignor import AssignorError
+from engine.tasks.assignor import ShutdownRequest
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.membership import GenerationWatch
@@ -57,7 +58,9 @@ class ThreadLoop:
         self.errors: ErrorHandling | None = None
         self._poll_scope: CancelScope | None = None
         self._task_failure: BaseException | None = None
-        self._failed_member = False
+        # What the poll loop must act on between polls, reported by the tasks, the commits and the
+        # rebalance listener (``engine.recovery``).
+        self.recovery = RecoveryInbox()
         self._next_lag_ms = 0
         # The generation this thread is in, and the siblings' joins it already rejoined for.
         self._generation = GenerationWatch(thread.membership)
@@ -157,7 +160,7 @@ class ThreadLoop:
                         # takes the failed record over meanwhile. It blocks this loop, which only
                         # has a dying thread's clean-up left to do.
                         thread.report_failure(failure)
-                        if thread.carries_shutdown_request and consumer in started:
+                        if thread.assignor.shutdown is ShutdownRequest.CARRIED_ON_EXIT and consumer in started:
                             await self._carry_shutdown_request(consumer)
                     if producer in started and self._producer is not producer:
                         started[started.index(producer)] = self._producer
@@ -173,7 +176,8 @@ class ThreadLoop:
         clock = thread.clock
         collector = self._collector = RecordCollector(producer, sink_partitions, lambda t: self._lookup(admin, t))
         committer_type = TransactionalCommitter if exactly_once else Committer
-        committer = committer_type(consumer, collector, config[cfg.COMMIT_INTERVAL_MS], clock.monotonic_ms, self._log)
+        committer = committer_type(consumer, collector, config[cfg.COMMIT_INTERVAL_MS], clock.monotonic_ms, self._log,
+                                   self.recovery)
         if isinstance(committer, TransactionalCommitter):
             committer.group_id = config[cfg.APPLICATION_ID]
         if self.errors is None:
@@ -241,12 +245,12 @@ class ThreadLoop:
             self._thread.watch_rebalancing()
             await manager.maybe_commit()
             sensors.sample(manager.meter, view.polls, manager.commits)
-            if manager.failed_transactions:
-                await manager.revival.handle_failed_transactions(self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
-            if manager.producer_failed is not None:
-                await manager.revival.revive_all(self._replace_producer, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
-            if assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
-                break
+            if self.recovery:
+                events = self.recovery.drain()
+                if any(isinstance(event, ShutdownRequested) for event in events):
+                    break
+                await manager.revival.recover(events, self._replace_producer,
+                                              self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             if assignor.rejoin_for_endpoint:
                 assignor.rejoin_for_endpoint = False
                 self._log.info("The group's assignment lacks this instance's application.server: rejoining "
@@ -362,11 +366,10 @@ class ThreadLoop:
         Caller: this thread's clean-up after a failure. Its tasks are closed dirty if
         revoked meanwhile; the answer makes every instance shut down.
         """
-        self._failed_member = True
         self._request_rejoin("to carry the application shutdown request")
         clock = self._thread.clock
         deadline = clock.monotonic_ms() + self._config[cfg.ERROR_SHUTDOWN_TIMEOUT_MS]
-        while (self._thread.assignor.error_code is not AssignorError.SHUTDOWN_REQUESTED
+        while (self._thread.assignor.shutdown is not ShutdownRequest.ANSWERED
                and clock.monotonic_ms() < deadline):
             try:
                 await consumer.poll(100, 1)
@@ -422,7 +425,7 @@ class ThreadLoop:
         manager = thread.view.manager
         if manager is not None and revoked:
             self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
-            if self._failed_member:
+            if thread.assignor.shutdown is ShutdownRequest.CARRIED_ON_EXIT:
                 # A failed thread still in the group (carrying a shutdown request): no commit.
                 await manager.shutdown(clean=False, timeout=0)
             else:
@@ -453,8 +456,9 @@ class ThreadLoop:
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         thread = self._thread
         thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_ASSIGNED)
-        if thread.assignor.error_code is AssignorError.SHUTDOWN_REQUESTED:
+        if thread.assignor.shutdown is ShutdownRequest.ANSWERED:
             self._log.error("The application is shutting down on request of one of its instances")
+            self.recovery.report(ShutdownRequested())
             thread.on_shutdown_requested(thread)
             thread.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
             return

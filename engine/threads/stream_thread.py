@@ -29,7 +29,7 @@ from engine.state.cache import ThreadCache
 from engine.state.metadata import StreamsMetadataState
 from engine.state.restore import StateRestoreListener
 from engine.state.store import StateStore
-from engine.tasks.assignor import AssignorError, StreamsAssignor
+from engine.tasks.assignor import ShutdownRequest, StreamsAssignor
 from engine.tasks.error_handling import ErrorHandling
 from engine.tasks.membership import Membership
 from engine.tasks.standby import replicated
@@ -127,8 +127,6 @@ class StreamThread:
         self.producer_client_id = f"{self.name}-producer"
         self.view = ThreadView(self.name)
         self._failure_reported = False
-        self.carries_shutdown_request = False
-        """Set by the client: this failing thread rejoins with the shutdown request before it leaves."""
         self.sensors = ThreadSensors(
             SensorSettings(config[cfg.METRICS_SAMPLE_WINDOW_MS], config[cfg.METRICS_NUM_SAMPLES]),
             clock.monotonic_ms)
@@ -155,7 +153,7 @@ class StreamThread:
         The flag goes into this member's subscription; the rejoin makes the
         leader see it and answer every member of every instance with the error.
         """
-        self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
+        self.assignor.shutdown = ShutdownRequest.ASKED
         with contextlib.suppress(CommandRejected):  # not running yet: its first join carries the flag
             self.commands.submit(self._loop.rejoin, "to carry the application shutdown request")
 
@@ -164,8 +162,8 @@ class StreamThread:
         return self._loop.consumer is not None and self.commands.on_loop_thread
 
     def carry_shutdown_request_on_exit(self) -> None:
-        self.assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
-        self.carries_shutdown_request = True
+        """Set by the client, from this failing thread's handler: it rejoins with the request before it leaves."""
+        self.assignor.shutdown = ShutdownRequest.CARRIED_ON_EXIT
 
     def check_generation(self) -> None:
         """A sibling started a join or left the group: rejoin if that makes this thread's generation

@@ -18,15 +18,17 @@ import pytest_asyncio
 
 from engine.clock import ManualClock
 from engine.collector import RecordCollector
-from engine.commit import Committer
-from engine.errors import CommitFailedError, ProduceError
+from engine.commit import CommitResult, CommitStatus, Committer
+from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.processors.context import TaskContext
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
+from engine.recovery import ProducerLost, RecoveryInbox
 from engine.serdes import BytesSerde
 from engine.tasks.task import StreamTask
 from engine.tasks.task_id import TaskId
+from engine.tasks.timeouts import TaskTimer
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
@@ -146,6 +148,7 @@ class Rig:
     consumer: RecordingConsumer
     committer: Committer
     tasks: Tasks
+    inbox: RecoveryInbox  # the stream thread's, which its poll loop drains
 
 
 @pytest_asyncio.fixture
@@ -154,9 +157,10 @@ async def rig() -> AsyncIterator[Rig]:
     clock = ManualClock(10_000)
     producer, consumer = RecordingProducer(calls), RecordingConsumer(calls)
     collector = RecordCollector(producer, {}, _no_lookup)  # type: ignore[arg-type]
-    committer = Committer(consumer, collector, INTERVAL_MS, clock.monotonic_ms, LOG)  # type: ignore[arg-type]
+    inbox = RecoveryInbox()
+    committer = Committer(consumer, collector, INTERVAL_MS, clock.monotonic_ms, LOG, inbox)  # type: ignore[arg-type]
     tasks = Tasks(collector, clock)
-    yield Rig(calls, clock, producer, consumer, committer, tasks)
+    yield Rig(calls, clock, producer, consumer, committer, tasks, inbox)
     await tasks.close()
 
 
@@ -186,7 +190,7 @@ async def test_commit_commits_the_offset_after_the_last_processed_record_of_each
 
     committed = await rig.committer.commit([first, second])
 
-    assert committed == 2
+    assert committed == CommitResult(CommitStatus.COMMITTED, 2)
     assert rig.consumer.commits == [{TopicPartition("in", 0): 3, TopicPartition("in", 1): 1}]
     assert rig.committer.commits == 1
 
@@ -201,7 +205,7 @@ async def test_only_positions_that_moved_since_the_last_commit_are_committed(rig
     await feed(first, b"c", b"d")
     committed = await rig.committer.commit([first, second])
 
-    assert committed == 1
+    assert committed == CommitResult(CommitStatus.COMMITTED, 1)
     assert rig.consumer.commits[-1] == {TopicPartition("in", 0): 3}
 
 
@@ -214,7 +218,7 @@ async def test_commit_with_nothing_new_flushes_but_commits_nothing(rig: Rig) -> 
 
     committed = await rig.committer.commit([task])
 
-    assert committed == 0
+    assert committed == CommitResult(CommitStatus.COMMITTED, 0)
     assert rig.calls == ["flush"]
 
 
@@ -249,11 +253,11 @@ async def test_maybe_commit_does_nothing_before_the_interval_passed(rig: Rig) ->
     await feed(task, b"a")
     rig.calls.clear()
 
-    assert await rig.committer.maybe_commit([task]) == 0
+    assert await rig.committer.maybe_commit([task]) == CommitResult(CommitStatus.COMMITTED, 0)
     assert rig.calls == []
 
     rig.clock.advance(INTERVAL_MS)
-    assert await rig.committer.maybe_commit([task]) == 1
+    assert await rig.committer.maybe_commit([task]) == CommitResult(CommitStatus.COMMITTED, 1)
     assert rig.calls == ["flush", "commit"]
 
 
@@ -267,7 +271,7 @@ async def test_a_processors_commit_request_makes_the_commit_due_before_the_inter
 
     assert task.context.commit_requested
     assert rig.committer.due([task])
-    assert await rig.committer.maybe_commit([task]) == 1
+    assert await rig.committer.maybe_commit([task]) == CommitResult(CommitStatus.COMMITTED, 1)
 
 
 @pytest.mark.asyncio
@@ -285,19 +289,54 @@ async def test_a_commit_clears_the_processors_commit_request(rig: Rig) -> None:
 
 
 @pytest.mark.asyncio
-async def test_commit_failed_error_propagates_and_leaves_the_tasks_positions_uncommitted(rig: Rig) -> None:
+async def test_a_commit_the_group_refuses_leaves_the_tasks_positions_uncommitted(rig: Rig) -> None:
     task = rig.tasks(0)
     await feed(task, b"a", b"b")
     rig.consumer.fail_with = CommitFailedError("the group rebalanced")
 
-    with pytest.raises(CommitFailedError, match="the group rebalanced"):
-        await rig.committer.commit([task])
+    assert await rig.committer.commit([task]) == CommitResult(CommitStatus.REFUSED)
 
     assert rig.committer.commits == 0
     assert {tp: om.offset for tp, om in task.committable_offsets().items()} == {TopicPartition("in", 0): 2}
     rig.consumer.fail_with = None
-    assert await rig.committer.commit([task]) == 1
+    assert await rig.committer.commit([task]) == CommitResult(CommitStatus.COMMITTED, 1)
     assert rig.consumer.commits == [{TopicPartition("in", 0): 2}]
+
+
+@pytest.mark.asyncio
+async def test_a_commit_during_a_cooperative_rebalance_is_deferred_to_the_next_poll(rig: Rig) -> None:
+    task = rig.tasks(0)
+    await feed(task, b"a")
+    rig.consumer.fail_with = RebalanceInProgressError("the group is rebalancing")
+
+    result = await rig.committer.commit([task])
+
+    # Not "nothing to commit": closing tasks on this answer must close them dirty.
+    assert result == CommitResult(CommitStatus.DEFERRED)
+    assert not result.done
+    assert rig.committer.due([task])
+    rig.consumer.fail_with = None
+    assert await rig.committer.maybe_commit([task]) == CommitResult(CommitStatus.COMMITTED, 1)
+
+
+@pytest.mark.asyncio
+async def test_output_lost_to_a_produce_timeout_is_reported_once_for_the_thread_to_revive_its_tasks(
+        rig: Rig) -> None:
+    task = rig.tasks(0)
+    task.timer = TaskTimer(task.id, 60_000, 100, 1_000, rig.clock.monotonic_ms, LOG)
+    await feed(task, b"a")
+    lost = ProduceError("out", 1, "the batch expired")
+    lost.__cause__ = TimeoutError("the batch expired")
+    rig.producer.fail_with = lost
+
+    first = await rig.committer.commit([task])
+    second = await rig.committer.commit([task])
+
+    assert first == second == CommitResult(CommitStatus.TIMED_OUT)
+    assert rig.consumer.commits == []
+    assert task.timer.running
+    assert rig.inbox.drain() == [ProducerLost(lost)]
+    assert not rig.inbox
 
 
 @pytest.mark.asyncio
@@ -376,7 +415,7 @@ async def test_committed_positions_reach_the_group_on_the_memory_broker() -> Non
         task = mem.tasks(1)
         await feed(task, b"a", b"b", b"c")
 
-        assert await mem.committer.commit([task]) == 1
+        assert await mem.committer.commit([task]) == CommitResult(CommitStatus.COMMITTED, 1)
 
         # The metadata carries the partition time (0: the records' timestamps).
         assert mem.broker.committed("app", TopicPartition("in", 1)) == OffsetAndMetadata(3, "sl2:0")
@@ -387,14 +426,13 @@ async def test_committed_positions_reach_the_group_on_the_memory_broker() -> Non
 
 
 @pytest.mark.asyncio
-async def test_commit_by_a_consumer_that_owns_no_partitions_raises_and_stores_nothing() -> None:
+async def test_commit_by_a_consumer_that_owns_no_partitions_is_refused_and_stores_nothing() -> None:
     mem = await memory_rig(joined=False)
     try:
         task = mem.tasks(0)
         await feed(task, b"a")
 
-        with pytest.raises(CommitFailedError):
-            await mem.committer.commit([task])
+        assert await mem.committer.commit([task]) == CommitResult(CommitStatus.REFUSED)
 
         assert mem.broker.committed("app", TopicPartition("in", 0)) is None
         assert {tp: om.offset for tp, om in task.committable_offsets().items()} == {TopicPartition("in", 0): 1}

@@ -12,6 +12,7 @@ from engine.records import TopicPartition
 from engine.tasks.assignor import (
     AssignmentInfo,
     AssignorError,
+    ShutdownRequest,
     StreamsAssignor,
     SubscriptionInfo,
     balance,
@@ -259,7 +260,7 @@ def assignors(*threads: str) -> dict[str, StreamsAssignor]:
 def test_subscription_user_data_carries_owned_tasks_and_shutdown_request() -> None:
     assignor = assignors("t-1")["t-1"]
     assignor.owned_tasks = [t(2), t(0)]
-    assignor.shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
+    assignor.shutdown = ShutdownRequest.ASKED
 
     info = SubscriptionInfo.decode(assignor.subscription_user_data(["in"]))
 
@@ -297,7 +298,7 @@ def test_on_assignment_exposes_the_assigned_tasks() -> None:
     assignor.on_assignment(MemberAssignment((TopicPartition("in", 1),), AssignmentInfo([t(1)]).encode()))
 
     assert assignor.assigned_tasks == [t(1)]
-    assert assignor.error_code is AssignorError.NONE
+    assert assignor.shutdown is ShutdownRequest.NONE
 
 
 def test_assignment_round_trips_to_every_member() -> None:
@@ -312,7 +313,7 @@ def test_assignment_round_trips_to_every_member() -> None:
 
 def test_shutdown_request_of_any_member_gives_every_member_no_tasks_and_the_error() -> None:
     group = assignors("t-1", "t-2", "t-3")
-    group["t-3"].shutdown_requested = AssignorError.SHUTDOWN_REQUESTED
+    group["t-3"].shutdown = ShutdownRequest.ASKED
 
     result = group["t-1"].assign({m: subscribe(a, m) for m, a in group.items()}, {"in": 6})
 
@@ -321,7 +322,7 @@ def test_shutdown_request_of_any_member_gives_every_member_no_tasks_and_the_erro
         assert result[member].partitions == ()
         assignor.on_assignment(result[member])
         assert assignor.assigned_tasks == []
-        assert assignor.error_code is AssignorError.SHUTDOWN_REQUESTED
+        assert assignor.shutdown is ShutdownRequest.ANSWERED
 
 
 def test_member_without_user_data_still_gets_tasks() -> None:

@@ -8,6 +8,7 @@ keeps the task, so that its records stay buffered.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import pytest_asyncio
 from engine.clock import ManualClock
 from engine.collector import RecordCollector
 from engine.commit import Committer
-from engine.errors import CommitFailedError
+from engine.errors import CommitFailedError, RebalanceInProgressError
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
@@ -48,6 +49,7 @@ class RecordingConsumer:
     resumes: list[tuple[TopicPartition, int]] = field(default_factory=list)  # with the task's buffer then
     commits: list[dict[TopicPartition, int]] = field(default_factory=list)
     fail_commits: bool = False
+    commit_error: type[Exception] = CommitFailedError  # what a failing commit raises
     assigned: set[TopicPartition] = field(default_factory=set)
     _paused: set[TopicPartition] = field(default_factory=set)
     # Records fetched ahead of poll per partition (aiokafka's prefetch); taken at most once.
@@ -84,7 +86,7 @@ class RecordingConsumer:
 
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         if self.fail_commits:
-            raise CommitFailedError("the group rebalanced")
+            raise self.commit_error("the group rebalanced")
         self.commits.append({tp: om.offset for tp, om in offsets.items()})
 
 
@@ -320,6 +322,33 @@ async def test_revocation_whose_commit_fails_still_closes_the_tasks(running: Rig
 
     assert task.state.state is TaskState.CLOSED
     assert manager.tasks == {}
+
+
+@pytest.mark.asyncio
+async def test_tasks_whose_closing_commit_a_cooperative_rebalance_defers_close_dirty(
+        running: Rig, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Not committed" is not "nothing to commit": a clean close would keep the tasks' state (and
+    # write its checkpoint) ahead of the offsets the next owner starts from.
+    manager = running.manager
+    manager.handle_assignment([A0, B0])
+    task = manager.tasks[TaskId(0, 0)]
+    manager.add_records({A0: records(A0, 0, 1)})
+    await processed(task, 1)
+    running.consumer.fail_commits = True
+    running.consumer.commit_error = RebalanceInProgressError
+    checkpointed: list[list[StreamTask]] = []
+
+    async def checkpoint(tasks: list[StreamTask]) -> None:
+        checkpointed.append(list(tasks))
+    monkeypatch.setattr(manager._committer, "checkpoint", checkpoint)
+
+    with caplog.at_level(logging.DEBUG, logger=LOG.logger.name):
+        await manager.close_tasks([task], clean=True, timeout=WAIT)
+
+    assert task.state.state is TaskState.CLOSED
+    assert checkpointed == []
+    assert [r.getMessage().split("] ", 1)[1] for r in caplog.records if "Closed tasks" in r.getMessage()] == [
+        "Closed tasks ['0_0'] dirty"]
 
 
 @pytest.mark.asyncio
