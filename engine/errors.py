@@ -342,6 +342,18 @@ class StateStoreError(StreamsError):
         self.store = store
 
 
+class StoreLockedError(StateStoreError):
+    """The store's files are still held by the task's previous owner in this process (it is closing)."""
+
+
+class BufferFullError(StreamsError):
+    """A suppression buffer configured to shut down when full is full."""
+
+
+class HandlerError(StreamsError):
+    """An error handler raised or gave no valid answer (fatal, like the error it handled)."""
+
+
 class InvalidStateStoreError(StateStoreError):
     """An interactive query names a store this client does not (currently) host, or the wrong kind."""
 

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import StreamsError
+from engine.errors import BufferFullError
 from engine.processors.api import BaseProcessor, ProcessorContext
 from engine.processors.change import ChangeRecord, old_value_of
 from engine.records import Record
@@ -40,10 +40,6 @@ _HEADER = struct.Struct(">HI")  # a header's name length and value length
 _PRIOR = struct.Struct(">I")  # the prior value's length, after the headers
 _NO_DATA = 0xFFFFFFFF
 _ENTRY_OVERHEAD = 24
-
-
-class BufferFullError(StreamsError):
-    """A suppression buffer configured to shut down when full is full."""
 
 
 def _prior_at(entry: bytes) -> int:

@@ -17,14 +17,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from engine.errors import MissingExtraError, StateStoreError
+from engine.errors import MissingExtraError, StateStoreError, StoreLockedError
 from engine.state.directory import make_private_dirs
 
 _ABSENT = object()
-
-
-class StoreLockedError(StateStoreError):
-    """The store's files are still held by the task's previous owner in this process (it is closing)."""
 
 
 class BytesStore(Protocol):

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import anyio
 
 from engine.completed_offsets import decode_completed
-from engine.errors import StateStoreError
+from engine.errors import StateStoreError, StoreLockedError
 from engine.logcontext import LogContext
 from engine.records import TopicPartition
 from engine.serdes import Serde
 from engine.state import checkpoint
-from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore, StoreLockedError
+from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
 from engine.state.cache import ThreadCache
 from engine.state.changelog import Append, Changelogger, changelog_topic
 from engine.state.join_store import JoinWindowStore

@@ -13,16 +13,12 @@ from typing import Any
 
 from engine.collector import RecordCollector
 from engine.config import DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, PROCESSING_EXCEPTION_HANDLER
-from engine.errors import HandledRecordError, StreamsError, TaskError
+from engine.errors import HandledRecordError, HandlerError, TaskError
 from engine.ids import TaskId
 from engine.records import ConsumerRecord
 from handlers.context import ErrorContext
 from handlers.dead_letter import dead_letter
 from handlers.responses import Answer
-
-
-class HandlerError(StreamsError):
-    """An error handler raised or gave no valid answer (fatal, like the error it handled)."""
 
 
 class ErrorHandling:

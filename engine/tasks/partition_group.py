@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from engine.completed_offsets import decode_metadata
 from engine.records import ConsumerRecord, TopicPartition
+from engine.transport.base import OffsetAndMetadata
 
 __all__ = ["PartitionGroup"]
 
@@ -111,12 +113,18 @@ class PartitionGroup:
             return self.partition_times.get((tp[0], tp[1]), -1)
         return self.stream_time
 
-    def restore(self, times: Mapping[tuple[str, int], int]) -> None:
-        """Start from the times a commit carried (Kafka Streams' ``initializeTaskTime``): each
-        tracked partition's own, and stream time the largest of them."""
+    def restore(self, committed: Mapping[TopicPartition, OffsetAndMetadata | None]) -> dict[tuple[str, int], int]:
+        """Start from the times the last commit of each partition carried in its metadata (Kafka
+        Streams' ``initializeTaskTime``): each tracked partition's own, and stream time the largest
+        of them, so it does not fall back to -1 after a restart or a move. Returns the times found."""
+        times = {}
+        for tp, om in sorted(committed.items()):
+            if om is not None and om.metadata and (time := decode_metadata(om.offset, om.metadata).partition_time) >= 0:
+                times[(tp.topic, tp.partition)] = time
         if not times:
-            return
+            return times
         for key, time in times.items():
             if key[0] in self._timed:
                 self.partition_times[key] = max(self.partition_times.get(key, -1), time)
         self.stream_time = max(self.stream_time, *times.values())
+        return times

@@ -41,13 +41,7 @@ import anyio
 from anyio import CancelScope
 
 from engine.completed_offsets import decode_metadata
-from engine.errors import (
-    IllegalStateError,
-    ProducerFencedError,
-    TaskCorruptedError,
-    TaskMigratedError,
-    TransportError,
-)
+from engine.errors import IllegalStateError, ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
@@ -439,20 +433,11 @@ class StreamTask:
 
     # -- time --------------------------------------------------------------------------
     def _restore_time(self, committed: Committed) -> None:
-        """Kafka Streams' ``StreamTask.initializeTaskTime``: each partition's time and the task's
-        stream time (the largest of them) start from what the last commit of its partitions says,
-        so stream time does not fall back to -1 after a restart or a move: records late before
-        stay late, stream-time punctuations do not fire again for times already passed."""
-        restored = {}
-        for tp, om in sorted(committed.items()):
-            if om is None or not om.metadata:
-                continue
-            time = decode_metadata(om.offset, om.metadata).partition_time
-            if time >= 0:
-                restored[(tp.topic, tp.partition)] = time
+        """Partition and stream time from the last commit (``PartitionGroup.restore``): records late
+        before stay late, stream-time punctuations do not fire again for times already passed."""
+        restored = self.input.restore(committed)
         if not restored:
             return
-        self.input.restore(restored)
         stream_time = self.input.stream_time
         # Processors that keep the stream time they observed start from the restored one.
         for node in self.graph.nodes:

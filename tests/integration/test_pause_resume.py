@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine import ClientState, StreamsBuilder
+from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.serdes import IntegerSerde, JsonSerde
-from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.transport.base import ProducerSettings
 from handlers import (

@@ -11,8 +11,8 @@ import pytest
 from engine import ClientState, StreamsBuilder
 from engine.console.views import tasks_view
 from engine.errors import TaskTimeoutError
+from engine.ids import TaskId
 from engine.serdes import IntegerSerde, JsonSerde
-from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.threads.stream_thread import TaskRunState
 from handlers import StreamThreadExceptionResponse

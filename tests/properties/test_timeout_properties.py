@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from engine import ClientState, StreamsBuilder
 from engine.errors import TaskTimeoutError
+from engine.ids import TaskId
 from engine.serdes import IntegerSerde, JsonSerde
-from engine.tasks.task_id import TaskId
 from engine.transport import open_transport
 from handlers import StreamThreadExceptionResponse
 from tests.support.apps import make_streams

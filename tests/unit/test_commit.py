@@ -20,6 +20,7 @@ from engine.clock import ManualClock
 from engine.collector import RecordCollector
 from engine.commit import CommitResult, CommitStatus, Committer
 from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
+from engine.ids import TaskId
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.processors.context import TaskContext
@@ -27,7 +28,6 @@ from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.recovery import ProducerLost, RecoveryInbox
 from engine.serdes import BytesSerde
 from engine.tasks.task import StreamTask
-from engine.tasks.task_id import TaskId
 from engine.tasks.timeouts import TaskTimer
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import StreamsConfig, load_handler
 from engine.errors import ConfigError
-from engine.tasks.task_id import TaskId
+from engine.ids import TaskId
 from handlers import (
     DeserializationHandlerResponse,
     ErrorContext,

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from engine.clock import ManualClock
+from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, PunctuationType
 from engine.processors.context import TaskContext
 from engine.processors.punctuation import PunctuationQueue, Schedule
 from engine.records import Record
 from engine.serdes import BytesSerde
-from engine.tasks.task_id import TaskId
 from engine.topology.builder import StreamsBuilder
 
 

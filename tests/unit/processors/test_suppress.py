@@ -9,6 +9,7 @@ import pytest
 
 from engine import (
     BufferConfig,
+    BufferFullError,
     SessionWindows,
     SlidingWindows,
     StreamsBuilder,
@@ -16,7 +17,7 @@ from engine import (
     TimeWindows,
     TopologyError,
 )
-from engine.processors.suppress import BufferFullError, SuppressProcessor
+from engine.processors.suppress import SuppressProcessor
 from engine.records import Record
 from engine.serdes import BytesSerde, LongSerde, StringSerde
 from engine.state.bytes_stores import InMemoryBytesStore

@@ -41,8 +41,8 @@ def test_two_stores_with_one_name_are_an_error_at_build_time() -> None:
 
 
 def test_a_processor_using_a_store_it_did_not_declare_is_an_error() -> None:
+    from engine.ids import TaskId
     from engine.processors.context import TaskContext
-    from engine.tasks.task_id import TaskId
 
     builder = StreamsBuilder()
     builder.add_state_store(Stores.key_value_store_builder(Stores.in_memory_key_value_store("s")))

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.tasks.assignor import (
     AssignmentInfo,
@@ -19,7 +20,6 @@ from engine.tasks.assignor import (
     tasks_for,
     withhold_owned,
 )
-from engine.tasks.task_id import TaskId
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription

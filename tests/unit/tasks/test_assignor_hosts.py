@@ -11,11 +11,11 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.ids import TaskId
 from engine.records import TopicPartition
 from engine.serdes import StringSerde
 from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadataState
 from engine.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
-from engine.tasks.task_id import TaskId
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology
 from engine.transport.base import MemberAssignment, MemberSubscription

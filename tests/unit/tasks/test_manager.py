@@ -20,6 +20,7 @@ from engine.clock import ManualClock
 from engine.collector import RecordCollector
 from engine.commit import Committer
 from engine.errors import CommitFailedError, RebalanceInProgressError
+from engine.ids import TaskId
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor
 from engine.records import FetchedRecord, Headers, Record, TopicPartition
@@ -27,7 +28,6 @@ from engine.serdes import BytesSerde
 from engine.tasks.assignor import StreamsAssignor
 from engine.tasks.manager import ExactlyOnce, TaskManager
 from engine.tasks.task import StreamTask, TaskState
-from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology

@@ -19,6 +19,7 @@ import pytest
 
 from engine.clock import ManualClock
 from engine.errors import DeserializationError, ProcessingError
+from engine.ids import TaskId
 from engine.lifecycle import IllegalTransitionError
 from engine.logcontext import thread_log
 from engine.processors.api import BaseProcessor, ProcessorContext, PunctuationType
@@ -28,7 +29,6 @@ from engine.records import FetchedRecord, Headers, Record, TopicPartition
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
 from engine.tasks.setup import ExactlyOnceTask, TaskSetup
 from engine.tasks.task import StreamTask, TaskState
-from engine.tasks.task_id import TaskId
 from engine.testing import eventually_async
 from engine.topology.builder import StreamsBuilder
 from engine.topology.topology import Topology

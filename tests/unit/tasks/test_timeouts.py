@@ -9,8 +9,8 @@ from aiokafka import errors as kafka_errors
 
 from engine.clock import ManualClock
 from engine.errors import ProduceError, StartupTimeoutError, StreamsTimeoutError, TaskTimeoutError, TransportError
+from engine.ids import TaskId
 from engine.logcontext import LogContext
-from engine.tasks.task_id import TaskId
 from engine.tasks.timeouts import StartupDeadline, TaskTimer, is_timeout
 from engine.transport.kafka import errors as _kafka_transport_errors  # noqa: F401  # registers aiokafka's batch expiry, as the transport does when it loads
 

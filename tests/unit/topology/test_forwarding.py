@@ -20,12 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.clock import ManualClock
+from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, ProcessorContext
 from engine.processors.context import TaskContext
 from engine.processors.nodes import SinkNode
 from engine.records import Record
 from engine.serdes import BytesSerde, Serde, StringSerde
-from engine.tasks.task_id import TaskId
 from engine.topology.builder import KStream, StreamsBuilder
 from engine.topology.topology import Topology
 

@@ -1,5 +1,0 @@
-"""``TaskId`` lives in ``engine.ids`` (the foundation); this name stays for code that imports it here."""
-
-from engine.ids import TaskId
-
-__all__ = ["TaskId"]
