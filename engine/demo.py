@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import random
 import sys
+import tempfile
 import time
 from collections import Counter
 from typing import Any
@@ -55,8 +57,36 @@ DEMO_SPARK = {
     "spark.sql.shuffle.partitions": "4",
 }
 
+# Spark's JVM logs its start-up warnings (hostname, native libraries, the default profile) through
+# log4j before any ``setLogLevel`` can run: only a configuration given to the JVM at launch keeps
+# them out of the demo's output. Errors still show. Spark's own loggers are named as well: when the
+# level of the one that starts the shell differs from the root's, Spark prints how to change it.
+QUIET_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+"""
 
-def start_spark() -> tuple[Any, bool]:
+
+def spark_settings(show_logs: bool, workdir: str) -> dict[str, str]:
+    """The demo session's settings; unless ``show_logs``, with the JVM's log4j at ERROR (its
+    configuration written into ``workdir``, which must outlive the session's start)."""
+    settings = dict(DEMO_SPARK)
+    if not show_logs:
+        path = os.path.join(workdir, "log4j2-quiet.properties")
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(QUIET_LOG4J)
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{path}"
+    return settings
+
+
+def start_spark(show_logs: bool = False) -> tuple[Any, bool]:
     """The demo's SparkSession, started before the client (which then uses it) so the progress
     below is not held up by Spark's start-up; and whether the demo started it (a session already
     running in the process is only borrowed: its owner stops it)."""
@@ -66,9 +96,10 @@ def start_spark() -> tuple[Any, bool]:
     # pyspark's one record of the process's running context (no public accessor across threads).
     borrowed = SparkContext._active_spark_context is not None
     builder = SparkSession.builder.appName("streamloop-demo")
-    for key, value in DEMO_SPARK.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with tempfile.TemporaryDirectory(prefix="streamloop-demo-") as workdir:
+        for key, value in spark_settings(show_logs, workdir).items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()  # the JVM has read its log4j configuration once this returns
     session.sparkContext.setLogLevel("ERROR")
     return session, not borrowed
 
@@ -129,7 +160,7 @@ async def read_output(bootstrap: str, topic: str = BIG_ORDERS, partitions: int =
     return out
 
 
-async def main_async(count: int, rate: int, threads: int, with_spark: bool = False) -> int:
+async def main_async(count: int, rate: int, threads: int, with_spark: bool = False, spark_logs: bool = False) -> int:
     bootstrap = "memory://demo"
     spark_note = " -> spark_batch(totals per customer) on local[*]" if with_spark else ""
     print(f"streamloop demo: {count} orders through filter(amount >= 10) -> map_values(vip){spark_note} "
@@ -142,7 +173,7 @@ async def main_async(count: int, rate: int, threads: int, with_spark: bool = Fal
     if with_spark:
         print("Starting Spark on local[*] (a few seconds)...")
         started_spark = time.monotonic()
-        session, owned = await anyio.to_thread.run_sync(start_spark)
+        session, owned = await anyio.to_thread.run_sync(start_spark, spark_logs)
         print(f"Spark is up after {time.monotonic() - started_spark:.1f} s\n")
     try:
         return await run_pipeline(bootstrap, topology, count, rate, threads, with_spark)
@@ -254,6 +285,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="stream threads (default: %(default)s)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="add the Spark stage (default: when pyspark is installed)")
+    parser.add_argument("--spark-logs", action="store_true",
+                        help="show Spark's own log (its JVM's warnings); by default only its errors")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo with the options of ``add_arguments``."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     with_spark = spark_installed() if args.spark is None else args.spark
-    return anyio.run(main_async, args.orders, args.rate, args.threads, with_spark, backend="asyncio")
+    return anyio.run(main_async, args.orders, args.rate, args.threads, with_spark, args.spark_logs, backend="asyncio")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ about it (metadata, counters, lags) is ``engine.threads.view.ThreadView``.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from engine.threads.rebalances import ThreadRebalances
 from engine.threads.states import THREAD_TRANSITIONS, StreamThreadState
 from engine.threads.view import TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata, ThreadView
 from engine.topology.topology import Topology
+from engine.transport import lost_connections
 from engine.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -256,11 +256,9 @@ class StreamThread:
             self.error = unwrap(exc)
             raise
         finally:
-            # aiokafka can lose track of a connection when a client's start fails half-way
-            # against a broker that is down (aio-libs/aiokafka#715). Collected now, while this
-            # thread's loop still runs, its __del__ closes the socket; collected after the loop
-            # closed, the socket stays open until the process ends. Once per thread, at its end.
-            gc.collect()
+            # A connection its client lost track of (a failed start or request) is collected
+            # while this loop still runs, so that it closes its socket; only if there may be one.
+            lost_connections.collect()
 
     def report_failure(self, error: BaseException) -> None:
         """Log the death and let the client's uncaught-exception handler decide (once).

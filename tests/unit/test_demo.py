@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,3 +51,14 @@ def test_the_demo_leaves_a_spark_session_it_did_not_start_running(spark: Any) ->
     assert demo.main(["--orders", "50", "--rate", "100000", "--spark"]) == 0
 
     assert spark.range(3).count() == 3  # type: ignore[attr-defined]
+
+
+def test_the_demo_keeps_sparks_start_up_warnings_quiet_unless_asked(tmp_path: Path) -> None:
+    """Spark's JVM logs its start-up warnings before ``setLogLevel`` can run: only a log4j
+    configuration given at launch keeps them out (``--spark-logs`` shows them)."""
+    quiet = demo.spark_settings(show_logs=False, workdir=str(tmp_path))
+    option = quiet["spark.driver.extraJavaOptions"]
+    assert option.startswith("-Dlog4j2.configurationFile=file:")
+    properties = Path(option.split("file:", 1)[1]).read_text()
+    assert "rootLogger.level = error" in properties
+    assert "spark.driver.extraJavaOptions" not in demo.spark_settings(show_logs=True, workdir=str(tmp_path))

@@ -37,6 +37,7 @@ from engine.errors import (
     ProducerFencedError,
     TransportError,
 )
+from engine.transport import lost_connections
 from engine.transport.retriable import is_retriable, register_retriable
 
 __all__ = [
@@ -78,6 +79,7 @@ def error_name(code: int) -> str:
 
 def transport_error(exc: BaseException, what: str) -> TransportError:
     """``what`` failed with the client error ``exc``: retriable when ``exc`` is."""
+    lost_connections.note()  # a request that failed half-way can lose its connection (aiokafka#715)
     err = TransportError(f"{what} failed: {describe(exc)}")
     err.retriable = is_retriable(exc)
     return err

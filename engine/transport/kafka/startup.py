@@ -26,6 +26,7 @@ from aiokafka import errors as aioerrors
 from aiokafka.conn import collect_hosts, create_conn
 
 from engine.errors import AuthenticationError
+from engine.transport import lost_connections
 from engine.transport.kafka.errors import describe, transport_error
 
 __all__ = ["start_or_clean_up"]
@@ -40,6 +41,7 @@ async def start_or_clean_up(
     try:
         await start()
     except BaseException as exc:
+        lost_connections.note()  # aio-libs/aiokafka#715: a half-way start can lose a connection
         await stop()
         if isinstance(exc, aioerrors.KafkaConnectionError):
             await _raise_if_refused(options)
