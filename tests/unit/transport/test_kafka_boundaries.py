@@ -60,9 +60,9 @@ def test_the_checks_see_an_offending_import(tmp_path: Path) -> None:
     (tmp_path / "handlers").mkdir()
     (tmp_path / "engine" / "transport" / "kafka" / "consumer.py").write_text("import aiokafka\n")
     (tmp_path / "engine" / "collector.py").write_text("def f():\n    from aiokafka.partitioner import murmur2\n")
-    (tmp_path / "engine" / "transport" / "memory.py").write_text("from engine.ids import TaskId\n")
+    (tmp_path / "engine" / "transport" / "memory.py").write_text("from engine.tasks.task import StreamTask\n")
     assert aiokafka_outside_transport(tmp_path) == ["engine/collector.py"]
-    assert transport_imports_of_machinery(tmp_path) == ["engine/transport/memory.py: engine.tasks.task_id"]
+    assert transport_imports_of_machinery(tmp_path) == ["engine/transport/memory.py: engine.tasks.task"]
 
 
 def _kafka_client_modules_after(code: str) -> list[str]:
