@@ -40,6 +40,7 @@ from engine.errors import (
     MissingSinkTopicError,
     MissingSourceTopicError,
 )
+from engine.health import Health
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
@@ -116,6 +117,10 @@ class KafkaStreams:
             config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
             transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,
             close_to_error=self._close_to_error, metadata=self._metadata)
+        self.health = Health(state=lambda: self.state, threads=self._threads.snapshot,
+                             dead_threads=lambda: self._threads.dead_threads,
+                             task_timeout_ms=self.config[cfg.TASK_TIMEOUT_MS], monotonic_ms=clock.monotonic_ms)
+        """Liveness and readiness for an orchestrator's probes: ``health.live()``, ``health.ready(max_lag)``."""
         # The global tables' stores and the thread that fills them (started by start()).
         self._global = GlobalTables(self.config, topology, self._transport, self.client_id)
         self._user_listener: StateListener | None = None
