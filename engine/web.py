@@ -40,7 +40,7 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -225,13 +225,17 @@ class _Handlers:
             if limit < 1:
                 raise QueryError(400, f"limit must be at least 1, got {limit}")
             entries = await self._local_range(name, low, high, limit + 1, key_serde, value_serde)
+            truncated = len(entries) > limit
             if FORWARDED not in request.headers and self._kind(name) != "global":
-                entries += await self._peer_ranges(request, name)
+                peer_entries, peer_truncated = await self._peer_ranges(request, name)
+                entries += peer_entries
+                truncated = truncated or peer_truncated
         except QueryError as exc:
             return _error(exc)
+        # Each part holds its first ``limit`` entries, so the first ``limit`` of the union are among them.
         entries.sort(key=lambda entry: _sort_key(entry["key"], key_serde))
-        return web.json_response({"store": name, "entries": entries[:limit], "truncated": len(entries) > limit},
-                                 headers=self._served_by())
+        return web.json_response({"store": name, "entries": entries[:limit],
+                                  "truncated": truncated or len(entries) > limit}, headers=self._served_by())
 
     async def _local_range(self, name: str, low: Any, high: Any, limit: int, key_serde: Serde,
                            value_serde: Serde) -> list[dict[str, Any]]:
@@ -249,20 +253,23 @@ class _Handlers:
 
         return await anyio.to_thread.run_sync(read)
 
-    async def _peer_ranges(self, request: web.Request, name: str) -> list[dict[str, Any]]:
-        """The same range from every other instance that holds a part of the store."""
+    async def _peer_ranges(self, request: web.Request, name: str) -> tuple[list[dict[str, Any]], bool]:
+        """The same range from every other instance that holds a part of the store; whether any
+        of them had more than ``limit`` entries."""
         try:
             peers = [m.host_info for m in self.streams.metadata_for_store(name) if m.host_info != self.me]
         except IllegalStateError as exc:
             raise QueryError(503, str(exc)) from None
         entries: list[dict[str, Any]] = []
+        truncated = False
         for peer in peers:
             status, body, _ = await self._ask(request, peer)
             if status != 200:
                 raise QueryError(503, f"instance {peer.endpoint} answered {status} for its part of the range",
                                  peer=body)
             entries += body["entries"]
-        return entries
+            truncated = truncated or bool(body.get("truncated"))
+        return entries, truncated
 
     async def _forward_to_owner(self, request: web.Request, name: str, key: Any,
                                 key_serde: Serde) -> web.Response | None:
@@ -278,6 +285,9 @@ class _Handlers:
                              "ask again")
         if metadata.active_host == self.me:
             return None
+        if metadata.active_host == HostInfo.unavailable():
+            raise QueryError(503, "the key's partition is owned by an instance that sets no application.server, "
+                             "so no other instance can ask it; set application.server on every instance")
         if FORWARDED in request.headers:
             # One hop only: the instance that sent it here took this one for the owner; the group
             # moved the key meanwhile, and the next request goes to the right one.
@@ -456,15 +466,3 @@ class StreamsHttpServer:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
-
-
-@asynccontextmanager
-async def serving(streams: KafkaStreams, host: str, port: int, max_lag: int | None = None
-                  ) -> AsyncIterator[StreamsHttpServer]:
-    """:class:`StreamsHttpServer` as a context manager function (the runner's form)."""
-    server = StreamsHttpServer(streams, host, port, max_lag=max_lag)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
