@@ -40,6 +40,7 @@ from engine.errors import (
     TransportError,
     UnknownConfigError,
 )
+from engine.health import HealthResult
 from engine.ids import TaskId
 from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from engine.records import Record, TopicPartition
@@ -83,6 +84,7 @@ __all__ = [
     "GlobalKTable",
     "HandledRecordError",
     "HandlerError",
+    "HealthResult",
     "HostInfo",
     "IllegalStateError",
     "InternalTopicError",

@@ -1,6 +1,7 @@
 """``streamloop`` (also ``python -m engine``): run an application, or the demo.
 
-    streamloop run package.module:streams [--monitor] [--progress]   # a KafkaStreams, or a function returning one
+    streamloop run package.module:streams [--monitor] [--progress] [--http HOST:PORT]
+        # a KafkaStreams, or a function returning one
     streamloop demo [--orders N]
 
 ``run`` imports the module from the current directory (or ``--app-dir``), as uvicorn
@@ -9,7 +10,11 @@ or until the client stops by itself, closes it gracefully (finish in-flight reco
 commit, leave the group), and exits 0 after a clean stop, 1 when the client ended in
 ERROR. On a terminal it prints a progress line every few seconds (``--progress``). With
 ``--monitor`` it opens the aiomonitor console (``monitor.port``, see docs/console.md)
-on the runner's event loop, the one that supervises the client.
+on the runner's event loop, the one that supervises the client. With ``--http`` it serves, on
+that loop, the health probes ``/health/live`` and ``/health/ready``, the Prometheus metrics at
+``/metrics`` (extra ``prometheus``) and interactive queries under ``/stores/`` (extra ``http``;
+see ``engine.web``), from before the client starts until after it has closed, so the probes
+answer (ready: 503) while it joins its group and while it shuts down.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import anyio
 
 from engine import demo
 from engine.client import ClientState, KafkaStreams
+from engine.config import split_endpoint
 from engine.console.progress import print_progress, progress_enabled
 from engine.errors import ConfigError, MissingExtraError
 
@@ -70,17 +76,24 @@ def load_app(target: str) -> KafkaStreams:
     return app
 
 
-def run(target: str, close_timeout: float, monitor: bool = False, progress_interval: float | None = None) -> int:
-    """``progress_interval``: seconds between progress lines on stdout; None prints none."""
+def run(target: str, close_timeout: float, monitor: bool = False, progress_interval: float | None = None,
+        http: tuple[str, int] | None = None, ready_max_lag: int | None = None) -> int:
+    """``progress_interval``: seconds between progress lines on stdout; None prints none.
+    ``http``: where to serve health, metrics and queries; None serves nothing."""
+    if http is not None:
+        # Fail before loading the application (which may connect) when the extra is missing.
+        importlib.import_module("engine.web")
     streams = load_app(target)
     if monitor:
         # Fail before starting anything when the extra is missing.
         importlib.import_module("engine.console.monitor")
-    return anyio.run(_supervise, streams, target, close_timeout, monitor, progress_interval, backend="asyncio")
+    return anyio.run(_supervise, streams, target, close_timeout, monitor, progress_interval, http, ready_max_lag,
+                     backend="asyncio")
 
 
 async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, monitor: bool,
-                     progress_interval: float | None = None) -> int:
+                     progress_interval: float | None = None, http: tuple[str, int] | None = None,
+                     ready_max_lag: int | None = None) -> int:
     """The runner's loop: start, wait for a signal or a terminal state, close; the console watches it.
 
     It waits on the client's state itself rather than through ``set_state_listener``: that is the
@@ -98,9 +111,17 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
         stop.set()
 
     console = None
+    server = None
     # Watched from before start(): a signal while starting is queued and closes the client once started.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
+            if http is not None:
+                from engine.web import StreamsHttpServer
+
+                # Before start(): the probes answer while the client joins its group (not ready yet),
+                # and a port that is taken stops the run before it joins.
+                server = StreamsHttpServer(streams, http[0], http[1], max_lag=ready_max_lag)
+                await server.start()
             if monitor:
                 from engine.console.monitor import open_monitor
 
@@ -118,7 +139,12 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
         finally:
             if console is not None:
                 console.close()
-            await streams.close_async(timeout=close_timeout)
+            try:
+                await streams.close_async(timeout=close_timeout)
+            finally:
+                # After the close: the probes say "not ready" while it finishes its records and commits.
+                if server is not None:
+                    await server.close()
     final = streams.state
     log.info("Stopped in state %s", final.name)
     return 1 if final is ClientState.ERROR else 0
@@ -143,6 +169,23 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def http_endpoint(text: str) -> tuple[str, int]:
+    """``--http``'s ``HOST:PORT``, or ``PORT`` alone for loopback (127.0.0.1)."""
+    if text.isdigit():
+        text = f"127.0.0.1:{text}"
+    try:
+        return split_endpoint(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("where other instances reach this one for interactive "
+                                                          "queries, ", "")) from None
+
+
+def _records(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a number of records (0 or more), got {text}")
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamloop", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             help="seconds between progress lines (default: %(default)s)")
     run_parser.add_argument("--monitor", action="store_true",
                             help="open the aiomonitor console on monitor.host:monitor.port (extra 'monitor')")
+    run_parser.add_argument("--http", type=http_endpoint, metavar="HOST:PORT",
+                            help="serve /health/live, /health/ready, /metrics and the stores' interactive "
+                                 "queries at HOST:PORT (PORT alone: 127.0.0.1; 0.0.0.0 to be reached from "
+                                 "other hosts, e.g. by Kubernetes' probes; extra 'http')")
+    run_parser.add_argument("--ready-max-lag", type=_records, default=None, metavar="RECORDS",
+                            help="/health/ready answers 503 while a task is more records behind than this "
+                                 "(default: no bound; a probe may pass ?max_lag=N)")
     demo_parser = commands.add_parser("demo", help="the order pipeline on the embedded broker",
                                       description=demo.__doc__,
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_app_dir(args.app_dir)
     try:
         progress = args.progress_interval if progress_enabled(sys.stdout, args.progress) else None
-        return run(args.app, args.close_timeout, args.monitor, progress)
+        return run(args.app, args.close_timeout, args.monitor, progress, args.http, args.ready_max_lag)
     except (AppLoadError, MissingExtraError, ConfigError) as exc:
         print(f"streamloop: {exc}", file=sys.stderr)
         return 2

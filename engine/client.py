@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ import anyio.to_thread
 from anyio.from_thread import start_blocking_portal
 
 from engine import config as cfg
+from engine import redaction
 from engine.client_metrics import Metric, client_metrics
 from engine.client_states import CLIENT_TRANSITIONS, ClientState
 from engine.clock import SYSTEM_CLOCK, Clock
@@ -38,6 +40,7 @@ from engine.errors import (
     MissingSinkTopicError,
     MissingSourceTopicError,
 )
+from engine.health import Health
 from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
@@ -114,12 +117,20 @@ class KafkaStreams:
             config=self.config, client_id=self.client_id, process_id=self.process_id, topology=topology,
             transport=self._transport, clock=clock, spark=self._spark, state=self._state, log=self.log,
             close_to_error=self._close_to_error, metadata=self._metadata)
+        self.health = Health(state=lambda: self.state, threads=self._threads.snapshot,
+                             dead_threads=lambda: self._threads.dead_threads,
+                             task_timeout_ms=self.config[cfg.TASK_TIMEOUT_MS], monotonic_ms=clock.monotonic_ms)
+        """Liveness and readiness for an orchestrator's probes: ``health.live()``, ``health.ready(max_lag)``."""
         # The global tables' stores and the thread that fills them (started by start()).
         self._global = GlobalTables(self.config, topology, self._transport, self.client_id)
         self._user_listener: StateListener | None = None
         self._shutdown_thread: threading.Thread | None = None
         self._state.add_listener(self._notify_user)
         self._state.add_listener(self._stop_cleaner_when_done)
+        self._state.add_listener(self._forget_secrets_when_done)
+        # A client dropped without close() must not keep its secrets registered (and the log
+        # record factory installed) for the rest of the process.
+        weakref.finalize(self, redaction.unregister_id, id(self))
         self.prometheus: PrometheusExporter | None = None
         """The Prometheus endpoint while running, when ``metrics.prometheus.port`` is set."""
 
@@ -231,6 +242,10 @@ class KafkaStreams:
         if self._state_lock is not None:
             self._state_lock.release()
 
+    def _forget_secrets_when_done(self, _old: ClientState, new: ClientState) -> None:
+        if new in (ClientState.NOT_RUNNING, ClientState.ERROR):
+            redaction.unregister(self)
+
     def set_uncaught_exception_handler(
         self, handler: Callable[[BaseException], StreamThreadExceptionResponse]
     ) -> None:
@@ -251,6 +266,8 @@ class KafkaStreams:
         """
         if self.state is not ClientState.CREATED:
             raise IllegalStateError(f"start() is only allowed in state CREATED, not {self.state.name}")
+        # Before the first client connects: aiokafka logs its login at DEBUG, password included.
+        redaction.register(self, redaction.config_secrets(self.config))
         # DEBUG: start-up stays a few INFO lines; the values are there when asked for (secrets hidden).
         self.log.debug("%s", self.config.describe())
         self._check_topics()

@@ -23,7 +23,7 @@ from engine.config import is_loopback, shown
 from engine.errors import MissingExtraError
 
 try:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
     from prometheus_client.metrics_core import Metric as PrometheusMetric
 except ImportError as exc:  # the 'prometheus' extra is optional
     raise MissingExtraError("The Prometheus endpoint (metrics.prometheus.port)", "prometheus",
@@ -86,6 +86,18 @@ class _Collector:
 
     def collect(self) -> Iterator[PrometheusMetric]:
         yield from families(self._read())
+
+
+def exposition(read: Callable[[], Iterable[StreamsMetric]]) -> Callable[[], tuple[bytes, str]]:
+    """A function that renders ``read()``'s metrics in Prometheus' text format: ``(body, content
+    type)``, for a server other than the exporter's own (``engine.web``'s ``/metrics``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(read))
+
+    def render() -> tuple[bytes, str]:
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+    return render
 
 
 class PrometheusExporter:

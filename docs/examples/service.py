@@ -11,6 +11,10 @@ clean stop finishes the records in progress and commits them before the service 
   interactive query of the table ``numbers-by-parity`` (kept in a changelog, so it
   survives restarts); 503 while the client cannot answer queries.
 
+``streamloop run --http`` serves the same (health probes, a key's value forwarded to its owner,
+ranges, window fetches) for any topology without a service of your own (docs/state.md, "Queries
+over HTTP"); this example shows how a service does it itself, next to routes of its own.
+
 Run as several instances (each with its own ``--port``), each sets ``application.server`` to
 its own address, and ``/count/{parity}`` asks the instance that owns the key: the client's
 ``query_metadata_for_key`` names it, and a request for a key another instance owns is sent on

@@ -19,6 +19,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from urllib.parse import quote
 import anyio
 import orjson
 
+from engine import redaction
 from engine.schema_registry.errors import (
     IncompatibleSchemaError,
     RegistryUnreachableError,
@@ -112,6 +114,10 @@ class SchemaRegistryClient:
         if basic_auth_user_info:
             token = base64.b64encode(basic_auth_user_info.encode()).decode("ascii")
             self._headers["Authorization"] = f"Basic {token}"
+            # Hidden in every log line (an HTTP library's debug log prints headers) while this
+            # client exists; it has no close, so it lets go when it is collected.
+            redaction.register(self, redaction.basic_auth_secrets(basic_auth_user_info))
+            weakref.finalize(self, redaction.unregister_id, id(self))
         # Written by whichever thread misses first; a race only asks the registry twice for
         # the same answer, so no lock is held (and none across the HTTP call).
         self._ids: dict[tuple[str, RegistrySchema], int] = {}

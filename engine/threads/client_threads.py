@@ -33,6 +33,7 @@ from engine.threads.stream_thread import StreamThread
 from engine.threads.supervisor import ReplacementBackoff, Supervisor
 from engine.topology.topology import Topology
 from engine.transport.base import Transport
+from handlers.responses import StreamThreadExceptionResponse
 
 _BACKOFF_CAP_S = 30.0
 
@@ -80,6 +81,9 @@ class ClientThreads:
                                               lambda: [t.rebalances for t in self._registry.snapshot()], log)
         state.add_listener(self.rebalance_watch.state_changed)
         self.restore_listener: StateRestoreListener | None = None
+        # Threads that died and that the uncaught-exception handler did not replace (it answered
+        # SHUTDOWN_THREAD): (name, error), for the client's liveness. Appended on the dying thread.
+        self.dead_threads: list[tuple[str, str]] = []
         # The global tables' stores (set by KafkaStreams when it opens them), handed to every thread.
         self.global_stores: Mapping[str, StateStore] = {}
         self.supervisor = Supervisor(
@@ -270,7 +274,9 @@ class ClientThreads:
             self._registry.failed_threads += 1
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) or self._state.state.is_closing():
             return
-        self.supervisor.on_failure(thread, exc)
+        response = self.supervisor.on_failure(thread, exc)
+        if response is StreamThreadExceptionResponse.SHUTDOWN_THREAD:
+            self.dead_threads.append((thread.name, f"{type(exc).__name__}: {exc}"))
 
     def _on_thread_shut_down_by_handler(self, thread: StreamThread) -> None:
         if not any(t.is_alive for t in self._registry.snapshot() if t is not thread):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -214,7 +218,7 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize(("command", "options"), [
     ("demo", ["--orders", "--rate", "orders per second", "--threads", "--spark"]),
     ("run", ["--app-dir", "--close-timeout", "--log-level", "DEBUG, INFO", "--monitor", "--progress",
-             "--no-progress", "--progress-interval"]),
+             "--no-progress", "--progress-interval", "--http", "--ready-max-lag"]),
 ])
 def test_help_of_a_command_lists_its_options(command: str, options: list[str],
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,3 +267,41 @@ def test_progress_lines_are_printed_on_a_terminal_by_default(app_dir: Path) -> N
         process.kill()
         os.close(main_fd)
 
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_run_with_http_serves_the_probes_until_it_has_closed(app_dir: Path) -> None:
+    port = free_port()
+    process = start(app_dir, "cli_test_app:healthy", "--http", str(port))
+    try:
+        seen = read_until(process, "processed 4")
+        assert f"Serving health, metrics and queries at http://127.0.0.1:{port}/" in seen
+        assert http_get(f"http://127.0.0.1:{port}/health/live") == (200, {"state": "RUNNING"})
+        assert http_get(f"http://127.0.0.1:{port}/health/ready?max_lag=0")[0] in (200, 503)  # lag may be unmeasured
+        assert http_get(f"http://127.0.0.1:{port}/health/ready") == (200, {"state": "RUNNING"})
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert "Stopped in state NOT_RUNNING" in rest
+
+
+def test_run_with_http_on_a_bad_endpoint_is_a_clear_error(app_dir: Path) -> None:
+    process = start(app_dir, "cli_test_app:healthy", "--http", "localhost:99999")
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "--http" in output and "1-65535" in output

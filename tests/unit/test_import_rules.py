@@ -37,7 +37,7 @@ PACKAGES = ("engine", "handlers")
 # machinery (threads, tasks, client, topology, transport, ...) nor the handlers.
 FOUNDATION = ("engine.config", "engine.errors", "engine.records", "engine.serdes", "engine.clock",
               "engine.lifecycle", "engine.logcontext", "engine.ids", "engine.completed_offsets",
-              "engine.loop_signal", "engine.timestamps")
+              "engine.loop_signal", "engine.timestamps", "engine.redaction")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(("module", "hidden", "package", "extra"), [
     ("engine.prometheus", "prometheus_client", "prometheus-client", "prometheus"),
     ("engine.console.monitor", "aiomonitor", "aiomonitor", "monitor"),
+    ("engine.web", "aiohttp", "aiohttp", "http"),
     ("engine.schema_registry.avro", "fastavro", "fastavro", "schema-registry"),
     ("engine.schema_registry.protobuf", "google.protobuf.message", "protobuf", "schema-registry"),
     ("engine.schema_registry.json_schema", "jsonschema", "jsonschema", "schema-registry"),
@@ -39,6 +40,17 @@ def test_a_missing_extra_is_a_typed_error_naming_the_package(
         importlib.import_module(module)
     assert caught.value.package == package
     assert isinstance(caught.value, ImportError)
+
+
+def test_the_http_endpoint_serves_no_metrics_without_the_prometheus_extra(monkeypatch: pytest.MonkeyPatch,
+                                                                          bootstrap: str) -> None:
+    from engine.web import make_app
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "engine.prometheus", raising=False)
+    streams = KafkaStreams(counting().build(), streams_config(bootstrap, "no-metrics"))
+    paths = {route.resource.canonical for route in make_app(streams).router.routes() if route.resource is not None}
+    assert "/metrics" not in paths and "/health/live" in paths
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ import anyio
 from aiokafka import errors as aioerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from engine import redaction
 from engine.errors import IllegalStateError, TransportError
 from engine.transport.kafka.errors import error_name, transport_error
 from engine.transport.kafka.options import client_kwargs
-from engine.transport.kafka.security import security_options
+from engine.transport.kafka.security import client_secrets, security_options
 from engine.transport.kafka.startup import start_or_clean_up
 
 __all__ = ["KafkaAdmin"]
@@ -37,6 +38,7 @@ class KafkaAdmin:
         kwargs.update(security_options(*security))
         kwargs.update(client_kwargs(AIOKafkaAdminClient, common))
         self._kwargs = kwargs
+        self._secrets = client_secrets(kwargs, *security)
         self._timeout = float(kwargs.get("request_timeout_ms", 40_000)) / 1000  # type: ignore[arg-type]  # an int option
         self._admin: Any = None  # AIOKafkaAdminClient once started
 
@@ -48,14 +50,23 @@ class KafkaAdmin:
     async def start(self) -> None:
         if self._admin is not None:
             return
+        # Before it connects: aiokafka logs the login's bytes at DEBUG.
+        redaction.register(self, self._secrets)
         admin = AIOKafkaAdminClient(**self._kwargs)
-        await start_or_clean_up(admin.start, admin.close, "starting the admin client", self._kwargs)
+        try:
+            await start_or_clean_up(admin.start, admin.close, "starting the admin client", self._kwargs)
+        except BaseException:
+            redaction.unregister(self)
+            raise
         self._admin = admin
 
     async def close(self) -> None:
         admin, self._admin = self._admin, None
-        if admin is not None:
-            await admin.close()
+        try:
+            if admin is not None:
+                await admin.close()
+        finally:
+            redaction.unregister(self)
 
     def _require(self) -> Any:
         if self._admin is None:

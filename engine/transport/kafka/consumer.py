@@ -30,6 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka import errors as aioerrors
 
+from engine import redaction
 from engine.errors import IllegalStateError, RebalanceInProgressError
 from engine.records import ConsumerRecord, TopicPartition
 from engine.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
@@ -44,7 +45,7 @@ from engine.transport.kafka.rebalance import (
     RebalanceState,
     adapt_join_requests,
 )
-from engine.transport.kafka.security import security_options
+from engine.transport.kafka.security import client_secrets, security_options
 from engine.transport.kafka.startup import start_or_clean_up
 from engine.transport.kafka.structs import aio_offsets, aio_tp, our_tps
 
@@ -77,6 +78,8 @@ class KafkaConsumer:
                                          lambda: self._consumer)
         # Validate pass-through options early (at construction, not at start).
         self._kwargs = self._build_kwargs()
+        layers = self._security if settings is None else (*self._security, ("consumer.", settings.extra))
+        self._secrets = client_secrets(self._kwargs, *layers)
 
     @property
     def options(self) -> Mapping[str, object]:
@@ -128,8 +131,14 @@ class KafkaConsumer:
             kwargs["partition_assignment_strategy"] = (
                 AssignorAdapter(self._settings.assignor, self._rebalance),
             )
+        # Before it connects: aiokafka logs the login's bytes at DEBUG.
+        redaction.register(self, self._secrets)
         consumer = AIOKafkaConsumer(**kwargs)
-        await start_or_clean_up(consumer.start, consumer.stop, "starting the consumer", kwargs)
+        try:
+            await start_or_clean_up(consumer.start, consumer.stop, "starting the consumer", kwargs)
+        except BaseException:
+            redaction.unregister(self)
+            raise
         self._consumer = consumer
         # Applied after start so that start() does not wait for the first
         # rebalance (aiokafka's start() would when subscribed before it).
@@ -155,6 +164,7 @@ class KafkaConsumer:
             replace_leave_step(consumer._coordinator, leave_group, instance_id)
             await consumer.stop()
         finally:
+            redaction.unregister(self)
             self._rebalance.assignment_finished()
 
     def _require(self) -> Any:

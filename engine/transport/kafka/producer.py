@@ -32,12 +32,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from engine import redaction
 from engine.errors import IllegalStateError, ProducerFencedError, TransportError
 from engine.records import Headers, TopicPartition
 from engine.transport.base import OffsetAndMetadata, ProducerSettings
 from engine.transport.kafka.errors import describe, produce_error, transaction_error
 from engine.transport.kafka.options import client_kwargs
-from engine.transport.kafka.security import security_options
+from engine.transport.kafka.security import client_secrets, security_options
 from engine.transport.kafka.startup import start_or_clean_up
 from engine.transport.kafka.structs import aio_offsets
 
@@ -141,6 +142,7 @@ class KafkaProducer:
         kwargs.update(client_kwargs(AIOKafkaProducer, common))
         kwargs.update(client_kwargs(AIOKafkaProducer, settings.extra))
         self._kwargs = kwargs
+        self._secrets = client_secrets(kwargs, *security, ("producer.", settings.extra))
         self._transactional = settings.transactional_id is not None
         self._producer: AIOKafkaProducer | None = None
         self._closed = False
@@ -163,8 +165,14 @@ class KafkaProducer:
             raise IllegalStateError("the producer is already started")
         if self._closed:
             raise IllegalStateError("the producer is closed")
+        # Before it connects: aiokafka logs the login's bytes at DEBUG.
+        redaction.register(self, self._secrets)
         producer = AIOKafkaProducer(**self._kwargs)
-        await start_or_clean_up(producer.start, producer.stop, "starting the producer", self._kwargs)
+        try:
+            await start_or_clean_up(producer.start, producer.stop, "starting the producer", self._kwargs)
+        except BaseException:
+            redaction.unregister(self)
+            raise
         if self._closed:
             # Closed while it was starting (a task closed during its start-up): nothing would
             # close this one later.
@@ -359,14 +367,17 @@ class KafkaProducer:
         producer, self._producer = self._producer, None
         self._open = {}
         self._ready = []
-        if producer is not None:
-            try:
-                await producer.stop()
-            finally:
-                if self._transactional:
-                    # A fenced or failed transaction leaves its waiter failed and unawaited; asyncio
-                    # would log "Future exception was never retrieved" when it is collected.
-                    waiter = getattr(producer._txn_manager, "_transaction_waiter", None)
-                    if waiter is not None and waiter.done() and not waiter.cancelled():
-                        waiter.exception()
+        if producer is None:
+            redaction.unregister(self)
+            return
+        try:
+            await producer.stop()
+        finally:
+            redaction.unregister(self)
+            if self._transactional:
+                # A fenced or failed transaction leaves its waiter failed and unawaited; asyncio
+                # would log "Future exception was never retrieved" when it is collected.
+                waiter = getattr(producer._txn_manager, "_transaction_waiter", None)
+                if waiter is not None and waiter.done() and not waiter.cancelled():
+                    waiter.exception()
 

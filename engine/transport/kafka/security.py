@@ -36,9 +36,10 @@ from typing import Any
 from aiokafka.abc import AbstractTokenProvider
 
 from engine import config as cfg
+from engine import redaction
 from engine.errors import ConfigError
 
-__all__ = ["CLIENT_KINDS", "is_security_key", "security_options", "unused_security_keys"]
+__all__ = ["CLIENT_KINDS", "client_secrets", "is_security_key", "security_options", "unused_security_keys"]
 
 CLIENT_KINDS = ("consumer", "producer", "admin")
 
@@ -106,6 +107,16 @@ def security_options(*layers: tuple[str, Mapping[str, object]]) -> dict[str, obj
 
 _SASL_ONLY = (cfg.SASL_MECHANISM, cfg.SASL_JAAS_CONFIG, cfg.SASL_LOGIN_CALLBACK_HANDLER_CLASS)
 _SSL_ONLY = (cfg.SSL_TRUSTSTORE_LOCATION, cfg.SSL_KEYSTORE_LOCATION, cfg.SSL_KEY_PASSWORD)
+
+
+def client_secrets(options: Mapping[str, object], *layers: tuple[str, Mapping[str, object]]) -> set[str]:
+    """The secrets one client holds: its aiokafka ``options`` (``sasl_plain_password``) and its
+    layers' Kafka keys (``ssl.key.password``, the whole ``sasl.jaas.config``), for
+    ``engine.redaction`` to hide in every log line while the client runs."""
+    found = redaction.config_secrets(options)
+    for _prefix, settings in layers:
+        found |= redaction.config_secrets(settings)
+    return found
 
 
 def unused_security_keys(*layers: tuple[str, Mapping[str, object]]) -> list[str]:
