@@ -77,7 +77,7 @@ async def test_a_record_is_traced_through_a_repartition_and_a_count(cluster: Clu
     for span in exporter.get_finished_spans():
         if span.attributes["streamloop.outcome"] == "done":
             spans[(span.context.trace_id, span.attributes["streamloop.subtopology"])] = span
-    for index, word in enumerate(WORDS):
+    for index in range(len(WORDS)):
         first, second = spans[(trace_of(index), 0)], spans[(trace_of(index), 1)]
         assert first.parent.span_id == PRODUCER_SPAN
         assert first.attributes["messaging.destination.name"] == source
