@@ -73,25 +73,24 @@ async def test_a_record_is_traced_through_a_repartition_and_a_count(cluster: Clu
     outputs = await cluster.read_all(sink)
     provider.shutdown()
 
-    spans: dict[tuple[int, int], ReadableSpan] = {}  # (trace, sub-topology) -> the record's span there
+    spans: dict[tuple[int, str], ReadableSpan] = {}  # (trace, task) -> the record's span there
     for span in exporter.get_finished_spans():
         if span.attributes["streamloop.outcome"] == "done":
-            spans[(span.context.trace_id, span.attributes["streamloop.subtopology"])] = span
+            spans[(span.context.trace_id, span.attributes["streamloop.task.id"])] = span
     for index in range(len(WORDS)):
-        first, second = spans[(trace_of(index), 0)], spans[(trace_of(index), 1)]
+        first, second = spans[(trace_of(index), "0_0")], spans[(trace_of(index), "1_0")]
         assert first.parent.span_id == PRODUCER_SPAN
         assert first.attributes["messaging.destination.name"] == source
         assert first.attributes["messaging.kafka.offset"] == index
         # Read from the repartition topic, where the first sub-topology's sink wrote its span.
         assert second.parent.span_id == first.context.span_id
         assert second.attributes["messaging.destination.name"].endswith("-repartition")
-        assert second.attributes["streamloop.task.id"] == "1_0"
     # A count of n for a word was made by the word's n-th record (a cache may have held it back
     # and let a later count of the word replace it, never change whose it is).
     nth = {(word, WORDS[: i + 1].count(word)): i for i, word in enumerate(WORDS)}
     assert outputs
     for output in outputs:
         index = nth[(STR.deserialize(output.key), LongSerde().deserialize(output.value))]
-        assert traceparent(output.headers) == (trace_of(index), spans[(trace_of(index), 1)].context.span_id)
+        assert traceparent(output.headers) == (trace_of(index), spans[(trace_of(index), "1_0")].context.span_id)
     if not cache:
         assert len(outputs) == len(WORDS)  # every update leaves at once, inside its record's span

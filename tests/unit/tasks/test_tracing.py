@@ -85,7 +85,7 @@ def test_a_record_span_is_the_child_of_its_traceparent_and_its_output_carries_th
         "messaging.system": "kafka", "messaging.operation.type": "process", "messaging.operation.name": "process",
         "messaging.consumer.group.name": "traced", "messaging.destination.name": "in",
         "messaging.destination.partition.id": "0", "messaging.kafka.offset": 0,
-        "streamloop.task.id": "0_0", "streamloop.subtopology": 0, "streamloop.outcome": "done"}
+        "streamloop.task.id": "0_0", "streamloop.outcome": "done"}
     assert output.value == "V"
     # The input's trace headers are replaced by the span's; the others are kept.
     assert traceparent(output.headers) == (TRACE_ID, span.context.span_id)
