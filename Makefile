@@ -13,12 +13,12 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test,rocksdb,monitor,prometheus,http,docs,spark,schema-registry]'
+	$(BIN)/python -m pip install --quiet -e '.[test,rocksdb,monitor,prometheus,http,docs,spark,schema-registry,otel]'
 	@touch $(STAMP)
 
 # The benchmark peers (faust-streaming, quixstreams) and matplotlib, only for `make bench`.
 $(BENCH): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,rocksdb,monitor,prometheus,http,docs,spark,schema-registry,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,rocksdb,monitor,prometheus,http,docs,spark,schema-registry,otel,bench]'
 	@touch $(BENCH)
 
 install: $(STAMP)

@@ -4,7 +4,9 @@ Both read the same N records (4 partitions) from the same real broker in the
 same run and write to their own output topic. Throughput is measured on the
 output side, from the first output record to the last, so group-join time does
 not count for either. Run: ``make bench`` (starts the test broker) or
-``python benchmarks/stateless_pipeline.py --bootstrap host:port``.
+``python benchmarks/stateless_pipeline.py --bootstrap host:port``. ``--tracing`` turns the engine's
+tracing on (``tracing.enabled``, the ``otel`` extra) with an SDK tracer provider that exports
+nothing: what spans and trace headers cost, without an exporter's.
 """
 
 from __future__ import annotations
@@ -133,7 +135,16 @@ async def measure(name: str, bootstrap: str, sink: str, expected: int,
     return rate
 
 
-async def one_round(bootstrap: str, count: int, threads: int, round_no: int) -> dict[str, float]:
+def tracing_settings(on: bool) -> dict[str, object]:
+    if not on:
+        return {}
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return {"tracing.enabled": True, "tracing.tracer.provider": TracerProvider()}
+
+
+async def one_round(bootstrap: str, count: int, threads: int, round_no: int,
+                    tracing: bool = False) -> dict[str, float]:
     run_id = uuid.uuid4().hex[:6]
     source, raw_sink, engine_sink = f"bench-in-{run_id}", f"bench-raw-{run_id}", f"bench-engine-{run_id}"
     await create_topics(bootstrap, [source, raw_sink, engine_sink])
@@ -155,17 +166,19 @@ async def one_round(bootstrap: str, count: int, threads: int, round_no: int) -> 
         streams = KafkaStreams(topology, {
             "application.id": f"bench-{run_id}", "bootstrap.servers": bootstrap,
             "num.stream.threads": threads, "commit.interval.ms": 1000, "linger.ms": 5,
+            **tracing_settings(tracing),
         })
         async with streams:
             await stop.wait()
 
-    rates["engine"] = await measure(f"streamloop ({threads} thread{'s' if threads > 1 else ''})",
+    traced = ", traced" if tracing else ""
+    rates["engine"] = await measure(f"streamloop ({threads} thread{'s' if threads > 1 else ''}{traced})",
                                     bootstrap, engine_sink, expected, run_engine)
     return rates
 
 
-async def main_async(bootstrap: str, count: int, threads: int, rounds: int) -> None:
-    results = [await one_round(bootstrap, count, threads, i) for i in range(rounds)]
+async def main_async(bootstrap: str, count: int, threads: int, rounds: int, tracing: bool = False) -> None:
+    results = [await one_round(bootstrap, count, threads, i, tracing) for i in range(rounds)]
     raw = statistics.median(r["raw"] for r in results)
     ours = statistics.median(r["engine"] for r in results)
     ratios = [r["engine"] / r["raw"] for r in results]
@@ -181,14 +194,15 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; medians are reported")
+    parser.add_argument("--tracing", action="store_true", help="tracing.enabled, exporting nothing")
     args = parser.parse_args()
     if args.bootstrap:
-        asyncio.run(main_async(args.bootstrap, args.records, args.threads, args.rounds))
+        asyncio.run(main_async(args.bootstrap, args.records, args.threads, args.rounds, args.tracing))
         return
     from tests.support.kafka_broker import KafkaBroker
 
     with KafkaBroker() as broker:
-        asyncio.run(main_async(broker.bootstrap, args.records, args.threads, args.rounds))
+        asyncio.run(main_async(broker.bootstrap, args.records, args.threads, args.rounds, args.tracing))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -179,6 +180,14 @@ MEMORY_SCHEME = "memory://"
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?")
 
 
+def _opentelemetry_installed(value: Any) -> str | None:
+    """Tracing on needs the OpenTelemetry API: said when the config is made, not when a task starts.
+    ``find_spec`` of a top-level package looks for it without importing it."""
+    if value and importlib.util.find_spec("opentelemetry") is None:
+        return "needs the 'opentelemetry-api' package: pip install 'streamloop[otel]'"
+    return None
+
+
 def check_bootstrap_servers(value: Any) -> str | None:
     """Why ``value`` is not ``host:port[,host:port]`` nor ``memory://name``; None when it is one of them."""
     if not value.strip():
@@ -239,6 +248,8 @@ METRICS_SAMPLE_WINDOW_MS = "metrics.sample.window.ms"
 METRICS_NUM_SAMPLES = "metrics.num.samples"
 METRICS_PROMETHEUS_HOST = "metrics.prometheus.host"
 METRICS_PROMETHEUS_PORT = "metrics.prometheus.port"
+TRACING_ENABLED = "tracing.enabled"
+TRACING_TRACER_PROVIDER = "tracing.tracer.provider"
 MONITOR_HOST = "monitor.host"
 MONITOR_PORT = "monitor.port"
 MONITOR_WEBUI_PORT = "monitor.webui.port"
@@ -401,6 +412,14 @@ KEYS: tuple[ConfigKey, ...] = (
               _non_empty),
     ConfigKey(METRICS_PROMETHEUS_PORT, (int, type(None)), None,
               "Port of the Prometheus endpoint serving metrics() (0: any free port); none when unset."),
+    ConfigKey(TRACING_ENABLED, bool, False,
+              "Trace each record with OpenTelemetry (extra 'otel'): a span per record per sub-topology, "
+              "its parent read from the record's W3C traceparent header, and the header written to its "
+              "output. Off: OpenTelemetry is not even imported. See [Tracing](tracing.md).",
+              _opentelemetry_installed),
+    ConfigKey(TRACING_TRACER_PROVIDER, object, None,
+              "With tracing.enabled, the OpenTelemetry TracerProvider the spans go to; OpenTelemetry's "
+              "global one (trace.set_tracer_provider) when unset."),
     ConfigKey(MONITOR_HOST, str, "127.0.0.1",
               "Address the aiomonitor console and its web UI listen on (`streamloop run --monitor`). Loopback "
               "by default; any other address needs monitor.token and logs a WARNING: the console runs "

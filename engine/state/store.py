@@ -19,6 +19,7 @@ from typing import Any
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
 from engine.state.bytes_stores import BytesStore
 from engine.state.cache import CacheEntry, NamedCache, ThreadCache
+from engine.state.cache import FlushListener as CacheFlush
 from engine.state.changelog import Changelogger
 from engine.state.windows import Windowed
 
@@ -97,6 +98,14 @@ class StateStore:
         """
         self._listener = listener
         self._old_values = old_values
+
+    def wrap_cache_flushes(self, wrap: Callable[[CacheFlush], CacheFlush]) -> None:
+        """Have ``wrap(send)`` send this store's cached updates down (on a flush or an eviction)
+        instead of ``send``; nothing without a cache. Caller: tracing (``engine.tasks.tracing``),
+        which sends each update down in the context of the record that made it, once per task,
+        so that a store without tracing pays nothing for it."""
+        if self._ns is not None:
+            self._ns.on_flush = wrap(self._ns.on_flush)
 
     # -- the write path ------------------------------------------------------------
     def _write(self, key: bytes, value: bytes | None, key_object: Any = _NO_KEY,

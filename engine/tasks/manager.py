@@ -45,6 +45,8 @@ from .timeouts import TaskTimer, is_timeout
 if TYPE_CHECKING:
     from engine.spark.session import SparkSessions
 
+    from .tracing import TaskTracing, Tracing
+
 
 @dataclass(frozen=True)
 class ExactlyOnce:
@@ -80,6 +82,7 @@ class TaskManager:
         spark: SparkSessions | None = None,
         exactly_once: ExactlyOnce | None = None,
         timestamp_extractor: TimestampExtractor | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._application_id = application_id
         self._topology = topology
@@ -104,6 +107,7 @@ class TaskManager:
         self._monotonic_ms = monotonic_ms
         self._state = state
         self._eos = exactly_once
+        self._tracing = tracing
         # What the thread must recover from (a failed transaction, lost output), found here or in a
         # commit; the poll loop drains it between polls (``TaskRevival.recover``).
         self.recovery = committer.recovery
@@ -188,10 +192,14 @@ class TaskManager:
             context.forwarder = ContextualForwarder()
             collector = HeldCollector(own, hold_all=self._eos is not None)
             in_flight = InFlightPlan(limit, ordering or self._ordering, collector)
-        state = self._state_manager(task_id, context, in_flight=in_flight is not None, append=collector.append_raw)
+        tracing = self._tracing.task(task_id) if self._tracing is not None else None
+        state = self._state_manager(task_id, context, in_flight=in_flight is not None, append=collector.append_raw,
+                                    tracing=tracing)
+        # The sinks' collector: with tracing, each record leaves with its span's traceparent.
+        sinks = collector if tracing is None else tracing.collector(collector)
         try:
             graph = self._topology.build_task_graph(
-                task_id.subtopology, context, collector, self._key_serde, self._value_serde,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
+                task_id.subtopology, context, sinks, self._key_serde, self._value_serde,  # type: ignore[arg-type]  # a HeldCollector stands in for the RecordCollector
                 state, self._timestamp_extractor,
             )
         except BaseException:
@@ -220,7 +228,7 @@ class TaskManager:
         setup = TaskSetup(
             errors=self._errors, meter=self.meter, timer=timer, on_pause=self._on_pause, state=state,
             restore=restore, committed=self._consumer.committed, exactly_once=exactly_once,
-            in_flight=in_flight, spark_jobs=self.spark_jobs)
+            in_flight=in_flight, spark_jobs=self.spark_jobs, tracing=tracing)
         send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own, task_id))
         task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
                           setup, self._monotonic_ms)
@@ -244,7 +252,7 @@ class TaskManager:
         return None if task is None else task.collector
 
     def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool,
-                       append: Callable[..., None]) -> TaskStateManager | None:
+                       append: Callable[..., None], tracing: TaskTracing | None = None) -> TaskStateManager | None:
         builders = self._topology.stores_of(task_id.subtopology)
         if not builders:
             return None
@@ -264,13 +272,19 @@ class TaskManager:
                 return None
             return context.topic, context.offset
 
-        return TaskStateManager(
+        if tracing is not None:
+            # Each update remembers its record's span, to go down in it when a cache holds it.
+            source = tracing.source(source)
+        manager = TaskStateManager(
             str(task_id), self._application_id, settings.state_dir, task_id.partition, builders,
             settings.default_persistent, self._key_serde, self._value_serde, append,
             # Records in flight finish out of order: their updates go down at once, uncached, and
             # each record journals its own (a retried one undoes its updates first).
             None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "),
             journal=RecordJournals() if in_flight else None)
+        if tracing is not None:
+            tracing.trace_flushes(manager)
+        return manager
 
     # -- PAUSE / resume ------------------------------------------------------------
     def _on_pause(self, task: StreamTask) -> None:

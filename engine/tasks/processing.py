@@ -102,7 +102,9 @@ class RecordPath:
         manager = task.state_manager
         self._journal = manager if journal and manager is not None and manager.stores else None
         self._error: Exception | None = None
-        self.process = self._bind()
+        process = self._bind()
+        # Chosen once per task, so that a record pays for tracing only when it is on.
+        self.process = process if task.tracing is None else task.tracing.traced(process)
 
     def passed(self, timestamp: int) -> Awaitable[None] | None:
         """The task's position moved past a record of ``timestamp`` (-1: it could not be read):

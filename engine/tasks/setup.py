@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .bulk_jobs import StageJobs
     from .loops import InFlightPlan
     from .task import StreamTask
+    from .tracing import TaskTracing
 
 __all__ = ["Committed", "ExactlyOnceTask", "TaskSetup"]
 
@@ -58,3 +59,5 @@ class TaskSetup:
     in_flight: InFlightPlan | None = None
     # The Spark jobs the bulk path shares with the thread's other tasks, by stage.
     spark_jobs: dict[str, StageJobs] | None = None
+    # With tracing.enabled: the task's spans (engine.tasks.tracing); None costs nothing per record.
+    tracing: TaskTracing | None = None

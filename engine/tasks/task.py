@@ -115,6 +115,7 @@ class StreamTask:
         self.errors = setup.errors
         self.meter = setup.meter
         self.state_manager = setup.state
+        self.tracing = setup.tracing
         self.collector: RecordCollector | None = setup.exactly_once.collector if setup.exactly_once else None
         self._setup = setup
         self.input = PartitionGroup(self.partitions, (topic for topic, source in graph.sources.items()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from .manager import ExactlyOnce
     from .task import StreamTask
+    from .tracing import Tracing
 
 
 def default_serde(config: StreamsConfig, key: str) -> Serde:
@@ -50,6 +51,15 @@ def error_handling(config: StreamsConfig, collector: RecordCollector) -> ErrorHa
         config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
         collector,
     )
+
+
+def tracing(config: StreamsConfig) -> Tracing | None:
+    """The thread's tracing when ``tracing.enabled``, else None: then OpenTelemetry is never imported."""
+    if not config[cfg.TRACING_ENABLED]:
+        return None
+    from .tracing import Tracing  # the optional extra, loaded only when asked for
+
+    return Tracing(config[cfg.APPLICATION_ID], config[cfg.TRACING_TRACER_PROVIDER])
 
 
 def task_timers(config: StreamsConfig, monotonic_ms: Callable[[], int]) -> Callable[[TaskId, LogContext], TaskTimer]:
@@ -104,4 +114,5 @@ def task_manager(
         spark=spark,
         exactly_once=exactly_once,
         timestamp_extractor=load_timestamp_extractor(config),
+        tracing=tracing(config),
     )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
 
-from engine.records import ConsumerRecord, TopicPartition
+from engine.records import ConsumerRecord, Headers, TopicPartition
 from engine.serdes import Serde
 from engine.transport.base import Transport
 
@@ -48,9 +48,11 @@ class Cluster:
         value_serde: Serde,
         partitions: int,
         timestamp: int | None = None,
+        headers: Callable[[int], Headers] | None = None,
     ) -> int:
         """Produce ``(key, value)`` pairs; the partition is the key's index modulo ``partitions``
-        when the key is an int, else hashed like Kafka's default."""
+        when the key is an int, else hashed like Kafka's default. ``headers(i)``: the headers of
+        the ``i``-th record (none without it)."""
         from aiokafka.partitioner import murmur2
 
         producer = self.transport.producer(_producer_settings())
@@ -65,7 +67,8 @@ class Cluster:
                     partition = count % partitions
                 else:
                     partition = (murmur2(key_bytes) & 0x7FFFFFFF) % partitions
-                producer.append(topic, partition, key_bytes, value_serde.serialize(value), timestamp, ())
+                producer.append(topic, partition, key_bytes, value_serde.serialize(value), timestamp,
+                                headers(count) if headers is not None else ())
                 count += 1
             await producer.flush()
         finally:

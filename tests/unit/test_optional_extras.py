@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("engine.schema_registry.avro", "fastavro", "fastavro", "schema-registry"),
     ("engine.schema_registry.protobuf", "google.protobuf.message", "protobuf", "schema-registry"),
     ("engine.schema_registry.json_schema", "jsonschema", "jsonschema", "schema-registry"),
+    ("engine.tasks.tracing", "opentelemetry", "opentelemetry-api", "otel"),
 ])
 def test_a_missing_extra_is_a_typed_error_naming_the_package(
         monkeypatch: pytest.MonkeyPatch, module: str, hidden: str, package: str, extra: str) -> None:
