@@ -323,9 +323,12 @@ async def breakdown(bench: Bench, args: argparse.Namespace, problems: list[str])
         runs: list[tuple[str, float, list[dict[str, Any]]]] = []
         for variant in args.variants:
             bench.row_wise = variant == "row_wise"
+            # "before": per part, each part's frame a local relation (Spark's own default, as the
+            # engine had it before it made frames of one partition per Arrow batch).
+            local = {"spark.sql.execution.arrow.localRelationThreshold": str(64 << 20)} if variant == "before" else {}
             events: list[dict[str, Any]] = []
             _rate, steady = await bench.throughput("spark_batch", source, count, problems, extra=["--timings"],
-                                                   events=events)
+                                                   events=events, settings=local)
             runs.append((f"spark_batch ({variant})", steady, events))
         if "structured" in args.systems:
             events = []
@@ -485,8 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true",
                         help="only where a job's time goes: --sizes through spark_batch (each of --variants) "
                              "with its jobs timed, and through Structured Streaming in batches of the same size")
-    parser.add_argument("--variants", nargs="+", default=["per_part", "row_wise"], choices=["per_part", "row_wise"],
-                        help="--breakdown's spark_batch runs: the function applied per task's part, or once per job "
+    parser.add_argument("--variants", nargs="+", default=["before", "per_part", "row_wise"],
+                        choices=["before", "per_part", "row_wise"],
+                        help="--breakdown's spark_batch runs: the function applied per task's part (with local "
+                             "relations as before, or frames of a partition per Arrow batch), or once per job "
                              "(engine.spark.row_wise)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
