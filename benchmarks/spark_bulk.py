@@ -121,6 +121,17 @@ class Child:
             await asyncio.sleep(0.05)
         return event
 
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.out_path.read_bytes().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("event") == kind:
+                found.append(event)
+        return found
+
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.out_path.read_bytes().decode(errors="replace").splitlines()[-lines:])
 
@@ -143,6 +154,7 @@ class Bench:
         self.kafka = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
         self.workdir = workdir
         self.sss: tuple[Path, Path] | None = None
+        self.row_wise = True  # the enrichment is row-wise: one plan per job (``engine.spark.row_wise``)
 
     def start(self, system: str, source: str, sink: str, *, settings: dict[str, Any] | None = None,
               extra: Sequence[str] = ()) -> Child:
@@ -153,7 +165,9 @@ class Bench:
             python, jars = self.sss
             return Child([str(python), str(ROOT / "benchmarks" / "peers" / "spark_structured.py"),
                           "--bootstrap", self.bootstrap, "--source", source, "--sink", sink, "--jars", str(jars),
-                          "--checkpoint", str(self.workdir / f"checkpoint-{run}")], out)
+                          "--checkpoint", str(self.workdir / f"checkpoint-{run}"), *extra], out)
+        if system == "spark_batch" and self.row_wise:
+            extra = ["--row-wise", *extra]
         base = {"spark.master": "local[*]", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": "4", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "num.stream.threads": 1, "commit.interval.ms": 1000,
@@ -199,9 +213,11 @@ class Bench:
         return records
 
     async def throughput(self, system: str, source: str, count: int, problems: list[str],
-                         settings: dict[str, Any] | None = None, extra: Sequence[str] = ()) -> tuple[float, float]:
+                         settings: dict[str, Any] | None = None, extra: Sequence[str] = (),
+                         events: list[dict[str, Any]] | None = None) -> tuple[float, float]:
         """Records/s from the process's "ready" to the last output record, and from the first output
-        record to the last (each system's start-up left out, its first batch's latency kept in)."""
+        record to the last (each system's start-up left out, its first batch's latency kept in).
+        ``events``: the child's "job" and "progress" events are added to it (``--breakdown``)."""
         sink = await self.sink()
         child = self.start(system, source, sink, settings=settings, extra=extra)
         try:
@@ -209,6 +225,8 @@ class Bench:
             await self.until_output(child, sink, count, timeout=1800)
         finally:
             child.stop()
+        if events is not None:
+            events.extend(child.events("job") + child.events("progress"))
         records = await self.verified(sink, count, f"{system} {count}", problems)
         first, last = (f(r.timestamp for r in records) / 1000.0 for f in (min, max))
         return count / max(last - ready, 1e-3), count / max(last - first, 1e-3)
@@ -285,11 +303,79 @@ def percentile(values: list[float], pct: float) -> float:
     return values[min(len(values) - 1, round(pct / 100 * (len(values) - 1)))]
 
 
+# -- where a job's time goes ----------------------------------------------------------------------
+# The engine's phases (``engine.spark.timing``) and Structured Streaming's durationMs keys shown.
+SS_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets",
+             "triggerExecution")
+
+
+async def breakdown(bench: Bench, args: argparse.Namespace, problems: list[str]) -> str:
+    """Each size through ``spark_batch`` (each variant of ``--variants``) with its jobs timed, and
+    through Structured Streaming in batches of the same size (``maxOffsetsPerTrigger``); a table
+    of the median job's phases (ms) and the total over the run's jobs (µs per record)."""
+    from engine.spark.timing import PHASES
+
+    size = int(bench.batch.get("spark.batch.max.records", 10_000))
+    lines = [f"Where a job's time goes: jobs of up to {size:,} records (median ms per job; "
+             "µs per record over all jobs)", ""]
+    for count in args.sizes:
+        source = await bench.fill(count)
+        runs: list[tuple[str, float, list[dict[str, Any]]]] = []
+        for variant in args.variants:
+            bench.row_wise = variant == "row_wise"
+            # "before": per part, each part's frame a local relation (Spark's own default, as the
+            # engine had it before it made frames of one partition per Arrow batch).
+            local = {"spark.sql.execution.arrow.localRelationThreshold": str(64 << 20)} if variant == "before" else {}
+            events: list[dict[str, Any]] = []
+            _rate, steady = await bench.throughput("spark_batch", source, count, problems, extra=["--timings"],
+                                                   events=events, settings=local)
+            runs.append((f"spark_batch ({variant})", steady, events))
+        if "structured" in args.systems:
+            events = []
+            _rate, steady = await bench.throughput("structured", source, count, problems,
+                                                   extra=["--max-offsets", str(size)], events=events)
+            runs.append(("Structured Streaming", steady, events))
+        lines.append(f"{count:,} records:")
+        lines.append("| run | rec/s from the first output | jobs | " + " | ".join(PHASES) + " | total |")
+        lines.append("|---" * (len(PHASES) + 4) + "|")
+        for name, steady, events in runs:
+            jobs = [e for e in events if e["event"] == "job"]
+            if jobs:
+                cells = [_phase(jobs, phase) for phase in PHASES]
+                total = _phase(jobs, None)
+                lines.append(f"| {name} | {steady:,.0f} | {len(jobs)} | " + " | ".join(cells) + f" | {total} |")
+                continue
+            batches = [b for e in events for b in e.get("batches", []) if b.get("rows")]
+            cells = [f"{key} {_median([b['durationMs'].get(key, 0) for b in batches]):.0f}"
+                     for key in SS_PHASES]
+            rows = sum(b["rows"] for b in batches) or 1
+            per = sum(b["durationMs"].get("triggerExecution", 0) for b in batches) * 1000 / rows
+            lines.append(f"| {name} | {steady:,.0f} | {len(batches)} | " + ", ".join(cells)
+                         + f" (ms; {per:.1f} µs/rec over triggerExecution) |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def _phase(jobs: list[dict[str, Any]], phase: str | None) -> str:
+    """A phase's (None: all phases') median ms per job and µs per record over all jobs."""
+    per_job = [sum(j["phases"].values()) if phase is None else j["phases"].get(phase, 0.0) for j in jobs]
+    records = sum(j["records"] for j in jobs) or 1
+    return f"{_median(per_job) * 1000:.1f} ({sum(per_job) * 1e6 / records:.1f})"
+
+
 # -- the run ---------------------------------------------------------------------------------------
 async def run(bootstrap: str, args: argparse.Namespace, workdir: Path) -> Figures:
     bench = Bench(bootstrap, workdir, args.batch)
     figures = Figures()
-    bench.sss = sss_environment()
+    bench.sss = sss_environment() if "structured" in args.systems else None
+    if args.breakdown:
+        print(await breakdown(bench, args, figures.problems), flush=True)
+        return figures
     systems = [s for s in SYSTEMS if s in args.systems]
     for count in args.sizes:
         source = await bench.fill(count)
@@ -399,6 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heavy", type=int, default=64, help="SHA-512 rounds per row of the Spark-bound job")
     parser.add_argument("--batch", type=json.loads, default={},
                         help='JSON of spark.batch.* settings for the spark_batch runs (default: the engine\'s)')
+    parser.add_argument("--breakdown", action="store_true",
+                        help="only where a job's time goes: --sizes through spark_batch (each of --variants) "
+                             "with its jobs timed, and through Structured Streaming in batches of the same size")
+    parser.add_argument("--variants", nargs="+", default=["before", "per_part", "row_wise"],
+                        choices=["before", "per_part", "row_wise"],
+                        help="--breakdown's spark_batch runs: the function applied per task's part (with local "
+                             "relations as before, or frames of a partition per Arrow batch), or once per job "
+                             "(engine.spark.row_wise)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = parser.parse_args(argv)
@@ -416,8 +510,9 @@ def main(argv: list[str] | None = None) -> int:
 
             with KafkaBroker() as broker:
                 figures = asyncio.run(run(broker.bootstrap, args, Path(tmp)))
-    print()
-    print(table(figures))
+    if not args.breakdown:
+        print()
+        print(table(figures))
     if figures.problems:
         print("\nOUTPUT PROBLEMS:\n" + "\n".join(figures.problems))
     if args.plot:

@@ -4,4 +4,10 @@
 at module load, so ``import engine`` works without it. ``session`` holds the client's
 lazy, shared ``SparkSession``; ``stage`` the batch processor behind
 ``KStream.spark_batch`` and ``KStream.to_spark``; ``sink`` the writer of the latter.
+
+Import-light on purpose: ``row_wise`` (``parts``) only marks a function.
 """
+
+from .parts import row_wise
+
+__all__ = ["row_wise"]

@@ -22,6 +22,8 @@ from .schema import SchemaMismatch, align
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from .timing import JobClock
+
 VALUE_COLUMN = "value"
 
 
@@ -54,14 +56,24 @@ def decode(raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde)
     return decoded
 
 
-def to_frame(session: Any, records: Sequence[Record], key_column: str,
-             schema: StructType | None = None) -> tuple[Any, dict[int, SchemaMismatch]]:
+def to_frame(session: Any, records: Sequence[Record], key_column: str, schema: StructType | None = None,
+             clock: JobClock | None = None) -> tuple[Any, dict[int, SchemaMismatch]]:
     """A ``DataFrame`` of ``records`` and the records left out of it (call on a worker thread).
 
     With ``schema`` (from ``schema.resolve_schema``), each record's row is aligned to it by
     name; a record with a value that does not fit is left out, its ``SchemaMismatch`` under its
     index in ``records``. The frame is None when no record is left in it.
     """
+    table, left_out = to_arrow(records, key_column, schema, clock)
+    if table is None:
+        return None, left_out
+    return create_frame(session, table, schema, clock), left_out
+
+
+def to_arrow(records: Sequence[Record], key_column: str, schema: StructType | None = None,
+             clock: JobClock | None = None) -> tuple[Any, dict[int, SchemaMismatch]]:
+    """The ``pyarrow.Table`` that ``to_frame`` makes its frame of (None: no record left in it),
+    and the records left out, as there."""
     import pyarrow as pa
 
     rows = []
@@ -78,6 +90,8 @@ def to_frame(session: Any, records: Sequence[Record], key_column: str,
                 continue
         rows.append(row)
     if not rows:
+        if clock is not None:
+            clock.mark("frame")
         return None, left_out
     # With a schema, every row has its fields in the schema's order: Spark gives the schema's
     # fields to the table's columns by position, and the schema decides the types (Arrow's
@@ -85,17 +99,31 @@ def to_frame(session: Any, records: Sequence[Record], key_column: str,
     # (``Table.from_pylist`` would take only the first row's).
     names = dict.fromkeys(name for row in rows for name in row)
     table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in names})
+    if clock is not None:
+        clock.mark("frame")
+    return table, left_out
+
+
+def create_frame(session: Any, table: Any, schema: StructType | None = None, clock: JobClock | None = None) -> Any:
+    """A ``DataFrame`` of an Arrow ``table`` from ``to_arrow`` (call on a worker thread). Spark
+    Classic makes one partition of each record batch of the table."""
     try:
-        return session.createDataFrame(table, schema=schema), left_out
+        frame = session.createDataFrame(table, schema=schema)
     except TypeError:  # PySpark 3.5 takes no Arrow table: pandas, converted with Arrow
-        return session.createDataFrame(table.to_pandas(), schema=schema), left_out
+        frame = session.createDataFrame(table.to_pandas(), schema=schema)
+    if clock is not None:
+        clock.mark("create")
+    return frame
 
 
-def to_rows(frame: Any, stage: str) -> list[dict[str, Any]]:
+def to_rows(frame: Any, stage: str, clock: JobClock | None = None) -> list[dict[str, Any]]:
     """The rows of ``frame`` as plain dicts of Python values (call on a worker thread)."""
-    table = to_table(frame, stage)
+    table = to_table(frame, stage, clock)
     check_names(table.column_names, stage)
-    return table.to_pylist()  # type: ignore[no-any-return]  # pyarrow is untyped
+    rows = table.to_pylist()
+    if clock is not None:
+        clock.mark("rows")
+    return rows  # type: ignore[no-any-return]  # pyarrow is untyped
 
 
 def check_frame(frame: Any, stage: str) -> None:
@@ -104,14 +132,30 @@ def check_frame(frame: Any, stage: str) -> None:
         raise TypeError(f"Spark stage '{stage}' must return a pyspark.sql.DataFrame, got {type(frame).__name__}")
 
 
-def to_table(frame: Any, stage: str) -> Any:
+def to_table(frame: Any, stage: str, clock: JobClock | None = None) -> Any:
     """``frame`` collected as a ``pyarrow.Table`` (call on a worker thread): one Spark job."""
     check_frame(frame, stage)
+    if clock is not None:
+        clock.mark("analyze")
+        _plan(frame)
+        clock.mark("plan")
     if hasattr(frame, "toArrow"):
-        return frame.toArrow()
-    import pyarrow as pa
+        table = frame.toArrow()
+    else:
+        import pyarrow as pa
 
-    return pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+        table = pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+    if clock is not None:
+        clock.mark("execute")
+    return table
+
+
+def _plan(frame: Any) -> None:
+    """Optimize and plan ``frame``'s action ahead of it, only to time planning apart (the
+    action reuses the plan its query execution keeps, so the job costs the same)."""
+    jdf = getattr(frame, "_jdf", None)
+    if jdf is not None:  # Spark Classic; Spark Connect plans on the server
+        jdf.queryExecution().executedPlan()
 
 
 def check_names(names: Sequence[str], stage: str) -> None:

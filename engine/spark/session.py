@@ -28,6 +28,7 @@ ENGINE_KEYS = frozenset({
 })
 
 ARROW_KEY = "spark.sql.execution.arrow.pyspark.enabled"
+LOCAL_RELATION_KEY = "spark.sql.execution.arrow.localRelationThreshold"
 
 
 def require_pyspark(what: str) -> None:
@@ -44,6 +45,10 @@ def session_settings(config: Mapping[str, Any]) -> dict[str, str]:
     settings = {k: str(v) for k, v in config.items()
                 if k.startswith("spark.") and k not in ENGINE_KEYS and v is not None}
     settings.setdefault(ARROW_KEY, "true")
+    # A batch's Arrow table becomes a frame of one partition per record batch, not a local
+    # relation on the driver: a row-wise function's output is then told apart by partition
+    # (``parts.run_combined``).
+    settings.setdefault(LOCAL_RELATION_KEY, "0")
     return settings
 
 

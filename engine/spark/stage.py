@@ -44,9 +44,12 @@ from engine.records import ConsumerRecord, Record
 from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
 
 from .failures import SparkBatchTransientError, is_transient
-from .frames import Decoded, decode, to_frame, to_records
-from .parts import BatchJob, Part, TransformJob, run_parts, transform_job
+from .frames import Decoded, create_frame, decode, to_arrow, to_frame, to_records
+from .parts import BatchJob, Part, TransformJob, row_wise, run_combined, run_parts, transform_job
 from .schema import SchemaMismatch, resolve_schema
+from .timing import JobClock
+from .timing import finish as finish_clock
+from .timing import start as start_clock
 
 if TYPE_CHECKING:
     from engine.processors.context import NodeContext
@@ -285,18 +288,33 @@ class SparkBatchStage:
             context.removeJobTag(tag)
 
     def _on_worker_parts(self, parts: Sequence[Part], tag: str) -> list[FetchedResult]:
+        clock = start_clock(sum(len(part.raws) for part in parts), len(parts))
         with self._tagged(tag) as session:
+            if clock is not None:
+                clock.skip()  # the session and tag: not a phase of the job
             decodes = [decode(part.raws, part.key_serde, part.value_serde) for part in parts]
-            framed = [to_frame(session, decoded.records, self._key_column, self._resolved_schema)
-                      if decoded.records else (None, {}) for decoded in decodes]
-            rows = run_parts(self._job, [frame for frame, _left_out in framed], self.name)
+            if clock is not None:
+                clock.mark("decode")
+            schema = self._resolved_schema
+            tables = [to_arrow(decoded.records, self._key_column, schema, clock) if decoded.records else (None, {})
+                      for decoded in decodes]
+            job = self._job
+            rows = None
+            if isinstance(job, TransformJob) and job.row_wise:
+                rows = run_combined(session, job, [table for table, _left_out in tables], schema, self.name, clock)
+            if rows is None:
+                frames = [None if table is None else create_frame(session, table, schema, clock)
+                          for table, _left_out in tables]
+                rows = run_parts(job, frames, self.name, clock)
         results: list[FetchedResult] = []
-        for part, decoded, (_frame, left_out), part_rows in zip(parts, decodes, framed, rows, strict=True):
-            results.append(self._fetched_result(part.raws, decoded, left_out, part_rows, part.sink))
+        for part, decoded, (_table, left_out), part_rows in zip(parts, decodes, tables, rows, strict=True):
+            results.append(self._fetched_result(part.raws, decoded, left_out, part_rows, part.sink, clock))
+        finish_clock(clock)
         return results
 
     def _fetched_result(self, raws: Sequence[ConsumerRecord], decoded: Decoded, left_out: dict[int, SchemaMismatch],
-                        rows: list[dict[str, Any]] | None, sink: SinkNode | None) -> FetchedResult:
+                        rows: list[dict[str, Any]] | None, sink: SinkNode | None,
+                        clock: JobClock | None = None) -> FetchedResult:
         """A batch's result from its job's rows: the output records, the record they leave with
         and, for a direct sink, their bytes."""
         if rows is None:
@@ -309,7 +327,12 @@ class SparkBatchStage:
             return decoded, None, left_out, None, None, None
         carrier = raws[index]
         out = to_records(rows, self._key_column, self._value_columns, carrier.timestamp)
-        return decoded, out, left_out, carrier, None, None if sink is None else serialize_for(sink, out)
+        if clock is not None:
+            clock.mark("records")
+        serialized = None if sink is None else serialize_for(sink, out)
+        if clock is not None:
+            clock.mark("serialize")
+        return decoded, out, left_out, carrier, None, serialized
 
     async def _off_loop(self, work: Callable[[], T], tag: str, size: int) -> T:
         try:
@@ -325,22 +348,31 @@ class SparkBatchStage:
                 await anyio.to_thread.run_sync(self._cancel, tag)
             raise
 
-    def _on_worker(self, records: list[Record], tag: str) -> BatchResult:
+    def _on_worker(self, records: list[Record], tag: str, clock: JobClock | None = None) -> BatchResult:
         with self._tagged(tag) as session:
-            frame, left_out = to_frame(session, records, self._key_column, self._resolved_schema)
+            frame, left_out = to_frame(session, records, self._key_column, self._resolved_schema, clock)
             # No record fits the schema: nothing for Spark to do, each record reports its own error.
-            return (None if frame is None else self._job(frame)), left_out
+            if frame is None:
+                return None, left_out
+            if clock is not None and isinstance(self._job, TransformJob):
+                return self._job(frame, clock), left_out
+            return self._job(frame), left_out
 
     def _on_worker_fetched(self, raws: Sequence[ConsumerRecord], key_serde: Serde, value_serde: Serde,
                            tag: str, sink: SinkNode | None) -> FetchedResult:
+        clock = start_clock(len(raws))
         decoded = decode(raws, key_serde, value_serde)
+        if clock is not None:
+            clock.mark("decode")
         if not decoded.records:  # every record failed to decode: nothing for Spark to do
             return decoded, None, {}, None, None, None
         try:
-            rows, left_out = self._on_worker(decoded.records, tag)
+            rows, left_out = self._on_worker(decoded.records, tag, clock)
         except Exception as exc:
             return decoded, None, {}, None, exc, None
-        return self._fetched_result(raws, decoded, left_out, rows, sink)
+        result = self._fetched_result(raws, decoded, left_out, rows, sink, clock)
+        finish_clock(clock)
+        return result
 
     def _cancel(self, tag: str) -> None:
         if not self._sessions.started:
@@ -379,4 +411,4 @@ def serialize_for(sink: SinkNode, records: Sequence[Record]) -> list[tuple[bytes
         return None
 
 
-__all__ = ["BatchJob", "BatchSettings", "SparkBatchStage", "TransformJob", "transform_job"]
+__all__ = ["BatchJob", "BatchSettings", "SparkBatchStage", "TransformJob", "row_wise", "transform_job"]

@@ -141,7 +141,15 @@ def build(args: argparse.Namespace) -> Any:
         stream = stream.map_values(enriched)
     else:
         heavy, fail_at, slow_ms = args.heavy, args.fail_at, args.slow_ms
-        stream = stream.spark_batch(lambda frame: enrich(frame, heavy, fail_at, slow_ms), schema=SCHEMA,
+
+        def job(frame: Any) -> Any:
+            return enrich(frame, heavy, fail_at, slow_ms)
+
+        if args.row_wise:
+            from engine.spark import row_wise
+
+            job = row_wise(job)
+        stream = stream.spark_batch(job, schema=SCHEMA,
                                     max_records=args.max_records, max_wait_ms=args.max_wait_ms,
                                     value_columns=list(OUTPUT_FIELDS), name="enrich")
     stream.to(args.sink, key_serde=key, value_serde=json_serde)
@@ -193,11 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heavy", type=int, default=0)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--slow-ms", type=int, default=0)
+    parser.add_argument("--row-wise", action="store_true",
+                        help="mark the job row_wise (one plan per job for the thread's tasks)")
+    parser.add_argument("--timings", action="store_true",
+                        help='print each Spark job\'s phases as {"event": "job", ...} (engine.spark.timing)')
     parser.add_argument("--warm", action="store_true",
                         help="start the SparkSession (and cache the customer table) before the client")
     args = parser.parse_args(argv)
 
     streams = build(args)
+    if args.timings:
+        from engine.spark import timing
+
+        timing.record_jobs(lambda clock: emit("job", records=clock.records, parts=clock.parts,
+                                              phases=clock.phases))
     if args.warm:
         warm_up(json.loads(args.settings), args.mode)
     emit("ready", time=time.time())
