@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from engine.collector import RecordCollector
     from engine.state.task_state import TaskStateManager
 
+    from .bulk_exec import ExecutorReads
     from .bulk_jobs import StageJobs
     from .loops import InFlightPlan
     from .task import StreamTask
@@ -58,3 +59,5 @@ class TaskSetup:
     in_flight: InFlightPlan | None = None
     # The Spark jobs the bulk path shares with the thread's other tasks, by stage.
     spark_jobs: dict[str, StageJobs] | None = None
+    # The group consumer's side of a Spark stage that reads on the executors (engine.tasks.bulk_exec).
+    executor_reads: ExecutorReads | None = None
