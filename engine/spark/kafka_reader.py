@@ -20,11 +20,15 @@ from .frames import VALUE_COLUMN
 from .kafka_source import (
     CARRIER,
     KEY_FAILED,
+    KIND,
     MISFIT,
+    OFFSET,
     RAW,
+    SIDE_COLUMNS,
     SOURCE_NAME,
     VALUE_FAILED,
     KafkaRange,
+    RangeOutcome,
     ReadSpec,
     full_schema,
     pack_error,
@@ -189,3 +193,44 @@ def fetch_range(kafka: Mapping[str, Any], kafka_range: KafkaRange, stall_ms: int
     finally:
         loop.run_until_complete(consumer.stop())
         loop.close()
+
+
+# -- the driver's side: the jobs over a range (worker threads of the engine) -------------------------
+def source_frame(session: Any, spec: ReadSpec) -> Any:
+    """The ranges of ``spec`` as a DataFrame: the schema's columns, then the side columns."""
+    register(session)
+    return session.read.format(SOURCE_NAME).option("spec", spec.encode()).load()
+
+
+def run_range_job(session: Any, job: Any, spec: ReadSpec, stage: str) -> RangeOutcome:
+    """One Spark job over ``spec``'s ranges (call on a worker thread): ``job`` (the stage's
+    ``TransformJob`` or write) over the records that decoded and fit, and the side rows back.
+
+    The source is persisted for the two actions (the function's and the side rows' collect), so
+    the executors read each range from Kafka once; a lost executor's blocks are read again from
+    the same fixed offsets, which give the same records."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        names = list(spec.schema.fieldNames())
+        good = frame.where(F.col(KIND).isNull()).select(*[F.col(f"`{name}`") for name in names])
+        rows = job(good)
+        side = [row.asDict(recursive=True) for row in
+                frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS).collect()]
+    finally:
+        frame.unpersist()
+    return RangeOutcome(rows, side)
+
+
+def run_raw_job(session: Any, spec: ReadSpec) -> RangeOutcome:
+    """Every record of ``spec``'s ranges as fetched (call on a worker thread): after a job that
+    raised, each record goes to the processing handler, as on the driver path."""
+    from pyspark.sql import functions as F
+
+    raw = ReadSpec(spec.kafka, spec.ranges, spec.key_serde, spec.value_serde, spec.key_column, spec.schema,
+                   mode=RAW, stall_ms=spec.stall_ms)
+    frame = source_frame(session, raw)
+    side = [row.asDict(recursive=True) for row in frame.where(F.col(KIND) == RAW).select(*SIDE_COLUMNS).collect()]
+    return RangeOutcome(None, sorted(side, key=lambda row: row[OFFSET]))

@@ -273,7 +273,7 @@ class ExecutorWindow:
         return sessions
 
     def _on_worker(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from engine.spark.kafka_source import run_range_job
+        from engine.spark.kafka_reader import run_range_job
 
         session = self._sessions().get()
         context = session.sparkContext
@@ -286,7 +286,7 @@ class ExecutorWindow:
             context.removeJobTag(tag)
 
     def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from engine.spark.kafka_source import run_raw_job
+        from engine.spark.kafka_reader import run_raw_job
 
         session = self._sessions().get()
         context = session.sparkContext
