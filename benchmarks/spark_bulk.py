@@ -495,7 +495,15 @@ def main(argv: list[str] | None = None) -> int:
                              "(engine.spark.row_wise)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    parser.add_argument("--read-cpu", type=int, default=None, metavar="RECORDS",
+                        help="only this process's CPU per record, read='driver' against read='executors' "
+                             "(benchmarks/spark_read_cpu.py), over RECORDS records")
     args = parser.parse_args(argv)
+    if args.read_cpu is not None:
+        from benchmarks.spark_read_cpu import run_read_cpu
+
+        print(run_read_cpu(args.bootstrap, args.read_cpu))
+        return 0
     args.sizes = args.sizes or ([5_000] if args.quick else [200_000, 1_000_000])
     args.rates = args.rates or [2_000, 20_000]
     args.seconds = args.seconds or (3.0 if args.quick else 15.0)

@@ -45,6 +45,7 @@ from engine.ids import TaskId
 from engine.lifecycle import StateMachine
 from engine.logcontext import LogContext
 from engine.serdes import Serde
+from engine.spark.kafka_source import check_spark_reads
 from engine.spark.session import SparkSessions
 from engine.state.bytes_stores import require_rocksdict
 from engine.state.cleaner import StateDirCleaner
@@ -90,6 +91,7 @@ class KafkaStreams:
             load_handler(self.config, key)
         load_timestamp_extractor(self.config)
         topology.validate()
+        check_spark_reads(topology.spark_reads, self.config)  # read="executors" where it cannot: now
         topology.check_sink_serdes(self.config[cfg.DEFAULT_KEY_SERDE], self.config[cfg.DEFAULT_VALUE_SERDE])
         topology.set_application_id(self.config[cfg.APPLICATION_ID])
         default_persistent = self.config[cfg.DEFAULT_DSL_STORE] == "rocksDB"

@@ -264,6 +264,9 @@ SPARK_BATCH_BULK = "spark.batch.bulk"
 SPARK_BATCH_MAX_BYTES = "spark.batch.max.bytes"
 SPARK_BATCH_SHARED = "spark.batch.shared"
 SPARK_BATCH_SHARED_MAX_MS = "spark.batch.shared.max.ms"
+SPARK_BATCH_READ = "spark.batch.read"
+SPARK_READ_DRIVER = "driver"
+SPARK_READ_EXECUTORS = "executors"
 SECURITY_PROTOCOL = "security.protocol"
 SASL_MECHANISM = "sasl.mechanism"
 SASL_JAAS_CONFIG = "sasl.jaas.config"
@@ -465,6 +468,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SPARK_BATCH_MAX_BYTES, int, 0,
               "On the bulk path, a Spark job is sealed once its records' keys and values reach this many "
               "bytes, before max.records (0: no limit).", _at_least(0)),
+    ConfigKey(SPARK_BATCH_READ, str, SPARK_READ_DRIVER,
+              "Who reads the records of a Spark stage right after its source: driver (this process fetches, "
+              "decodes and frames them) or executors (Spark's executors read each task's offset range from "
+              "Kafka themselves and the records never pass through this process; needs the stage's schema=, "
+              "see docs/spark.md). A stage's read= overrides it.",
+              _one_of(SPARK_READ_DRIVER, SPARK_READ_EXECUTORS)),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "

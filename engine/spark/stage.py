@@ -141,8 +141,11 @@ class SparkBatchStage:
     """The processor behind ``spark_batch`` and ``to_spark``; one per task."""
 
     def __init__(self, name: str, job: BatchJob, settings: BatchSettings, key_column: str,
-                 value_columns: Sequence[str] | None, schema: Any = None) -> None:
+                 value_columns: Sequence[str] | None, schema: Any = None, read: str | None = None) -> None:
         self.name = name
+        # Who reads the stage's records (engine.spark.kafka_source); None: spark.batch.read.
+        self.read_setting = read
+        self.read = read or cfg.SPARK_READ_DRIVER
         self._job = job
         self._settings = settings
         self._key_column = key_column
@@ -168,6 +171,12 @@ class SparkBatchStage:
         self.max_bytes: int = config.get(cfg.SPARK_BATCH_MAX_BYTES, 0)
         self.max_shared_ms: int = config.get(cfg.SPARK_BATCH_SHARED_MAX_MS, 10_000)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
+        self.read = self.read_setting or config.get(cfg.SPARK_BATCH_READ, cfg.SPARK_READ_DRIVER)
+
+    def executor_job(self) -> tuple[BatchJob, str, Sequence[str] | None, Any]:
+        """The job, key column, value columns and declared schema: what the executors' read path
+        (``engine.tasks.bulk_exec``) runs the stage with."""
+        return self._job, self._key_column, self._value_columns, self._schema
 
     def batching(self) -> tuple[int, float, int]:
         """Records per batch, seconds a batch waits to fill, batches of a task at once."""

@@ -5,6 +5,8 @@
   or a processor's ``concurrency=``), ordered by ``processing.ordering``.
 - ``BatchWindow`` (``bulk.py``): a Spark stage right after the source takes its records in
   batches, one entry per batch (when records may be in flight, as for a Spark stage).
+- ``ExecutorWindow`` (``bulk_exec.py``): such a stage with ``read="executors"``: Spark's
+  executors read the task's offset ranges from Kafka; no record reaches this process.
 
 Every loop runs records by the task's one per-record path (``processing.RecordPath``) and passes
 them (position and stream time) in offset order per partition; what differs is how many run at
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from engine.records import TopicPartition
 
 from .bulk import bulk_window
+from .bulk_exec import ExecutorReads, executor_window
 from .in_flight import HeldCollector, InFlightWindow
 from .sequential import SequentialLoop
 
@@ -53,7 +56,12 @@ class RunLoop(Protocol):
 
 def run_loop(task: StreamTask, in_flight: InFlightPlan | None,
              skips: Mapping[TopicPartition, frozenset[int]],
-             spark_jobs: dict[str, StageJobs] | None) -> RunLoop:
+             spark_jobs: dict[str, StageJobs] | None,
+             executor_reads: ExecutorReads | None = None) -> RunLoop:
+    # A Spark stage whose executors read Kafka: the records never reach this process.
+    executors = executor_window(task, executor_reads)
+    if executors is not None:
+        return executors
     if in_flight is None:
         return SequentialLoop(task)
     # A Spark stage right after the source takes its records in bulk: one entry per batch.

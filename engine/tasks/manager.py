@@ -28,11 +28,13 @@ from engine.processors.context import CURRENT, TaskContext
 from engine.records import ConsumerRecord, TopicPartition
 from engine.recovery import ProducerLost, TaskCorrupted, TaskMigrated
 from engine.serdes import Serde
+from engine.spark.kafka_source import executor_options
 from engine.state.task_state import StateSettings, TaskStateManager
 from engine.timestamps import TimestampExtractor
 from engine.topology.topology import Topology
 from engine.transport.base import Consumer, Producer
 
+from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
@@ -228,12 +230,24 @@ class TaskManager:
         setup = TaskSetup(
             errors=self._errors, meter=self.meter, timer=timer, on_pause=self._on_pause, state=state,
             restore=restore, committed=self._consumer.committed, exactly_once=exactly_once,
-            in_flight=in_flight, spark_jobs=self.spark_jobs, tracing=tracing)
+            in_flight=in_flight, spark_jobs=self.spark_jobs, tracing=tracing,
+            executor_reads=self._executor_reads())
         send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own, task_id))
         task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
                           setup, self._monotonic_ms)
         holder.append(task)  # what its restore and rewind act on, once it exists
         return task
+
+    def _executor_reads(self) -> ExecutorReads | None:
+        """The consumer's side of a Spark stage reading on the executors (``engine.tasks.bulk_exec``);
+        the options the executors' readers take exist only on the Kafka transport."""
+        if self._spark is None:
+            return None
+        consumer = self._consumer
+        options = getattr(consumer, "options", None)
+        return ExecutorReads(pause=lambda tp: consumer.pause(tp), position=consumer.position,
+                             end_offsets=consumer.end_offsets,
+                             options=None if options is None else executor_options(options))
 
     def _rewind(self, task: StreamTask, committed: Committed) -> None:
         """Exactly-once, once the task's producer started (which aborted a previous owner's open

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from engine.collector import RecordCollector
     from engine.state.task_state import TaskStateManager
 
+    from .bulk_exec import ExecutorReads
     from .bulk_jobs import StageJobs
     from .loops import InFlightPlan
     from .task import StreamTask
@@ -61,3 +62,5 @@ class TaskSetup:
     spark_jobs: dict[str, StageJobs] | None = None
     # With tracing.enabled: the task's spans (engine.tasks.tracing); None costs nothing per record.
     tracing: TaskTracing | None = None
+    # The group consumer's side of a Spark stage that reads on the executors (engine.tasks.bulk_exec).
+    executor_reads: ExecutorReads | None = None

@@ -235,7 +235,8 @@ class StreamTask:
 
     def _loop(self) -> RunLoop:
         if self.loop is None:
-            self.loop = run_loop(self, self._setup.in_flight, self._skips, self._setup.spark_jobs)
+            self.loop = run_loop(self, self._setup.in_flight, self._skips, self._setup.spark_jobs,
+                                 self._setup.executor_reads)
         return self.loop
 
     async def _start(self) -> bool:

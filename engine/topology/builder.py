@@ -30,6 +30,7 @@ from engine.topology.branches import BranchedKStream
 from engine.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from engine.topology.joins import StreamJoined, stream_stream_join
 from engine.topology.repartition import Repartitioned, repartition
+from engine.topology.specs import NodeKind
 from engine.topology.tables import (
     KGroupedStream,
     KTable,
@@ -338,6 +339,7 @@ class KStream:
         value_columns: Sequence[str] | None = None,
         schema: Any = None,
         name: str | None = None,
+        read: str | None = None,
     ) -> KStream:
         """Run ``fn(DataFrame) -> DataFrame`` on Spark over micro-batches of each task's records.
 
@@ -352,6 +354,10 @@ class KStream:
         from ``key_column``, value a dict of ``value_columns`` (default: every other column).
         Jobs run on worker threads, never on a stream thread's loop; a record's offset is
         committed only after its batch's output is handed on. Needs ``streamloop[spark]``.
+
+        ``read``: ``"driver"`` (this process fetches and decodes the records) or ``"executors"``
+        (Spark's executors read each task's offset range from Kafka: only a stage right after its
+        source, with ``schema``); None takes ``spark.batch.read``. See docs/spark.md.
         """
         from engine.spark.session import require_pyspark
         from engine.spark.stage import BatchSettings, SparkBatchStage, transform_job
@@ -364,8 +370,9 @@ class KStream:
         settings.check(node_name)
         columns = None if value_columns is None else tuple(value_columns)
         job = transform_job(fn, node_name)
+        self._check_read(node_name, read, schema)
         return self._spark_stage(node_name, settings, lambda: SparkBatchStage(
-            node_name, job, settings, key_column, columns, schema))
+            node_name, job, settings, key_column, columns, schema, read=read))
 
     def to_spark(
         self,
@@ -381,6 +388,7 @@ class KStream:
         key_column: str = "key",
         schema: Any = None,
         name: str | None = None,
+        read: str | None = None,
     ) -> None:
         """Write the stream with Spark, one write per micro-batch: files at ``path`` (Parquet
         unless ``format`` says otherwise) or the table ``table``; a terminal operation.
@@ -401,8 +409,20 @@ class KStream:
         settings = BatchSettings(max_records, max_wait_ms, max_batches_in_flight)
         settings.check(node_name)
         job = write_job(path, table, format, mode, options)
+        self._check_read(node_name, read, schema)
         self._spark_stage(node_name, settings, lambda: SparkBatchStage(
-            node_name, job, settings, key_column, None, schema))
+            node_name, job, settings, key_column, None, schema, read=read))
+
+    def _check_read(self, node_name: str, read: str | None, schema: Any) -> None:
+        """``read=`` of a Spark stage: executors read Kafka only for a stage right after its
+        source (nothing in between runs on the executors), and need the columns before reading."""
+        from engine.spark.kafka_source import StageRead, check_stage_read
+
+        topology = self._builder._topology
+        spec = topology.spec(self._node)
+        after_source = spec.kind is NodeKind.SOURCE
+        check_stage_read(node_name, read, after_source, len(spec.topics), schema)
+        topology.spark_reads[node_name] = StageRead(read, after_source, len(spec.topics), schema is not None)
 
     def _spark_stage(self, node_name: str, settings: Any, supplier: Callable[[], Any]) -> KStream:
         builder = self._builder

@@ -42,6 +42,9 @@ class Topology:
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
         # Global tables' stores by name: outside every sub-topology (engine.topology.global_tables).
         self.global_stores: dict[str, GlobalStoreSpec] = {}
+        # Spark stages' read= and where they sit, by stage (engine.spark.kafka_source.StageRead):
+        # the client checks them against spark.batch.read when it is created.
+        self.spark_reads: dict[str, Any] = {}
 
     # -- building -----------------------------------------------------------
     def _add(self, spec: NodeSpec) -> None:

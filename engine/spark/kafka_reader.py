@@ -1,0 +1,236 @@
+"""The executors' side of ``read="executors"`` (``engine.spark.kafka_source``): a PySpark Python
+data source whose reader fetches one offset range per Spark partition with aiokafka.
+
+This module runs inside Spark's Python workers (it is imported there by the data source's class
+path), so it imports pyspark at the top and keeps to what an executor has: aiokafka, the
+stage's serdes (shipped pickled in the ``spec`` option) and ``engine.spark.schema.align``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from .frames import VALUE_COLUMN
+from .kafka_source import (
+    CARRIER,
+    KEY_FAILED,
+    KIND,
+    MISFIT,
+    OFFSET,
+    RAW,
+    SIDE_COLUMNS,
+    SOURCE_NAME,
+    VALUE_FAILED,
+    KafkaRange,
+    RangeOutcome,
+    ReadSpec,
+    full_schema,
+    pack_error,
+)
+from .schema import SchemaMismatch, align
+
+_registered: set[int] = set()
+
+
+def register(session: Any) -> None:
+    """Register the data source with ``session`` (once per session)."""
+    if id(session) not in _registered:
+        session.dataSource.register(KafkaRangeSource)
+        _registered.add(id(session))
+
+
+class RangePartition(InputPartition):
+    def __init__(self, index: int, kafka_range: KafkaRange) -> None:
+        super().__init__(index)
+        self.range = kafka_range
+
+
+class KafkaRangeSource(DataSource):
+    """``spark.read.format("streamloop_kafka_range").option("spec", ReadSpec.encode()).load()``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def _spec(self) -> ReadSpec:
+        return ReadSpec.decode(self.options["spec"])
+
+    def schema(self) -> StructType:
+        return full_schema(self._spec().schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaRangeReader(self.options["spec"])
+
+
+class KafkaRangeReader(DataSourceReader):
+    def __init__(self, spec: str) -> None:
+        # Kept encoded: Spark pickles the reader with its own pickler, which does not know how
+        # the spec's serdes travel (``ReadSpec.encode``).
+        self.spec = spec
+
+    def partitions(self) -> Sequence[InputPartition]:
+        # One Spark partition per range: one reader reads a range in offset order, which keeps
+        # the frame's rows in offset order (as the driver path's frame is).
+        return [RangePartition(index, r) for index, r in enumerate(ReadSpec.decode(self.spec).ranges)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        spec = ReadSpec.decode(self.spec)
+        fields = len(spec.schema.fields)
+        assert isinstance(partition, RangePartition)
+        records = fetch_range(spec.kafka, partition.range, spec.stall_ms)
+        if spec.mode == RAW:
+            for raw in records:
+                yield (*([None] * fields), RAW, raw.offset, raw.timestamp, raw.key, raw.value,
+                       _headers(raw.headers), None, None, None)
+            return
+        yield from decode_range(records, spec, fields)
+
+
+def decode_range(records: Iterator[Any], spec: ReadSpec, fields: int) -> Iterator[tuple[Any, ...]]:
+    """The rows of a range: each record decoded with the stage's serdes and aligned to its schema,
+    as ``frames.decode`` and ``frames.to_frame`` do on the driver; a record that does not decode
+    or fit is a side row, and the range's summary comes last."""
+    key_serde, value_serde, key_column, schema = spec.key_serde, spec.value_serde, spec.key_column, spec.schema
+    empty = (None,) * fields
+    nothing = (None,) * 9
+    count, max_timestamp = 0, -1
+    last_good: Any = None
+    carrier: Any = None  # the last good record before the first failed one (``stage.carrier_of``)
+    failed = False
+    for raw in records:
+        count += 1
+        if raw.timestamp > max_timestamp:
+            max_timestamp = raw.timestamp
+        what = KEY_FAILED
+        try:
+            key = key_serde.deserialize(raw.key)
+            what = VALUE_FAILED
+            value = value_serde.deserialize(raw.value)
+            what = MISFIT
+            row = dict(value) if isinstance(value, Mapping) else {VALUE_COLUMN: value}
+            row[key_column] = key
+            aligned = align(row, schema)
+        except SchemaMismatch as mismatch:
+            if not failed:
+                failed, carrier = True, last_good
+            yield (*empty, MISFIT, raw.offset, raw.timestamp, raw.key, raw.value, _headers(raw.headers),
+                   pack_error(_Misfit(mismatch.field, mismatch.expected, mismatch.found)), None, None)
+            continue
+        except Exception as exc:
+            if what == MISFIT:
+                raise  # not a misfit: align itself failed, the job's error
+            if not failed:
+                failed, carrier = True, last_good
+            yield (*empty, what, raw.offset, raw.timestamp, raw.key, raw.value, _headers(raw.headers),
+                   pack_error(exc), None, None)
+            continue
+        last_good = raw
+        yield (*aligned.values(), *nothing)
+    if not failed or carrier is None:
+        carrier = last_good
+    yield (*empty, CARRIER, -1 if carrier is None else carrier.offset, -1 if carrier is None else carrier.timestamp,
+           None, None, None, None, count, max_timestamp)
+
+
+class _Misfit(Exception):
+    """A ``SchemaMismatch`` as it travels back (its ``__init__`` takes three arguments, which a
+    plain pickle of the exception would not give back)."""
+
+    def __init__(self, field: str, expected: str, found: str) -> None:
+        super().__init__(field, expected, found)
+
+    def mismatch(self) -> SchemaMismatch:
+        return SchemaMismatch(*self.args)
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
+    return [(k, bytes(v) if v is not None else None) for k, v in headers] if headers else None
+
+
+def fetch_range(kafka: Mapping[str, Any], kafka_range: KafkaRange, stall_ms: int) -> Iterator[Any]:
+    """The records of ``kafka_range`` in offset order, fetched by a consumer of no group on a
+    private event loop (this is a Spark task's thread, not a loop of ours). Raises
+    ``TimeoutError`` when no offset of the range arrives for ``stall_ms``: the Spark task fails
+    and Spark runs it again (its retries, then the job's error, which the engine retries)."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    tp = TopicPartition(kafka_range.topic, kafka_range.partition)
+    end = kafka_range.end
+    loop = asyncio.new_event_loop()
+
+    async def start() -> Any:
+        consumer = AIOKafkaConsumer(**{**kafka, "enable_auto_commit": False, "group_id": None,
+                                       "auto_offset_reset": "none"})
+        await consumer.start()
+        consumer.assign([tp])
+        consumer.seek(tp, kafka_range.start)
+        return consumer
+
+    consumer = loop.run_until_complete(start())
+    try:
+        position = kafka_range.start
+        progress = time.monotonic()
+        while position < end:
+            fetched = loop.run_until_complete(consumer.getmany(tp, timeout_ms=500))
+            for raw in fetched.get(tp, ()):
+                if raw.offset >= end:
+                    break
+                yield raw
+            # Transaction markers and aborted records move the position without a record.
+            moved = loop.run_until_complete(consumer.position(tp))
+            if moved > position:
+                position, progress = moved, time.monotonic()
+            elif time.monotonic() - progress > stall_ms / 1000.0:
+                raise TimeoutError(f"reading {kafka_range.topic}-{kafka_range.partition} offsets "
+                                   f"{kafka_range.start}..{end - 1}: no progress at {position} for {stall_ms} ms")
+    finally:
+        loop.run_until_complete(consumer.stop())
+        loop.close()
+
+
+# -- the driver's side: the jobs over a range (worker threads of the engine) -------------------------
+def source_frame(session: Any, spec: ReadSpec) -> Any:
+    """The ranges of ``spec`` as a DataFrame: the schema's columns, then the side columns."""
+    register(session)
+    return session.read.format(SOURCE_NAME).option("spec", spec.encode()).load()
+
+
+def run_range_job(session: Any, job: Any, spec: ReadSpec, stage: str) -> RangeOutcome:
+    """One Spark job over ``spec``'s ranges (call on a worker thread): ``job`` (the stage's
+    ``TransformJob`` or write) over the records that decoded and fit, and the side rows back.
+
+    The source is persisted for the two actions (the function's and the side rows' collect), so
+    the executors read each range from Kafka once; a lost executor's blocks are read again from
+    the same fixed offsets, which give the same records."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        names = list(spec.schema.fieldNames())
+        good = frame.where(F.col(KIND).isNull()).select(*[F.col(f"`{name}`") for name in names])
+        rows = job(good)
+        side = [row.asDict(recursive=True) for row in
+                frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS).collect()]
+    finally:
+        frame.unpersist()
+    return RangeOutcome(rows, side)
+
+
+def run_raw_job(session: Any, spec: ReadSpec) -> RangeOutcome:
+    """Every record of ``spec``'s ranges as fetched (call on a worker thread): after a job that
+    raised, each record goes to the processing handler, as on the driver path."""
+    from pyspark.sql import functions as F
+
+    raw = ReadSpec(spec.kafka, spec.ranges, spec.key_serde, spec.value_serde, spec.key_column, spec.schema,
+                   mode=RAW, stall_ms=spec.stall_ms)
+    frame = source_frame(session, raw)
+    side = [row.asDict(recursive=True) for row in frame.where(F.col(KIND) == RAW).select(*SIDE_COLUMNS).collect()]
+    return RangeOutcome(None, sorted(side, key=lambda row: row[OFFSET]))

@@ -1,0 +1,406 @@
+"""The run loop of a task whose Spark stage reads on the executors (``read="executors"``).
+
+The records never pass through this process. The group consumer keeps the task's partition
+assigned (membership, heartbeats, commits) but paused; the loop picks the next offset range of
+the partition (``kafka_source.pick_range``: from the task's position to the end offset, at most
+``max.records``), runs one Spark job whose executors read, decode and align that range and run
+the stage's function (``kafka_source.run_range_job``), and then, in this order:
+
+1. hands each record that did not decode to the deserialization handler and each that does not
+   fit the schema to the processing handler (``SparkSchemaError``), in offset order; a PAUSE
+   stops there (the rest of the range is read again on resume);
+2. forwards the function's rows downstream, in the context of the range's carrier record (the
+   driver path's rule), unless the task paused at or below it;
+3. moves the task's position to the range's end (never past a PAUSE): the commit takes it from
+   there, after the producer's flush, as for every other loop. A ``to_spark`` write is done when
+   the job returns, so its range is safe then.
+
+A job that raised (not a timeout, not a lost executor) fails each record of the range with
+``SparkBatchError``: the range is read once more, raw, so that each record reaches the
+processing handler as on the driver path. Timeouts and lost executors are retried under
+``task.timeout.ms``. One range per task runs at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from engine import config as cfg
+from engine.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, StreamsError
+from engine.processors.nodes import ProcessorNode, SourceNode
+from engine.records import FetchedRecord, Record, TopicPartition
+from engine.spark.failures import SparkBatchTransientError, is_transient
+from engine.spark.kafka_source import (
+    COUNT,
+    ERROR,
+    HEADERS,
+    KEY_FAILED,
+    MAX_TIMESTAMP,
+    MISFIT,
+    OFFSET,
+    RAW_KEY,
+    RAW_VALUE,
+    TIMESTAMP,
+    VALUE_FAILED,
+    KafkaRange,
+    RangeOutcome,
+    ReadSpec,
+    pick_range,
+    unpack_error,
+)
+from engine.spark.stage import SparkBatchStage
+
+from .processing import RecordPath, failed_node
+from .timeouts import is_timeout
+
+if TYPE_CHECKING:
+    from engine.spark.session import SparkSessions
+
+    from .task import StreamTask
+
+log = logging.getLogger(__name__)
+_tags = itertools.count()
+
+
+@dataclass(frozen=True)
+class ExecutorReads:
+    """What the loop needs of the thread's group consumer (from the task manager): pausing the
+    task's partition, its position and end offset, and the options the executors' readers take
+    (None: the transport cannot be read by executors, the memory broker)."""
+
+    pause: Callable[[TopicPartition], None]
+    position: Callable[[TopicPartition], Awaitable[int]]
+    end_offsets: Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, int]]]
+    options: Mapping[str, Any] | None
+
+
+def executor_window(task: StreamTask, reads: ExecutorReads | None) -> ExecutorWindow | None:
+    """The loop for ``task`` if its stage reads on the executors; None otherwise. A stage that
+    reads on the executors in a task that cannot (checked at build and client creation for what
+    the topology shows) raises ``ConfigError``."""
+    sources = {id(node): node for node in task.graph.sources.values()}
+    stage_node = None
+    for feeding in sources.values():
+        for child in feeding.children:
+            if isinstance(child, ProcessorNode) and isinstance(child.processor, SparkBatchStage):
+                stage_node = child
+    if stage_node is None:
+        return None
+    stage = stage_node.processor
+    assert isinstance(stage, SparkBatchStage)
+    if stage.read != cfg.SPARK_READ_EXECUTORS:
+        return None
+    source = next(iter(sources.values())) if len(sources) == 1 else None
+    why = None
+    if source is None or len(task.partitions) != 1 or len(source.children) != 1:
+        why = "its task reads more than one partition, or its source feeds other processors too"
+    elif task.state_manager is not None:
+        why = "its sub-topology has state stores"
+    elif source.timestamp_extractor is not None:
+        why = "its source has a timestamp extractor (the executors keep the records' own timestamps)"
+    elif task.exactly_once:
+        why = "exactly-once: its output is not part of the task's transaction"
+    elif reads is None or reads.options is None:
+        why = "the transport is not Kafka (the executors read from Kafka brokers)"
+    if why is not None:
+        raise ConfigError(cfg.SPARK_BATCH_READ, f"Spark stage '{stage.name}' cannot read on the executors: {why}; "
+                          f"give it read='driver' or set {cfg.SPARK_BATCH_READ}=driver")
+    assert source is not None and reads is not None
+    (tp,) = task.partitions
+    return ExecutorWindow(task, TopicPartition(*tp), source, stage_node, stage, reads)
+
+
+class ExecutorWindow:
+    """Caller: ``StreamTask.run`` (the loop) and the task (``lowest_in_flight``, ``metadata``)."""
+
+    def __init__(self, task: StreamTask, tp: TopicPartition, source: SourceNode, node: ProcessorNode,
+                 stage: SparkBatchStage, reads: ExecutorReads) -> None:
+        self._task = task
+        self._tp = tp
+        self._source = source
+        self._node = node
+        self._stage = stage
+        self._reads = reads
+        self._max_records, self._max_wait_s, _in_flight = stage.batching()
+        self._running: KafkaRange | None = None
+        self._path = RecordPath(task, journal=False)
+        self._schema: Any = None
+        self.ranges = 0  # jobs run (tests and the benchmark look)
+
+    # -- what StreamTask asks of its window -------------------------------------------
+    def metadata(self, tp: TopicPartition, watermark: int) -> str:
+        return ""  # ranges finish in order: nothing is ever done above the watermark
+
+    def lowest_in_flight(self, tp: TopicPartition) -> int | None:
+        running = self._running
+        return None if running is None or tp != self._tp else running.start
+
+    # -- the loop -----------------------------------------------------------------
+    async def run(self) -> None:
+        await self._serve(until_idle=False)
+
+    async def drain(self) -> None:
+        await self._serve(until_idle=True)
+
+    async def _serve(self, until_idle: bool) -> None:
+        task, tp = self._task, self._tp
+        initial: int | None = None
+        while not task.closing:
+            task.clear_wakeup()
+            self._hold()
+            await task.flush_output()
+            if task.paused_at is not None:
+                if until_idle:
+                    break
+                await task.wait_for_wakeup()
+                continue
+            position = task.position(tp)
+            if position is None:
+                if initial is None:
+                    initial = await self._initial_position()
+                position = initial
+            end = (await self._reads.end_offsets([tp]))[tp]
+            next_range = pick_range(tp, position, end, self._max_records)
+            if next_range is None:
+                if until_idle:
+                    break
+                # Nothing past the position yet: look again after max.wait.ms (or a close).
+                with anyio.move_on_after(self._max_wait_s or 0.1):
+                    await task.wait_for_wakeup()
+                await task.punctuate_wall_clock()
+                continue
+            await self._run_range(next_range)
+            await task.punctuate_wall_clock()
+        await task.flush_output()
+
+    def _hold(self) -> None:
+        """Keep the partition paused in the group consumer and drop what it fetched before: the
+        executors read it. Every turn, since a back-pressure release or a resume may un-pause it."""
+        self._reads.pause(self._tp)
+        self._task.input.discard(self._tp)
+
+    async def _initial_position(self) -> int:
+        """Where the task starts: its group's committed offset, else the consumer's position (the
+        reset policy), lowered to the first record it already fetched."""
+        task, tp = self._task, self._tp
+        committed = task.group_committed.get(tp)
+        if committed is not None:
+            return committed
+        position = await self._reads.position(tp)
+        first = task.input.first_offset(tp)
+        return position if first is None else min(position, first)
+
+    # -- one range ------------------------------------------------------------------
+    async def _run_range(self, kafka_range: KafkaRange) -> None:
+        task, stage = self._task, self._stage
+        self._running = kafka_range
+        began = time.perf_counter_ns()
+        try:
+            outcome = await self._settle(kafka_range)
+            if outcome is None:
+                return  # the task closed during a back-off: the range is read again by the next owner
+            if isinstance(outcome, Exception):
+                await self._fail_each(kafka_range, outcome)
+                summary: dict[str, Any] | None = None
+            else:
+                await self._report_failures(outcome)
+                summary = outcome.summary()
+                if outcome.rows is not None and summary is not None:
+                    await self._forward(outcome.rows, summary)
+        finally:
+            self._running = None
+        tp = self._tp
+        task.positions.advance_past(tp, kafka_range.end - 1, [], task.paused_offset(tp))
+        count = summary[COUNT] if summary is not None else kafka_range.size
+        task.processed += count
+        task.meter.add(count, time.perf_counter_ns() - began)
+        self.ranges += 1
+        log.debug("Spark stage '%s' read %s on the executors: %d records", stage.name, kafka_range, count)
+        if summary is not None and summary[MAX_TIMESTAMP] is not None:
+            punctuating = self._path.passed(summary[MAX_TIMESTAMP])
+            if punctuating is not None:
+                await punctuating
+
+    async def _settle(self, kafka_range: KafkaRange) -> RangeOutcome | Exception | None:
+        """The range's outcome, retrying timeouts and lost executors under ``task.timeout.ms``;
+        an exception when the job raised otherwise; None when the task closed meanwhile."""
+        task, stage = self._task, self._stage
+        timer = task.timer
+        while True:
+            started = task.monotonic_ms()
+            try:
+                outcome = await self._off_loop(functools.partial(self._on_worker, kafka_range), kafka_range)
+            except Exception as exc:
+                if is_transient(exc) and not is_timeout(exc):
+                    transient = SparkBatchTransientError(stage.name, kafka_range.size, exc)
+                    transient.__cause__ = exc
+                    exc = transient
+                if not is_timeout(exc):
+                    return exc
+                await task.back_off(exc, f"Spark stage '{stage.name}' reading {kafka_range.topic}-"
+                                         f"{kafka_range.partition} offsets {kafka_range.start}.."
+                                         f"{kafka_range.end - 1} on the executors", started)
+                if task.closing:
+                    return None
+                continue
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
+                timer.clear()
+            return outcome
+
+    def _spec(self, session: Any, kafka_range: KafkaRange) -> ReadSpec:
+        from engine.spark.schema import resolve_schema
+
+        stage, source = self._stage, self._source
+        _job, key_column, _value_columns, schema = stage.executor_job()
+        if self._schema is None:
+            self._schema = resolve_schema(session, schema)
+        assert self._reads.options is not None
+        return ReadSpec(dict(self._reads.options), (kafka_range,), source.key_serde, source.value_serde, key_column,
+                        self._schema, stall_ms=int(self._reads.options.get("request_timeout_ms", 40_000)) + 20_000)
+
+    def _sessions(self) -> SparkSessions:
+        sessions = self._task.context.spark
+        assert sessions is not None  # a Spark stage's init checked it
+        return sessions
+
+    def _on_worker(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
+        from engine.spark.kafka_reader import run_range_job
+
+        session = self._sessions().get()
+        context = session.sparkContext
+        context.addJobTag(tag)
+        context.setInterruptOnCancel(True)
+        try:
+            job = self._stage.executor_job()[0]
+            return run_range_job(session, job, self._spec(session, kafka_range), self._stage.name)
+        finally:
+            context.removeJobTag(tag)
+
+    def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
+        from engine.spark.kafka_reader import run_raw_job
+
+        session = self._sessions().get()
+        context = session.sparkContext
+        context.addJobTag(tag)
+        try:
+            return run_raw_job(session, self._spec(session, kafka_range))
+        finally:
+            context.removeJobTag(tag)
+
+    async def _off_loop(self, work: Callable[[str], RangeOutcome], kafka_range: KafkaRange) -> RangeOutcome:
+        """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
+        by its tag (the thread is left to end with it)."""
+        stage = self._stage
+        tag = f"streamloop-exec-{self._task.context.application_id}-{self._task.id}-{stage.name}-{next(_tags)}"
+        timeout_ms: int = self._sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        try:
+            with anyio.fail_after(timeout_ms / 1000.0 if timeout_ms else None):
+                # Abandoned on cancel: a task closed dirty must not wait for the cluster.
+                return await anyio.to_thread.run_sync(work, tag, abandon_on_cancel=True)
+        except TimeoutError as exc:
+            await anyio.to_thread.run_sync(self._cancel, tag)
+            raise SparkBatchTimeoutError(stage.name, kafka_range.size, timeout_ms) from exc
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._cancel, tag)
+            raise
+
+    def _cancel(self, tag: str) -> None:
+        sessions = self._sessions()
+        if not sessions.started:
+            return
+        try:
+            sessions.get().sparkContext.cancelJobsWithTag(tag)
+        except Exception:
+            log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+
+    # -- handlers -------------------------------------------------------------------
+    def _raw(self, row: Mapping[str, Any]) -> FetchedRecord:
+        headers = tuple((h["key"], h["value"]) for h in row[HEADERS] or ())
+        return FetchedRecord(self._tp.topic, self._tp.partition, row[OFFSET], row[TIMESTAMP], row[RAW_KEY],
+                             row[RAW_VALUE], headers)
+
+    async def _report_failures(self, outcome: RangeOutcome) -> None:
+        """Each failed record of the range to its handler, in offset order (``bulk`` does the same
+        for a driver batch); the records are decoded again here, only these few."""
+        stage, source = self._stage, self._source
+        for row in outcome.failures():
+            raw = self._raw(row)
+            if self._task.paused_below(raw):
+                return
+            kind, error = row["__streamloop_kind"], unpack_error(row[ERROR])
+            if kind in (KEY_FAILED, VALUE_FAILED):
+                await self._path.deserialization_failed(raw, kind, error)
+                continue
+            assert kind == MISFIT
+            mismatch = error.mismatch()
+            record = Record(source.key_serde.deserialize(raw.key), source.value_serde.deserialize(raw.value),
+                            raw.timestamp, raw.headers)
+            failure = SparkSchemaError(stage.name, mismatch.field, mismatch.expected, mismatch.found, raw.topic,
+                                       raw.partition, raw.offset)
+            await self._path.processing_failed(raw, stage.name, record, failure)
+
+    async def _fail_each(self, kafka_range: KafkaRange, error: Exception) -> None:
+        """The job raised: each record of the range to the processing handler with
+        ``SparkBatchError`` (one that does not decode to the deserialization handler), as the
+        driver path does; the range is read once more, raw, for that."""
+        stage, source = self._stage, self._source
+        failure = SparkBatchError(stage.name, kafka_range.size, error)
+        failure.__cause__ = error
+        log.warning("Spark stage '%s' failed on %s: %r; asking the handlers about each record", stage.name,
+                    kafka_range, error)
+        raws = await self._off_loop(functools.partial(self._on_worker_raw, kafka_range), kafka_range)
+        for row in raws.side:
+            raw = self._raw(row)
+            if self._task.paused_below(raw):
+                return
+            what = "key"
+            try:
+                key = source.key_serde.deserialize(raw.key)
+                what = "value"
+                value = source.value_serde.deserialize(raw.value)
+            except Exception as exc:
+                await self._path.deserialization_failed(raw, what, exc)
+                continue
+            await self._path.processing_failed(raw, stage.name, Record(key, value, raw.timestamp, raw.headers),
+                                               failure)
+
+    async def _forward(self, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> None:
+        """The rows downstream, in the context of the range's carrier record (``bulk._forward``)."""
+        task, tp = self._task, self._tp
+        offset, timestamp = summary[OFFSET], summary[TIMESTAMP]
+        if not rows or offset is None or offset < 0:
+            return
+        paused = task.paused_at
+        if paused is not None and paused[0] == tp and offset >= paused[1]:
+            return  # at or past the record that paused the task: read again on resume
+        from engine.spark.frames import to_records
+
+        _job, key_column, value_columns, _schema = self._stage.executor_job()
+        out = to_records(rows, key_column, value_columns, timestamp)
+        ctx = task.context
+        ctx.topic, ctx.partition, ctx.offset = tp.topic, tp.partition, offset
+        ctx.timestamp, ctx.headers = timestamp, ()
+        carrier = FetchedRecord(tp.topic, tp.partition, offset, timestamp, None, None)
+        forwarder, node, children = ctx.forwarder, self._node, self._node.children
+        for record in out:
+            try:
+                forwarder.node = node
+                forwarder.forward(children, record)
+                if forwarder.pending:
+                    await forwarder.drain()
+            except Exception as exc:
+                failed = failed_node(forwarder, node.name)
+                if isinstance(exc, StreamsError):
+                    raise
+                await self._path.processing_failed(carrier, failed, record, exc)
+                return

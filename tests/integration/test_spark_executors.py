@@ -1,0 +1,173 @@
+"""``read="executors"`` (``engine.tasks.bulk_exec``, ``engine.spark.kafka_source``) on Kafka with the
+session's local Spark: the executors read each task's offset ranges themselves and the output is
+what the driver path gives for the same input; records that do not decode or fit reach the
+handlers; the input is committed to its end only once the output was handed on, and the records
+never pass through this process."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from engine import ClientState, KafkaStreams, StreamsBuilder
+from engine.errors import SparkSchemaError
+from engine.records import TopicPartition
+from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
+from engine.spark.stage import SparkBatchStage
+from engine.tasks import bulk_exec
+from engine.testing import eventually_async
+from handlers import DeserializationHandlerResponse, ProcessingHandlerResponse, StreamThreadExceptionResponse
+from tests.support.apps import streams_config
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.kafka]
+
+INT, JSON = IntegerSerde(), JsonSerde()
+WAIT = 60
+SCHEMA = "key long, amount long, customer string"
+
+
+@pytest.fixture
+def bootstrap(kafka_bootstrap: str) -> str:
+    return kafka_bootstrap  # the executors read from a real broker only
+
+
+def make_client(builder: StreamsBuilder, cluster: Cluster, app: str, **overrides: Any) -> KafkaStreams:
+    settings = {"spark.batch.max.wait.ms": 100, **{k.replace("_", "."): v for k, v in overrides.items()}}
+    return KafkaStreams(builder.build(), {**streams_config(cluster.bootstrap, app), **settings})
+
+
+async def _committed_to(cluster: Cluster, app: str, topic: str, partitions: int, end: int) -> bool:
+    for p in range(partitions):
+        if await committed_offset(cluster, app, TopicPartition(topic, p)) != end:
+            return False
+    return True
+
+
+def big_spenders(frame: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    # Narrow: the rows stay in the frame's (offset) order.
+    return frame.where(F.col("amount") % 3 != 0).withColumn("tier", F.concat(F.lit("t-"), F.col("customer")))
+
+
+@pytest.fixture
+def executor_windows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The executors' windows the tasks chose, and a driver path that fails if a record reaches it."""
+    chosen: list[Any] = []
+    original = bulk_exec.ExecutorWindow.__init__
+
+    def spy(self: Any, *args: Any) -> None:
+        original(self, *args)
+        chosen.append(self)
+
+    monkeypatch.setattr(bulk_exec.ExecutorWindow, "__init__", spy)
+    return chosen
+
+
+async def run_pipeline(cluster: Cluster, app: str, source: str, sink: str, read: str, expected: int,
+                       partitions: int, end: int, **settings: Any) -> list[tuple[int, dict[str, Any]]]:
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(big_spenders, schema=SCHEMA, max_records=40, read=read)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, app, **settings):
+        await eventually_async(lambda: _committed_to(cluster, app, source, partitions, end), WAIT,
+                               f"{source} committed to its end by {read}")
+        output = await cluster.read(sink, expected, timeout=WAIT)
+    return [(INT.deserialize(r.key), JSON.deserialize(r.value)) for r in output]
+
+
+async def test_the_executors_give_the_driver_paths_output_and_no_record_passes_through_the_driver(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    source, by_driver, by_executors = names("in"), names("driver"), names("executors")
+    await cluster.create_topics({source: 2, by_driver: 1, by_executors: 1})
+    await cluster.produce(source, [(i, {"amount": i, "customer": f"c{i % 7}", "extra": i}) for i in range(150)],
+                          INT, JSON, partitions=2)
+    expected = sum(1 for i in range(150) if i % 3)
+    driver = await run_pipeline(cluster, names.app + "-d", source, by_driver, "driver", expected, 2, 75)
+    assert not executor_windows
+
+    def no_driver_batches(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a record reached the driver path")
+
+    monkeypatch.setattr(SparkBatchStage, "run_fetched", no_driver_batches)
+    monkeypatch.setattr(SparkBatchStage, "run_parts", no_driver_batches)
+    executors = await run_pipeline(cluster, names.app + "-e", source, by_executors, "executors", expected, 2, 75)
+    assert len(executor_windows) == 2 and sum(w.ranges for w in executor_windows) >= 4  # 75 records, 40 a range
+    assert all(not w._task.input.buffered() for w in executor_windows)
+    # Same rows; per partition in offset order on both paths (partitions interleave differently).
+    for p in range(2):
+        assert [v for k, v in executors if k % 2 == p] == [v for k, v in driver if k % 2 == p]
+    assert sorted(v["amount"] for _k, v in executors) == [i for i in range(150) if i % 3]
+    assert executors[0][1]["tier"].startswith("t-") and "extra" not in executors[0][1]
+
+
+class Asked:
+    """Handlers that CONTINUE and keep what they were asked about."""
+
+    asked: ClassVar[list[tuple[str, int, BaseException]]] = []
+
+    def configure(self, config: Any) -> None:
+        pass
+
+
+class ContinueOnBadBytes(Asked):
+    def handle(self, context: Any, record: Any, exception: BaseException) -> DeserializationHandlerResponse:
+        Asked.asked.append(("deserialization", record.offset, exception))
+        return DeserializationHandlerResponse.CONTINUE
+
+
+class ContinueOnMisfits(Asked):
+    def handle(self, context: Any, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
+        Asked.asked.append(("processing", context.offset, exception))
+        return ProcessingHandlerResponse.CONTINUE
+
+
+async def test_records_that_do_not_decode_or_fit_reach_the_handlers_in_offset_order(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"amount": i, "customer": f"c{i}"}) for i in range(12)]
+    values[3] = b"{not json"                                           # fails to decode
+    values[5] = JSON.serialize({"amount": "lots", "customer": "c5"})   # does not fit bigint
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    Asked.asked = []
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=100, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=ContinueOnBadBytes,
+                           processing_exception_handler=ContinueOnMisfits):
+        output = [JSON.deserialize(r.value) for r in await cluster.read(sink, 10, timeout=WAIT)]
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 12), WAIT, "all committed")
+    assert [v["amount"] for v in output] == [0, 1, 2, 4, 6, 7, 8, 9, 10, 11]
+    assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 3), ("processing", 5)]
+    assert isinstance(Asked.asked[0][2], ValueError)  # the serde's own error, brought back from the executor
+    misfit = Asked.asked[1][2]
+    assert isinstance(misfit, SparkSchemaError) and (misfit.field, misfit.found) == ("amount", "str")
+    assert len(executor_windows) == 1
+
+
+async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(50)]
+    values[45] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    client = make_client(builder, cluster, names.app)  # FAIL: the default deserialization handler
+    client.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+    await client.start_async()
+    try:
+        await cluster.read(sink, 40, timeout=WAIT)
+        assert await client.wait_for_state_async(ClientState.ERROR, timeout=WAIT)
+    finally:
+        await client.close_async()
+    # Ranges [0, 20) and [20, 40) were handed on and committed; the one holding the bad record not.
+    assert await committed_offset(cluster, names.app, TopicPartition(source, 0)) == 40
