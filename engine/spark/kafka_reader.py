@@ -1,5 +1,6 @@
 """The executors' side of ``read="executors"`` (``engine.spark.kafka_source``): a PySpark Python
-data source whose reader fetches one offset range per Spark partition with aiokafka.
+data source whose reader fetches one offset range per Spark partition
+(``engine.transport.kafka.range_fetch``).
 
 This module runs inside Spark's Python workers (it is imported there by the data source's class
 path), so it imports pyspark at the top and keeps to what an executor has: aiokafka, the
@@ -8,13 +9,13 @@ stage's serdes (shipped pickled in the ``spec`` option) and ``engine.spark.schem
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
+
+from engine.transport.kafka.range_fetch import fetch_range
 
 from .frames import VALUE_COLUMN
 from .kafka_source import (
@@ -83,7 +84,9 @@ class KafkaRangeReader(DataSourceReader):
         spec = ReadSpec.decode(self.spec)
         fields = len(spec.schema.fields)
         assert isinstance(partition, RangePartition)
-        records = fetch_range(spec.kafka, partition.range, spec.stall_ms)
+        kafka_range = partition.range
+        records = fetch_range(spec.kafka, kafka_range.topic, kafka_range.partition, kafka_range.start,
+                              kafka_range.end, spec.stall_ms)
         if spec.mode == RAW:
             for raw in records:
                 yield (*([None] * fields), RAW, raw.offset, raw.timestamp, raw.key, raw.value,
@@ -151,48 +154,6 @@ class _Misfit(Exception):
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
     return [(k, bytes(v) if v is not None else None) for k, v in headers] if headers else None
-
-
-def fetch_range(kafka: Mapping[str, Any], kafka_range: KafkaRange, stall_ms: int) -> Iterator[Any]:
-    """The records of ``kafka_range`` in offset order, fetched by a consumer of no group on a
-    private event loop (this is a Spark task's thread, not a loop of ours). Raises
-    ``TimeoutError`` when no offset of the range arrives for ``stall_ms``: the Spark task fails
-    and Spark runs it again (its retries, then the job's error, which the engine retries)."""
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.structs import TopicPartition
-
-    tp = TopicPartition(kafka_range.topic, kafka_range.partition)
-    end = kafka_range.end
-    loop = asyncio.new_event_loop()
-
-    async def start() -> Any:
-        consumer = AIOKafkaConsumer(**{**kafka, "enable_auto_commit": False, "group_id": None,
-                                       "auto_offset_reset": "none"})
-        await consumer.start()
-        consumer.assign([tp])
-        consumer.seek(tp, kafka_range.start)
-        return consumer
-
-    consumer = loop.run_until_complete(start())
-    try:
-        position = kafka_range.start
-        progress = time.monotonic()
-        while position < end:
-            fetched = loop.run_until_complete(consumer.getmany(tp, timeout_ms=500))
-            for raw in fetched.get(tp, ()):
-                if raw.offset >= end:
-                    break
-                yield raw
-            # Transaction markers and aborted records move the position without a record.
-            moved = loop.run_until_complete(consumer.position(tp))
-            if moved > position:
-                position, progress = moved, time.monotonic()
-            elif time.monotonic() - progress > stall_ms / 1000.0:
-                raise TimeoutError(f"reading {kafka_range.topic}-{kafka_range.partition} offsets "
-                                   f"{kafka_range.start}..{end - 1}: no progress at {position} for {stall_ms} ms")
-    finally:
-        loop.run_until_complete(consumer.stop())
-        loop.close()
 
 
 # -- the driver's side: the jobs over a range (worker threads of the engine) -------------------------
