@@ -24,7 +24,7 @@ $(BENCH): $(STAMP)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m engine.demo
+	$(BIN)/python -m streamloop.demo
 
 kafka: $(STAMP)
 	$(BIN)/python -m tests.support.kafka_broker fetch
@@ -32,7 +32,7 @@ kafka: $(STAMP)
 # Static checks: mypy --strict and ruff's broader rule set (both configured in pyproject.toml),
 # and the documentation site builds without a warning (broken link, missing page, bad docstring).
 check: $(STAMP) docs
-	$(BIN)/python -m mypy engine handlers
+	$(BIN)/python -m mypy -p streamloop
 	$(BIN)/python -m ruff check engine handlers tests benchmarks
 
 # Not --quiet: mkdocs 1.6 drops the warnings it hides before --strict counts them.

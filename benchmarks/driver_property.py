@@ -1,7 +1,7 @@
 """How long a hypothesis property over a small topology takes on the ``TopologyTestDriver``.
 
 The property is the ten-line one of docs/testing.md: a filter + map topology, inputs drawn by
-``engine.testing.strategies.records`` (up to 50 records) with a fault schedule (processor
+``streamloop.testing.strategies.records`` (up to 50 records) with a fault schedule (processor
 timeouts, crashes, rebalances, bad records), played on a fresh driver and compared with a model.
 It runs 100 examples per round, 5 rounds, and prints the median seconds per 100 examples, plus
 the driver's rate for a plain stream of records (no hypothesis) for scale. Target: under a second
@@ -19,13 +19,13 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder, Topology
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import TopologyTestDriver, by_key, inputs
-from engine.testing.strategies import faults, records, scenarios
+from streamloop import StreamsBuilder, Topology
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import TopologyTestDriver, by_key, inputs
+from streamloop.testing.strategies import faults, records, scenarios
 
 STR, INT = StringSerde(), IntegerSerde()
-CONFIG = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+CONFIG = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
 ROUNDS = 5
 EXAMPLES = 100
 

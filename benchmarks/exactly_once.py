@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings
 from tests.support.cluster import Cluster
 
 PARTITIONS = 4

@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Materialized, checkpoint
-from engine.state.changelog import changelog_topic
-from engine.testing import eventually_async
-from engine.transport import open_transport
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Materialized, checkpoint
+from streamloop.state.changelog import changelog_topic
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 STR, LONG = StringSerde(), LongSerde()

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fault_kill import run_kills
 from benchmarks.thread_scaling import add_remove_latency
-from engine.transport import open_transport
+from streamloop.transport import open_transport
 from tests.support import broker_faults
 from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE
 from tests.support.cluster import Cluster

@@ -48,11 +48,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.records import TopicPartition as EngineTP
-from engine.serdes import BytesSerde
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.records import TopicPartition as EngineTP
+from streamloop.serdes import BytesSerde
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings
 
 PARTITIONS = 4
 IO_SECONDS = 0.005

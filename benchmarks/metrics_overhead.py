@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.metrics import ProcessMeter, SensorSettings, ThreadSensors
+from streamloop.metrics import ProcessMeter, SensorSettings, ThreadSensors
 
 ROUNDS = 200_000
 CHUNK = 512

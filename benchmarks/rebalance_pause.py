@@ -33,13 +33,13 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings, Transport
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings, Transport
 from tests.support.cluster import Cluster
 
 INT, STR = IntegerSerde(), StringSerde()

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.schema_registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, SchemaRegistryClient
+from streamloop.schema_registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, SchemaRegistryClient
 from tests.unit.serdes_registry.protos import Money, Order
 
 AVRO = {"type": "record", "name": "Order", "namespace": "shop", "fields": [

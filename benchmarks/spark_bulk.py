@@ -41,10 +41,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.records import TopicPartition  # noqa: E402
-from engine.serdes import JsonSerde, StringSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
-from engine.transport.base import ProducerSettings  # noqa: E402
+from streamloop.records import TopicPartition  # noqa: E402
+from streamloop.serdes import JsonSerde, StringSerde  # noqa: E402
+from streamloop.transport import open_transport  # noqa: E402
+from streamloop.transport.base import ProducerSettings  # noqa: E402
 from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.spark_cluster import SparkCluster  # noqa: E402
 from tests.support.spark_enrichment import check_output, customer, order  # noqa: E402
@@ -154,7 +154,7 @@ class Bench:
         self.kafka = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
         self.workdir = workdir
         self.sss: tuple[Path, Path] | None = None
-        self.row_wise = True  # the enrichment is row-wise: one plan per job (``engine.spark.row_wise``)
+        self.row_wise = True  # the enrichment is row-wise: one plan per job (``streamloop.spark.row_wise``)
 
     def start(self, system: str, source: str, sink: str, *, settings: dict[str, Any] | None = None,
               extra: Sequence[str] = ()) -> Child:
@@ -304,7 +304,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 # -- where a job's time goes ----------------------------------------------------------------------
-# The engine's phases (``engine.spark.timing``) and Structured Streaming's durationMs keys shown.
+# The engine's phases (``streamloop.spark.timing``) and Structured Streaming's durationMs keys shown.
 SS_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets",
              "triggerExecution")
 
@@ -313,7 +313,7 @@ async def breakdown(bench: Bench, args: argparse.Namespace, problems: list[str])
     """Each size through ``spark_batch`` (each variant of ``--variants``) with its jobs timed, and
     through Structured Streaming in batches of the same size (``maxOffsetsPerTrigger``); a table
     of the median job's phases (ms) and the total over the run's jobs (µs per record)."""
-    from engine.spark.timing import PHASES
+    from streamloop.spark.timing import PHASES
 
     size = int(bench.batch.get("spark.batch.max.records", 10_000))
     lines = [f"Where a job's time goes: jobs of up to {size:,} records (median ms per job; "
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["before", "per_part", "row_wise"],
                         help="--breakdown's spark_batch runs: the function applied per task's part (with local "
                              "relations as before, or frames of a partition per Arrow batch), or once per job "
-                             "(engine.spark.row_wise)")
+                             "(streamloop.spark.row_wise)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     parser.add_argument("--read-cpu", type=int, default=None, metavar="RECORDS",

@@ -24,10 +24,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import KafkaStreams, StreamsBuilder  # noqa: E402
-from engine.records import TopicPartition  # noqa: E402
-from engine.serdes import JsonSerde, StringSerde  # noqa: E402
-from engine.transport import open_transport  # noqa: E402
+from streamloop import KafkaStreams, StreamsBuilder  # noqa: E402
+from streamloop.records import TopicPartition  # noqa: E402
+from streamloop.serdes import JsonSerde, StringSerde  # noqa: E402
+from streamloop.transport import open_transport  # noqa: E402
 from tests.support.cluster import Cluster, committed_offset  # noqa: E402
 
 KEY, JSON = StringSerde(), JsonSerde()

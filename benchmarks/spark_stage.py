@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.records import Record, TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.spark.frames import to_frame, to_rows
-from engine.transport import open_transport
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.records import Record, TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.spark.frames import to_frame, to_rows
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 INT, JSON, STR = IntegerSerde(), JsonSerde(), StringSerde()

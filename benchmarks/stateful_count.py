@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Materialized
-from engine.transport import open_transport
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 PARTITIONS = 4

@@ -28,8 +28,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.serdes import BytesSerde, JsonSerde
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.serdes import BytesSerde, JsonSerde
 
 PARTITIONS = 4
 

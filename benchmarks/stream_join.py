@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import time
 
-from engine import JoinWindows, StreamsBuilder
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import JoinWindows, StreamsBuilder
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 INT, STR = IntegerSerde(), StringSerde()
 FILLS = (2_000, 8_000, 30_000)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 INT, JSON = IntegerSerde(), JsonSerde()
@@ -53,7 +53,7 @@ async def rate_of_partition_one(bootstrap: str, records: int, sabotage: bool) ->
     async with streams:
         reader = cluster.transport.reader("bench-reader")
         await reader.start()
-        from engine.records import TopicPartition
+        from streamloop.records import TopicPartition
 
         tp = TopicPartition(sink, 0)
         first = None

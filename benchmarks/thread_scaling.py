@@ -33,10 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings
 from tests.support.cluster import Cluster
 
 INT, JSON = IntegerSerde(), JsonSerde()

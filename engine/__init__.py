@@ -3,9 +3,9 @@
 The public API, re-exported by name.
 """
 
-from engine.client import ClientState, KafkaStreams, Metric
-from engine.config import StreamsConfig
-from engine.errors import (
+from streamloop.client import ClientState, KafkaStreams, Metric
+from streamloop.config import StreamsConfig
+from streamloop.errors import (
     AuthenticationError,
     BufferFullError,
     CommitFailedError,
@@ -40,16 +40,16 @@ from engine.errors import (
     TransportError,
     UnknownConfigError,
 )
-from engine.health import HealthResult
-from engine.ids import TaskId
-from engine.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
-from engine.records import Record, TopicPartition
-from engine.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
-from engine.state.timestamped import ValueAndTimestamp
-from engine.state.versioned import VersionedRecord
-from engine.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
-from engine.timestamps import (
+from streamloop.health import HealthResult
+from streamloop.ids import TaskId
+from streamloop.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
+from streamloop.records import Record, TopicPartition
+from streamloop.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
+from streamloop.state.timestamped import ValueAndTimestamp
+from streamloop.state.versioned import VersionedRecord
+from streamloop.threads.stream_thread import StreamThreadState, TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata
+from streamloop.timestamps import (
     ConsumedRecord,
     FailOnInvalidTimestamp,
     InvalidTimestampError,
@@ -58,16 +58,16 @@ from engine.timestamps import (
     UsePartitionTimeOnInvalidTimestamp,
     WallclockTimestampExtractor,
 )
-from engine.topology.branches import BranchedKStream
-from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.global_tables import GlobalKTable
-from engine.topology.grouped_table import KGroupedTable
-from engine.topology.joins import StreamJoined
-from engine.topology.repartition import Repartitioned
-from engine.topology.suppressed import BufferConfig, Suppressed
-from engine.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
-from engine.topology.topology import Topology
-from engine.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream
+from streamloop.topology.branches import BranchedKStream
+from streamloop.topology.builder import KStream, StreamsBuilder
+from streamloop.topology.global_tables import GlobalKTable
+from streamloop.topology.grouped_table import KGroupedTable
+from streamloop.topology.joins import StreamJoined
+from streamloop.topology.repartition import Repartitioned
+from streamloop.topology.suppressed import BufferConfig, Suppressed
+from streamloop.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
+from streamloop.topology.topology import Topology
+from streamloop.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream
 
 __all__ = [
     "AuthenticationError",

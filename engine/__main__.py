@@ -1,7 +1,7 @@
-"""``python -m engine``: the ``streamloop`` command."""
+"""``python -m streamloop``: the ``streamloop`` command."""
 
 import sys
 
-from engine.cli import main
+from streamloop.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""``streamloop`` (also ``python -m engine``): run an application, or the demo.
+"""``streamloop`` (also ``python -m streamloop``): run an application, or the demo.
 
     streamloop run package.module:streams [--monitor] [--progress] [--http HOST:PORT]
         # a KafkaStreams, or a function returning one
@@ -13,7 +13,7 @@ ERROR. On a terminal it prints a progress line every few seconds (``--progress``
 on the runner's event loop, the one that supervises the client. With ``--http`` it serves, on
 that loop, the health probes ``/health/live`` and ``/health/ready``, the Prometheus metrics at
 ``/metrics`` (extra ``prometheus``) and interactive queries under ``/stores/`` (extra ``http``;
-see ``engine.web``), from before the client starts until after it has closed, so the probes
+see ``streamloop.web``), from before the client starts until after it has closed, so the probes
 answer (ready: 503) while it joins its group and while it shuts down.
 """
 
@@ -30,11 +30,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
-from engine import demo
-from engine.client import ClientState, KafkaStreams
-from engine.config import split_endpoint
-from engine.console.progress import print_progress, progress_enabled
-from engine.errors import ConfigError, MissingExtraError
+from streamloop import demo
+from streamloop.client import ClientState, KafkaStreams
+from streamloop.config import split_endpoint
+from streamloop.console.progress import print_progress, progress_enabled
+from streamloop.errors import ConfigError, MissingExtraError
 
 log = logging.getLogger("streamloop")
 
@@ -49,7 +49,7 @@ class AppLoadError(Exception):
 def add_app_dir(app_dir: str) -> None:
     """Put ``app_dir`` first on ``sys.path``, so that ``run mod:app`` finds ``mod`` there.
 
-    ``python -m engine`` has the current directory on the path already; the ``streamloop``
+    ``python -m streamloop`` has the current directory on the path already; the ``streamloop``
     console script has its own directory there instead.
     """
     path = os.path.abspath(app_dir)
@@ -82,11 +82,11 @@ def run(target: str, close_timeout: float, monitor: bool = False, progress_inter
     ``http``: where to serve health, metrics and queries; None serves nothing."""
     if http is not None:
         # Fail before loading the application (which may connect) when the extra is missing.
-        importlib.import_module("engine.web")
+        importlib.import_module("streamloop.web")
     streams = load_app(target)
     if monitor:
         # Fail before starting anything when the extra is missing.
-        importlib.import_module("engine.console.monitor")
+        importlib.import_module("streamloop.console.monitor")
     return anyio.run(_supervise, streams, target, close_timeout, monitor, progress_interval, http, ready_max_lag,
                      backend="asyncio")
 
@@ -116,14 +116,14 @@ async def _supervise(streams: KafkaStreams, target: str, close_timeout: float, m
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             if http is not None:
-                from engine.web import StreamsHttpServer
+                from streamloop.web import StreamsHttpServer
 
                 # Before start(): the probes answer while the client joins its group (not ready yet),
                 # and a port that is taken stops the run before it joins.
                 server = StreamsHttpServer(streams, http[0], http[1], max_lag=ready_max_lag)
                 await server.start()
             if monitor:
-                from engine.console.monitor import open_monitor
+                from streamloop.console.monitor import open_monitor
 
                 # Before start(): a console that cannot listen stops the run before it joins the group.
                 console = open_monitor(streams, asyncio.get_running_loop())  # aiomonitor needs the loop object

@@ -2,10 +2,10 @@
 
 This module is the facade: configuration checks, start (topics, state directory,
 the optional Prometheus endpoint), close, pause/resume, interactive queries and
-inspection. The client's state machine is ``engine.client_states``; its stream
+inspection. The client's state machine is ``streamloop.client_states``; its stream
 threads (add, remove, replace, the uncaught-exception handler) are
-``engine.threads.client_threads.ClientThreads``, the next stage; its metrics are
-gathered by ``engine.client_metrics``.
+``streamloop.threads.client_threads.ClientThreads``, the next stage; its metrics are
+gathered by ``streamloop.client_metrics``.
 
 Every call works from a user's thread, from a service's event loop (the
 ``*_async`` forms, which never block the loop), and from inside a stream thread
@@ -27,47 +27,47 @@ import anyio
 import anyio.to_thread
 from anyio.from_thread import start_blocking_portal
 
-from engine import config as cfg
-from engine import redaction
-from engine.client_metrics import Metric, client_metrics
-from engine.client_states import CLIENT_TRANSITIONS, ClientState
-from engine.clock import SYSTEM_CLOCK, Clock
-from engine.config import StreamsConfig, load_handler
-from engine.errors import (
+from streamloop import config as cfg
+from streamloop import redaction
+from streamloop.client_metrics import Metric, client_metrics
+from streamloop.client_states import CLIENT_TRANSITIONS, ClientState
+from streamloop.clock import SYSTEM_CLOCK, Clock
+from streamloop.config import StreamsConfig, load_handler
+from streamloop.errors import (
     IllegalStateError,
     InternalTopicError,
     InvalidStateStoreError,
     MissingSinkTopicError,
     MissingSourceTopicError,
 )
-from engine.health import Health
-from engine.ids import TaskId
-from engine.lifecycle import StateMachine
-from engine.logcontext import LogContext
-from engine.serdes import Serde
-from engine.spark.kafka_source import check_spark_reads
-from engine.spark.session import SparkSessions
-from engine.state.bytes_stores import require_rocksdict
-from engine.state.cleaner import StateDirCleaner
-from engine.state.directory import StateDirectoryLock
-from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
-from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
-from engine.state.restore import StateRestoreListener
-from engine.state.session_windows import ReadOnlySessionStore
-from engine.state.store import StateStore
-from engine.state.stores import StoreType
-from engine.threads.client_threads import ClientThreads
-from engine.threads.global_thread import GLOBAL_DIR, GlobalTables
-from engine.threads.states import StreamThreadState
-from engine.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
-from engine.timestamps import load_timestamp_extractor
-from engine.topology.copartition import check_copartition_groups
-from engine.topology.topology import Topology
-from engine.transport import open_transport
-from handlers.responses import StreamThreadExceptionResponse
+from streamloop.handlers.responses import StreamThreadExceptionResponse
+from streamloop.health import Health
+from streamloop.ids import TaskId
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import LogContext
+from streamloop.serdes import Serde
+from streamloop.spark.kafka_source import check_spark_reads
+from streamloop.spark.session import SparkSessions
+from streamloop.state.bytes_stores import require_rocksdict
+from streamloop.state.cleaner import StateDirCleaner
+from streamloop.state.directory import StateDirectoryLock
+from streamloop.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
+from streamloop.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from streamloop.state.restore import StateRestoreListener
+from streamloop.state.session_windows import ReadOnlySessionStore
+from streamloop.state.store import StateStore
+from streamloop.state.stores import StoreType
+from streamloop.threads.client_threads import ClientThreads
+from streamloop.threads.global_thread import GLOBAL_DIR, GlobalTables
+from streamloop.threads.states import StreamThreadState
+from streamloop.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
+from streamloop.timestamps import load_timestamp_extractor
+from streamloop.topology.copartition import check_copartition_groups
+from streamloop.topology.topology import Topology
+from streamloop.transport import open_transport
 
 if TYPE_CHECKING:
-    from engine.prometheus import PrometheusExporter
+    from streamloop.prometheus import PrometheusExporter
 
 __all__ = ["CLIENT_TRANSITIONS", "ClientState", "KafkaStreams", "Metric", "StateListener"]
 
@@ -307,7 +307,7 @@ class KafkaStreams:
         if port is None:
             return
         # Imported here: prometheus-client belongs to the optional 'monitor' extra.
-        from engine.prometheus import PrometheusExporter
+        from streamloop.prometheus import PrometheusExporter
 
         self.prometheus = PrometheusExporter(self.metrics, self.config[cfg.METRICS_PROMETHEUS_HOST], port)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from engine.client_states import ClientState
-from engine.threads.states import StreamThreadState
-from engine.threads.stream_thread import StreamThread
+from streamloop.client_states import ClientState
+from streamloop.threads.states import StreamThreadState
+from streamloop.threads.stream_thread import StreamThread
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Sends are synchronous appends to the thread's producer buffer; the task hands
 the buffer to the network after each chunk of records, and a commit waits for
-every ack before offsets are committed (see ``engine.commit``).
+every ack before offsets are committed (see ``streamloop.commit``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
-from engine.records import Headers, Record
-from engine.transport.base import Producer
-from engine.transport.partitioner import key_hash
+from streamloop.errors import MissingSinkTopicError, ProduceError, SerializationError
+from streamloop.records import Headers, Record
+from streamloop.transport.base import Producer
+from streamloop.transport.partitioner import key_hash
 
 if TYPE_CHECKING:
-    from engine.processors.nodes import SinkNode
+    from streamloop.processors.nodes import SinkNode
 
 _HASH_CACHE_LIMIT = 65_536
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ConfigError, UnknownConfigError
+from streamloop.errors import ConfigError, UnknownConfigError
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ SECURITY_KEYS = (SECURITY_PROTOCOL, SASL_MECHANISM, SASL_JAAS_CONFIG, SASL_LOGIN
                  SSL_TRUSTSTORE_LOCATION, SSL_TRUSTSTORE_TYPE, SSL_KEYSTORE_LOCATION, SSL_KEYSTORE_TYPE,
                  SSL_KEY_PASSWORD, SSL_ENDPOINT_IDENTIFICATION_ALGORITHM)
 """Kafka's security keys: unprefixed they reach every Kafka client; ``consumer.``, ``producer.``
-or ``admin.`` in front overrides one for that kind of client (see engine.transport.kafka.security)."""
+or ``admin.`` in front overrides one for that kind of client (see streamloop.transport.kafka.security)."""
 # Security settings in other clients' spelling (kafka-python/aiokafka, librdkafka): ignoring one
 # would leave a cluster's TLS or login silently unconfigured, so each is an error naming Kafka's key.
 _FOREIGN_SECURITY_KEYS = {
@@ -396,11 +396,11 @@ KEYS: tuple[ConfigKey, ...] = (
               "each key's records in order, 'unordered' keeps none.", _one_of("partition", "key", "unordered")),
     ConfigKey(ERROR_SHUTDOWN_TIMEOUT_MS, int, 30_000,
               "How long a shutdown caused by the uncaught-exception handler may take.", _at_least(0)),
-    ConfigKey(DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, object, "handlers.LogAndFailExceptionHandler",
+    ConfigKey(DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, object, "streamloop.handlers.LogAndFailExceptionHandler",
               "What to do with a record whose bytes cannot be read: a handler class, instance or dotted path."),
-    ConfigKey(PROCESSING_EXCEPTION_HANDLER, object, "handlers.LogAndFailProcessingExceptionHandler",
+    ConfigKey(PROCESSING_EXCEPTION_HANDLER, object, "streamloop.handlers.LogAndFailProcessingExceptionHandler",
               "What to do when a processor raises: a handler class, instance or dotted path."),
-    ConfigKey(DEFAULT_TIMESTAMP_EXTRACTOR, object, "engine.timestamps.FailOnInvalidTimestamp",
+    ConfigKey(DEFAULT_TIMESTAMP_EXTRACTOR, object, "streamloop.timestamps.FailOnInvalidTimestamp",
               "The event time of each consumed record where its source names no extractor: an extractor "
               "(extract(record, partition_time) -> ms) class, instance or dotted path."),
     ConfigKey(ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME, (str, type(None)), None,

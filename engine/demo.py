@@ -26,11 +26,11 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, StringSerde
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings
 
 ORDERS, BIG_ORDERS, CUSTOMER_TOTALS = "orders", "big-orders", "customer-totals"
 

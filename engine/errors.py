@@ -65,7 +65,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.ids import TaskId
+    from streamloop.ids import TaskId
 
 
 class StreamsError(Exception):

@@ -1,6 +1,6 @@
 """Health for orchestrators: is the client alive, is it ready to serve. ``KafkaStreams.health``.
 
-Two questions, as a Kubernetes liveness and readiness probe ask them (``engine.web`` serves both at
+Two questions, as a Kubernetes liveness and readiness probe ask them (``streamloop.web`` serves both at
 ``/health/live`` and ``/health/ready``; a service calls them from its own web framework):
 
 - ``live()``: restarting the process would help. Not live when the client is in ERROR (or on its
@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.client_states import ClientState
-from engine.redaction import redact_text
-from engine.threads.states import StreamThreadState
-from engine.threads.view import TaskRunState
+from streamloop.client_states import ClientState
+from streamloop.redaction import redact_text
+from streamloop.threads.states import StreamThreadState
+from streamloop.threads.view import TaskRunState
 
 if TYPE_CHECKING:
-    from engine.tasks.task import StreamTask
-    from engine.threads.stream_thread import StreamThread
+    from streamloop.tasks.task import StreamTask
+    from streamloop.threads.stream_thread import StreamThread
 
 __all__ = ["Health", "HealthResult"]
 

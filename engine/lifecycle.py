@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from engine.loop_signal import LoopSignal
+from streamloop.loop_signal import LoopSignal
 
 S = TypeVar("S", bound=Enum)
 

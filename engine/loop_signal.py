@@ -15,7 +15,7 @@ import contextlib
 import anyio
 import anyio.lowlevel
 
-from engine.errors import IllegalStateError
+from streamloop.errors import IllegalStateError
 
 
 class LoopSignal:

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from engine.config import is_loopback, shown
-from engine.errors import MissingExtraError
+from streamloop.config import is_loopback, shown
+from streamloop.errors import MissingExtraError
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
@@ -35,7 +35,7 @@ PREFIX = "kafka_streams"
 
 
 class StreamsMetric(Protocol):
-    """One metric in Kafka's shape, as ``KafkaStreams.metrics()`` gives it (``engine.client.Metric``).
+    """One metric in Kafka's shape, as ``KafkaStreams.metrics()`` gives it (``streamloop.client.Metric``).
 
     A protocol rather than an import so that the exporter, which the client starts, does not
     import the client back.
@@ -90,7 +90,7 @@ class _Collector:
 
 def exposition(read: Callable[[], Iterable[StreamsMetric]]) -> Callable[[], tuple[bytes, str]]:
     """A function that renders ``read()``'s metrics in Prometheus' text format: ``(body, content
-    type)``, for a server other than the exporter's own (``engine.web``'s ``/metrics``)."""
+    type)``, for a server other than the exporter's own (``streamloop.web``'s ``/metrics``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(read))
 

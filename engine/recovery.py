@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.errors import TaskCorruptedError, TaskMigratedError
-    from engine.tasks.task import StreamTask
+    from streamloop.errors import TaskCorruptedError, TaskMigratedError
+    from streamloop.tasks.task import StreamTask
 
 __all__ = ["ProducerLost", "Recovery", "RecoveryInbox", "ShutdownRequested", "TaskCorrupted", "TaskMigrated"]
 

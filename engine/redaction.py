@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.config import HIDDEN, is_secret
+from streamloop.config import HIDDEN, is_secret
 
 __all__ = ["config_secrets", "redact_record", "redact_text", "register", "registered", "unregister",
            "unregister_id"]

@@ -25,10 +25,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from engine.clock import Clock, SystemClock
-from engine.config import DEFAULT_TIMESTAMP_EXTRACTOR, StreamsConfig
-from engine.errors import ConfigError
-from engine.records import Headers
+from streamloop.clock import Clock, SystemClock
+from streamloop.config import DEFAULT_TIMESTAMP_EXTRACTOR, StreamsConfig
+from streamloop.errors import ConfigError
+from streamloop.records import Headers
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ another framework calls ``streams.health`` and ``streams.store()`` the same way.
 JSON (``/metrics`` excepted):
 
 - ``GET /health/live``, ``GET /health/ready[?max_lag=N]``: 200 when ``ok``, else 503; the body is
-  the ``HealthResult``'s reason (see ``engine.health``).
+  the ``HealthResult``'s reason (see ``streamloop.health``).
 - ``GET /metrics``: ``KafkaStreams.metrics()`` in Prometheus' text format, when the ``prometheus``
   extra is installed.
 - ``GET /stores/{store}``: the store's metadata: its type, and each instance (its
@@ -45,15 +45,15 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from engine.config import APPLICATION_SERVER, DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, is_loopback
-from engine.errors import IllegalStateError, InvalidStateStoreError, MissingExtraError
-from engine.serdes import Serde, StringSerde
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
-from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
-from engine.state.session_windows import ReadOnlySessionStore
-from engine.state.store import StateStore
-from engine.state.windows import Windowed
-from engine.tasks.wiring import default_serde
+from streamloop.config import APPLICATION_SERVER, DEFAULT_KEY_SERDE, DEFAULT_VALUE_SERDE, is_loopback
+from streamloop.errors import IllegalStateError, InvalidStateStoreError, MissingExtraError
+from streamloop.serdes import Serde, StringSerde
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
+from streamloop.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from streamloop.state.session_windows import ReadOnlySessionStore
+from streamloop.state.store import StateStore
+from streamloop.state.windows import Windowed
+from streamloop.tasks.wiring import default_serde
 
 try:
     import aiohttp
@@ -62,7 +62,7 @@ except ImportError as exc:  # the 'http' extra is optional
     raise MissingExtraError("The HTTP endpoint (streamloop run --http)", "http", "aiohttp") from exc
 
 if TYPE_CHECKING:
-    from engine.client import KafkaStreams
+    from streamloop.client import KafkaStreams
 
 __all__ = ["FORWARDED", "SERVED_BY", "StreamsHttpServer", "make_app"]
 
@@ -111,7 +111,7 @@ def make_app(streams: KafkaStreams, *, max_lag: int | None = None) -> web.Applic
 
 def _metrics_handler(streams: KafkaStreams) -> Callable[[web.Request], Awaitable[web.Response]] | None:
     try:
-        from engine.prometheus import exposition
+        from streamloop.prometheus import exposition
     except MissingExtraError:
         log.info("No /metrics: the Prometheus extra is not installed (pip install 'streamloop[prometheus]')")
         return None

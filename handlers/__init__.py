@@ -1,23 +1,23 @@
 """Error handlers: each decides with an answer; the engine acts on it."""
 
-from handlers.context import ErrorContext
-from handlers.dead_letter import DeadLetter, dead_letter
-from handlers.deserialization import (
+from streamloop.handlers.context import ErrorContext
+from streamloop.handlers.dead_letter import DeadLetter, dead_letter
+from streamloop.handlers.deserialization import (
     DeserializationExceptionHandler,
     DeserializationHandlerResponse,
     LogAndContinueExceptionHandler,
     LogAndFailExceptionHandler,
     LogAndPauseExceptionHandler,
 )
-from handlers.processing import (
+from streamloop.handlers.processing import (
     LogAndContinueProcessingExceptionHandler,
     LogAndFailProcessingExceptionHandler,
     LogAndPauseProcessingExceptionHandler,
     ProcessingExceptionHandler,
     ProcessingHandlerResponse,
 )
-from handlers.responses import Answer, StreamThreadExceptionResponse
-from handlers.uncaught import (
+from streamloop.handlers.responses import Answer, StreamThreadExceptionResponse
+from streamloop.handlers.uncaught import (
     StreamsUncaughtExceptionHandler,
     replace_thread,
     shutdown_application,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
-from handlers.context import ErrorContext
+from streamloop.handlers.context import ErrorContext
 
 HEADER_PREFIX = "__streams.errors."
 

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from handlers.context import ErrorContext
+from streamloop.handlers.context import ErrorContext
 
 # ``as`` re-exports the answers under their Kafka Streams name, importable from here as before.
-from handlers.responses import ProcessingHandlerResponse as ProcessingHandlerResponse
+from streamloop.handlers.responses import ProcessingHandlerResponse as ProcessingHandlerResponse
 
 log = logging.getLogger(__name__)
 

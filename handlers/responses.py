@@ -9,7 +9,7 @@ class Answer(Enum):
     """What a deserialization or processing exception handler answers about a failed record.
 
     One enum for both kinds of handler, used by the engine as it is: the answers mean the
-    same for both (see ``handlers.deserialization`` and ``handlers.processing``).
+    same for both (see ``streamloop.handlers.deserialization`` and ``streamloop.handlers.processing``).
     """
 
     CONTINUE = "continue"

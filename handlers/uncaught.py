@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from handlers.responses import StreamThreadExceptionResponse
+from streamloop.handlers.responses import StreamThreadExceptionResponse
 
 StreamsUncaughtExceptionHandler = Callable[[BaseException], StreamThreadExceptionResponse]
 """Called on the failing stream thread, while it is still alive, with the exception."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from engine.transport import open_transport
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 if TYPE_CHECKING:

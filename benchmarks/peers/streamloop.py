@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from benchmarks.peers.process import PeerRun, installed_version, parse_run, python_command, run_until_terminated
 
 if TYPE_CHECKING:
-    from engine import Topology
+    from streamloop import Topology
 
 NAME = "streamloop"
 THREADS_PER_TASK_ASYNC = 32
@@ -28,7 +28,7 @@ def setting(workload: str) -> str:
 
 def missing_feature(workload: str) -> str | None:
     """Why this engine cannot run ``workload`` yet, or None."""
-    from engine import KStream
+    from streamloop import KStream
 
     if workload == "count" and not hasattr(KStream, "group_by_key"):
         return "not available: KStream.group_by_key is missing (state stores are not in this build)"
@@ -45,8 +45,8 @@ def command(run: PeerRun) -> list[str]:
 
 def topology(run: PeerRun) -> Topology:
     from benchmarks.workloads import enrich, keep, simulated_io
-    from engine import StreamsBuilder
-    from engine.serdes import BytesSerde, JsonSerde, StringSerde
+    from streamloop import StreamsBuilder
+    from streamloop.serdes import BytesSerde, JsonSerde, StringSerde
 
     builder = StreamsBuilder()
     if run.workload == "stateless":
@@ -70,7 +70,7 @@ def topology(run: PeerRun) -> Topology:
 
 
 def main() -> None:
-    from engine import KafkaStreams
+    from streamloop import KafkaStreams
 
     run = parse_run()
     config = {

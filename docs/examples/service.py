@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from engine import (
+from streamloop import (
     ClientState,
     HostInfo,
     IllegalStateError,
@@ -57,8 +57,8 @@ from engine import (
     StreamsBuilder,
     Topology,
 )
-from engine.serdes import JsonSerde, StringSerde
-from engine.transport import open_transport
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.transport import open_transport
 
 
 class ProcessedCounter:

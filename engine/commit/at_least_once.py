@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
-from engine.records import TopicPartition
-from engine.recovery import ProducerLost
-from engine.transport.base import OffsetAndMetadata
-from engine.transport.retriable import is_retriable as is_timeout
+from streamloop.errors import CommitFailedError, ProduceError, RebalanceInProgressError
+from streamloop.records import TopicPartition
+from streamloop.recovery import ProducerLost
+from streamloop.transport.base import OffsetAndMetadata
+from streamloop.transport.retriable import is_retriable as is_timeout
 
 from .protocol import CommitProtocol, CommitResult, CommitStatus
 
 if TYPE_CHECKING:
-    from engine.tasks.task import StreamTask
+    from streamloop.tasks.task import StreamTask
 
 
 class AtLeastOnce(CommitProtocol):

@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-from engine.transport.base import TransactionalProducer
-from engine.transport.retriable import is_retriable as is_timeout
+from streamloop.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
+from streamloop.transport.base import TransactionalProducer
+from streamloop.transport.retriable import is_retriable as is_timeout
 
 from .protocol import CommitProtocol, CommitResult, CommitStatus
 
 if TYPE_CHECKING:
-    from engine.ids import TaskId
-    from engine.tasks.task import StreamTask
+    from streamloop.ids import TaskId
+    from streamloop.tasks.task import StreamTask
 
 
 # Kafka Streams' producer default under exactly-once: the broker aborts a transaction left open this

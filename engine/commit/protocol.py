@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from engine.collector import RecordCollector
-from engine.logcontext import LogContext
-from engine.records import TopicPartition
-from engine.recovery import RecoveryInbox
-from engine.transport.base import Consumer, OffsetAndMetadata
+from streamloop.collector import RecordCollector
+from streamloop.logcontext import LogContext
+from streamloop.records import TopicPartition
+from streamloop.recovery import RecoveryInbox
+from streamloop.transport.base import Consumer, OffsetAndMetadata
 
 if TYPE_CHECKING:
-    from engine.tasks.task import StreamTask
+    from streamloop.tasks.task import StreamTask
 
 
 class CommitStatus(Enum):

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from engine import config as cfg
-from engine.config import StreamsConfig, is_loopback
-from engine.errors import ConfigError
+from streamloop import config as cfg
+from streamloop.config import StreamsConfig, is_loopback
+from streamloop.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ Reading commands only take snapshots. Changing commands call the client's own
 loop-safe methods on a worker thread (``anyio.to_thread.run_sync``), bounded by
 ``_COMMAND_TIMEOUT_S``, so neither the console nor any stream thread waits on the other.
 
-The console runs arbitrary code, so it is guarded (``engine.console.access``): loopback
+The console runs arbitrary code, so it is guarded (``streamloop.console.access``): loopback
 unless ``monitor.host`` says otherwise and ``monitor.token`` is set, the token asked for
 before the first command and required by the web UI, and the Python REPL on a private
 Unix socket, whatever ``monitor.host``.
@@ -44,10 +44,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from engine import config as cfg
-from engine.client import KafkaStreams
-from engine.console import views
-from engine.errors import ConfigError, MissingExtraError
+from streamloop import config as cfg
+from streamloop.client import KafkaStreams
+from streamloop.console import views
+from streamloop.errors import ConfigError, MissingExtraError
 
 try:
     import click
@@ -67,8 +67,8 @@ try:
     from prompt_toolkit.application.current import get_app_session
     from prompt_toolkit.contrib.telnet.server import TelnetConnection, TelnetServer
 
-    from engine.console.access import check_bind, token_matches, web_guard
-    from engine.console.repl import run_repl
+    from streamloop.console.access import check_bind, token_matches, web_guard
+    from streamloop.console.repl import run_repl
 except ImportError as exc:  # the 'monitor' extra is optional
     raise MissingExtraError("The console (--monitor)", "monitor", "aiomonitor") from exc
 
@@ -83,7 +83,7 @@ class StreamsMonitor(Monitor):  # type: ignore[misc]  # aiomonitor is untyped
     """An aiomonitor ``Monitor`` that knows the client its commands act on, guarded by ``token``.
 
     The telnet console and the web UI listen on ``host``. The Python REPL of the ``console``
-    command listens on no port at all (``engine.console.repl``: a private Unix socket);
+    command listens on no port at all (``streamloop.console.repl``: a private Unix socket);
     aiomonitor's own host stays loopback in case any of its code still opens one.
     """
 

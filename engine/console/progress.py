@@ -21,7 +21,7 @@ from typing import TextIO
 
 import anyio
 
-from engine.client import KafkaStreams
+from streamloop.client import KafkaStreams
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from engine.client import KafkaStreams
-from engine.config import shown
-from engine.threads.view import TaskDetails, TaskRunState
+from streamloop.client import KafkaStreams
+from streamloop.config import shown
+from streamloop.threads.view import TaskDetails, TaskRunState
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine.records import Headers, Record
+from streamloop.records import Headers, Record
 
 if TYPE_CHECKING:
-    from engine.ids import TaskId
+    from streamloop.ids import TaskId
 
 
 class PunctuationType(Enum):

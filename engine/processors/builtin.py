@@ -13,8 +13,8 @@ from typing import Any
 
 import anyio.to_thread
 
-from engine.processors.nodes import Node
-from engine.records import Record
+from streamloop.processors.nodes import Node
+from streamloop.records import Record
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.processors.api import ProcessorContext
-from engine.records import Record
-from engine.serdes import Serde
+from streamloop.processors.api import ProcessorContext
+from streamloop.records import Record
+from streamloop.serdes import Serde
 
 Getter = Callable[[Any], Any]
 

@@ -6,19 +6,19 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from engine.processors.api import Cancellable, PunctuationType
-from engine.processors.nodes import Forwarder, Node
-from engine.processors.punctuation import PunctuationQueue
-from engine.records import Headers, Record
+from streamloop.processors.api import Cancellable, PunctuationType
+from streamloop.processors.nodes import Forwarder, Node
+from streamloop.processors.punctuation import PunctuationQueue
+from streamloop.records import Headers, Record
 
 if TYPE_CHECKING:
-    from engine.ids import TaskId
-    from engine.serdes import Serde
-    from engine.spark.session import SparkSessions
+    from streamloop.ids import TaskId
+    from streamloop.serdes import Serde
+    from streamloop.spark.session import SparkSessions
 
 
 # The record in flight on this coroutine when a task runs several at once (see
-# engine.tasks.in_flight); None when records of a task are processed one by one.
+# streamloop.tasks.in_flight); None when records of a task are processed one by one.
 CURRENT: ContextVar[Any] = ContextVar("streamloop_record_in_flight", default=None)
 
 
@@ -127,7 +127,7 @@ class NodeContext:
         if name not in self._stores:
             if name in self._task.global_stores:
                 return self._task.global_stores[name]
-            from engine.errors import StateStoreError
+            from streamloop.errors import StateStoreError
             raise StateStoreError(name, f"processor '{self._node.name}' has no access to it: connect it with "
                                         f"add_state_store(builder, '{self._node.name}') or process(..., stores=[...])")
         return self._task.stores[name]

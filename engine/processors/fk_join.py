@@ -2,7 +2,7 @@
 
 ``left.join(right, foreign_key_extractor, joiner)`` joins each left row with the right row whose
 key ``foreign_key_extractor(left_value)`` names (here always a function of the left row's key and
-value: engine.topology.fk_join wraps a value-only extractor). The two tables need not be co-partitioned: a
+value: streamloop.topology.fk_join wraps a value-only extractor). The two tables need not be co-partitioned: a
 left row *subscribes* to its foreign key through a topic partitioned by that key, so that the
 task holding the right row for it gets the subscription; that task keeps it in a subscription
 store and *responds*, now and on every later update of the right row, through a topic with the
@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.change import Getter, TableView, old_value_of
-from engine.records import Record
-from engine.serdes import Serde
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.processors.change import Getter, TableView, old_value_of
+from streamloop.records import Record
+from streamloop.serdes import Serde
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.records import Record
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.records import Record
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from engine.processors.api import Processor
-from engine.records import Record
-from engine.serdes import Serde
-from engine.timestamps import TimestampExtractor
+from streamloop.processors.api import Processor
+from streamloop.records import Record
+from streamloop.serdes import Serde
+from streamloop.timestamps import TimestampExtractor
 
 
 class Collector(Protocol):
-    """What a sink hands its records to (``engine.collector.RecordCollector``, or a task's
+    """What a sink hands its records to (``streamloop.collector.RecordCollector``, or a task's
     wrapper of it). A protocol, so that the collector, which reads a sink's serdes, and the
     sink need not import each other."""
 

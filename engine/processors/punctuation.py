@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.processors.api import PunctuationType
+from streamloop.processors.api import PunctuationType
 
 
 @dataclass(order=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.stateful import _WindowedAggregate
-from engine.records import Record
-from engine.state.session_windows import SessionStore, SessionWindows
-from engine.state.windows import Windowed
+from streamloop.processors.stateful import _WindowedAggregate
+from streamloop.records import Record
+from streamloop.state.session_windows import SessionStore, SessionWindows
+from streamloop.state.windows import Windowed
 
 
 class SessionWindowAggregateProcessor(_WindowedAggregate):

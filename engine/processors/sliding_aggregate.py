@@ -1,6 +1,6 @@
 """The processor behind ``windowed_by(SlidingWindows...)`` aggregations.
 
-The windows of a key are those its records define (see ``engine.state.sliding_windows``):
+The windows of a key are those its records define (see ``streamloop.state.sliding_windows``):
 for a record at ``t``, its left window ``[t - diff, t]`` and, when later records
 fall within ``diff`` of it, its right window ``[t + 1, t + 1 + diff]``. A record
 updates every existing window that contains it and creates the windows it
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.stateful import _WindowedAggregate
-from engine.records import Record
-from engine.state.sliding_windows import SlidingWindows, TimestampedWindowStore
+from streamloop.processors.stateful import _WindowedAggregate
+from streamloop.records import Record
+from streamloop.state.sliding_windows import SlidingWindows, TimestampedWindowStore
 
 # (aggregate, largest record timestamp in the window)
 Stamped = tuple[Any, int]

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.change import ChangeRecord, TableView
-from engine.records import Record
-from engine.state.store import KeyValueStore, WindowStore
-from engine.state.windows import TimeWindows
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.processors.change import ChangeRecord, TableView
+from streamloop.records import Record
+from streamloop.state.store import KeyValueStore, WindowStore
+from streamloop.state.windows import TimeWindows
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class _TableProcessor(BaseProcessor):
     """Forwards whatever goes down from its store: the table's changelog stream."""
 
     # Set (before ``init``) when a table operation downstream needs the value each update
-    # replaces (see engine.processors.change): updates then go on as ``ChangeRecord``s.
+    # replaces (see streamloop.processors.change): updates then go on as ``ChangeRecord``s.
     send_old_values = False
 
     def __init__(self, store_name: str) -> None:

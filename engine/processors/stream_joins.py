@@ -26,11 +26,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.records import Record
-from engine.state.join_store import JoinWindowStore
-from engine.state.join_windows import JoinWindows
-from engine.state.store import KeyValueStore
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.records import Record
+from streamloop.state.join_store import JoinWindowStore
+from streamloop.state.join_windows import JoinWindows
+from streamloop.state.store import KeyValueStore
 
 log = logging.getLogger(__name__)
 

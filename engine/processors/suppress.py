@@ -28,12 +28,12 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import BufferFullError
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.change import ChangeRecord, old_value_of
-from engine.records import Record
-from engine.state.session_windows import SessionStore
-from engine.state.store import KeyValueStore, WindowStore
+from streamloop.errors import BufferFullError
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.processors.change import ChangeRecord, old_value_of
+from streamloop.records import Record
+from streamloop.state.session_windows import SessionStore
+from streamloop.state.store import KeyValueStore, WindowStore
 
 _HEAD = struct.Struct(">qqBH")  # buffer time, record timestamp, 1 if there is a value, header count
 _HEADER = struct.Struct(">HI")  # a header's name length and value length

@@ -21,9 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.change import ChangeRecord, Getter, TableView, old_value_of
-from engine.records import Record
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.processors.change import ChangeRecord, Getter, TableView, old_value_of
+from streamloop.records import Record
 
 log = logging.getLogger(__name__)
 

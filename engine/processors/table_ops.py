@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.processors.api import BaseProcessor
-from engine.processors.change import ChangeRecord, TableChange, old_value_of
-from engine.processors.stateful import _TableProcessor
-from engine.records import Record
+from streamloop.processors.api import BaseProcessor
+from streamloop.processors.change import ChangeRecord, TableChange, old_value_of
+from streamloop.processors.stateful import _TableProcessor
+from streamloop.records import Record
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from engine.schema_registry.client import RegisteredSchema, RegistrySchema, SchemaReference, SchemaRegistryClient
-from engine.schema_registry.errors import (
+from streamloop.schema_registry.client import RegisteredSchema, RegistrySchema, SchemaReference, SchemaRegistryClient
+from streamloop.schema_registry.errors import (
     IncompatibleSchemaError,
     RegistryUnreachableError,
     SchemaNotRegisteredError,
@@ -20,7 +20,7 @@ from engine.schema_registry.errors import (
     UnknownSchemaIdError,
     WireFormatError,
 )
-from engine.schema_registry.strategies import (
+from streamloop.schema_registry.strategies import (
     RecordNameStrategy,
     SubjectNameStrategy,
     TopicNameStrategy,
@@ -28,12 +28,12 @@ from engine.schema_registry.strategies import (
 )
 
 if TYPE_CHECKING:
-    from engine.schema_registry.avro import AvroSerde
-    from engine.schema_registry.json_schema import JsonSchemaSerde
-    from engine.schema_registry.protobuf import ProtobufSerde
+    from streamloop.schema_registry.avro import AvroSerde
+    from streamloop.schema_registry.json_schema import JsonSchemaSerde
+    from streamloop.schema_registry.protobuf import ProtobufSerde
 
-_LAZY = {"AvroSerde": "engine.schema_registry.avro", "ProtobufSerde": "engine.schema_registry.protobuf",
-         "JsonSchemaSerde": "engine.schema_registry.json_schema"}
+_LAZY = {"AvroSerde": "streamloop.schema_registry.avro", "ProtobufSerde": "streamloop.schema_registry.protobuf",
+         "JsonSchemaSerde": "streamloop.schema_registry.json_schema"}
 
 __all__ = [
     "AvroSerde",

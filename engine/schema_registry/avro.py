@@ -13,11 +13,11 @@ from typing import Any
 
 import orjson
 
-from engine.errors import MissingExtraError
-from engine.schema_registry.client import RegistrySchema, SchemaRegistryClient
-from engine.schema_registry.serde import RegistrySerde
-from engine.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy
-from engine.schema_registry.wire import unframe
+from streamloop.errors import MissingExtraError
+from streamloop.schema_registry.client import RegistrySchema, SchemaRegistryClient
+from streamloop.schema_registry.serde import RegistrySerde
+from streamloop.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy
+from streamloop.schema_registry.wire import unframe
 
 try:
     import fastavro

@@ -9,7 +9,7 @@ look-up with no I/O. Code that runs on an event loop and wants the answer withou
 variants, which run the same call on a worker thread under a capacity limiter.
 
 URLs: ``http(s)://host:port`` (several, comma separated: tried in turn when one cannot be
-reached) or ``mock://<scope>``, an in-process registry (``engine.schema_registry.memory``).
+reached) or ``mock://<scope>``, an in-process registry (``streamloop.schema_registry.memory``).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from urllib.parse import quote
 import anyio
 import orjson
 
-from engine import redaction
-from engine.schema_registry.errors import (
+from streamloop import redaction
+from streamloop.schema_registry.errors import (
     IncompatibleSchemaError,
     RegistryUnreachableError,
     SchemaNotRegisteredError,
     SchemaRegistryError,
     UnknownSchemaIdError,
 )
-from engine.schema_registry.memory import MemoryRegistry, RegistryHttpError
+from streamloop.schema_registry.memory import MemoryRegistry, RegistryHttpError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Raised inside a serde they reach the user as the ``__cause__`` of the engine's
 
 from __future__ import annotations
 
-from engine.errors import StreamsError
+from streamloop.errors import StreamsError
 
 
 class SchemaRegistryError(StreamsError):

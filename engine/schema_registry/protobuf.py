@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from engine.errors import MissingExtraError
-from engine.schema_registry.client import RegistrySchema, SchemaReference, SchemaRegistryClient
-from engine.schema_registry.errors import WireFormatError
-from engine.schema_registry.serde import RegistrySerde
-from engine.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy
-from engine.schema_registry.wire import decode_message_indexes, encode_message_indexes, unframe
+from streamloop.errors import MissingExtraError
+from streamloop.schema_registry.client import RegistrySchema, SchemaReference, SchemaRegistryClient
+from streamloop.schema_registry.errors import WireFormatError
+from streamloop.schema_registry.serde import RegistrySerde
+from streamloop.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy
+from streamloop.schema_registry.wire import decode_message_indexes, encode_message_indexes, unframe
 
 try:
     from google.protobuf.message import DecodeError, Message

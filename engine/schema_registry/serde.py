@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import anyio
 
-from engine.schema_registry.client import RegistrySchema, SchemaRegistryClient
-from engine.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy, as_strategy
-from engine.schema_registry.wire import frame
+from streamloop.schema_registry.client import RegistrySchema, SchemaRegistryClient
+from streamloop.schema_registry.strategies import SubjectNameStrategy, TopicNameStrategy, as_strategy
+from streamloop.schema_registry.wire import frame
 
 
 class RegistrySerde:

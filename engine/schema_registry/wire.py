@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from engine.schema_registry.errors import UnknownMagicByteError, WireFormatError
+from streamloop.schema_registry.errors import UnknownMagicByteError, WireFormatError
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")

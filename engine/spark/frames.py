@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.records import ConsumerRecord, Record
-from engine.serdes import Serde
+from streamloop.records import ConsumerRecord, Record
+from streamloop.serdes import Serde
 
 from .schema import SchemaMismatch, align
 

@@ -1,10 +1,10 @@
-"""The executors' side of ``read="executors"`` (``engine.spark.kafka_source``): a PySpark Python
+"""The executors' side of ``read="executors"`` (``streamloop.spark.kafka_source``): a PySpark Python
 data source whose reader fetches one offset range per Spark partition
-(``engine.transport.kafka.range_fetch``).
+(``streamloop.transport.kafka.range_fetch``).
 
 This module runs inside Spark's Python workers (it is imported there by the data source's class
 path), so it imports pyspark at the top and keeps to what an executor has: aiokafka, the
-stage's serdes (shipped pickled in the ``spec`` option) and ``engine.spark.schema.align``.
+stage's serdes (shipped pickled in the ``spec`` option) and ``streamloop.spark.schema.align``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from engine.transport.kafka.range_fetch import fetch_range
+from streamloop.transport.kafka.range_fetch import fetch_range
 
 from .frames import VALUE_COLUMN
 from .kafka_source import (

@@ -1,9 +1,9 @@
 """Spark's executors read a task's offset range from Kafka themselves (``read="executors"``).
 
-On the driver path (``engine.tasks.bulk``) every record passes through this process: fetched,
+On the driver path (``streamloop.tasks.bulk``) every record passes through this process: fetched,
 decoded, framed through Arrow. With ``spark.batch.read=executors`` (or a stage's ``read=``), the
-task's loop (``engine.tasks.bulk_exec``) only picks an offset range of its partition
-(``pick_range``) and runs a Spark job over a Python data source (``engine.spark.kafka_reader``)
+task's loop (``streamloop.tasks.bulk_exec``) only picks an offset range of its partition
+(``pick_range``) and runs a Spark job over a Python data source (``streamloop.spark.kafka_reader``)
 whose reader, on an executor, fetches exactly that range with aiokafka, decodes each record with
 the stage's own serdes and aligns it to the stage's ``schema`` with ``schema.align``: the same
 code the driver path runs, so the frame the stage's function sees is the same.
@@ -28,15 +28,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine import config as cfg
-from engine.errors import ConfigError, TopologyError
-from engine.records import TopicPartition
-from engine.serdes import Serde
+from streamloop import config as cfg
+from streamloop.errors import ConfigError, TopologyError
+from streamloop.records import TopicPartition
+from streamloop.serdes import Serde
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from engine.topology.topology import Topology
+    from streamloop.topology.topology import Topology
 
 READS = (cfg.SPARK_READ_DRIVER, cfg.SPARK_READ_EXECUTORS)
 SOURCE_NAME = "streamloop_kafka_range"

@@ -21,14 +21,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.records import ConsumerRecord
-from engine.serdes import Serde
+from streamloop.records import ConsumerRecord
+from streamloop.serdes import Serde
 
 from .frames import check_frame, check_names, create_frame, to_rows, to_table
 from .session import LOCAL_RELATION_KEY
 
 if TYPE_CHECKING:
-    from engine.processors.nodes import SinkNode
+    from streamloop.processors.nodes import SinkNode
 
     from .timing import JobClock
 
@@ -68,7 +68,7 @@ def row_wise(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 class TransformJob:
     """The job of ``spark_batch``: ``fn(DataFrame) -> DataFrame``, its rows collected. The function
-    is kept apart so that a job of several tasks' parts (``engine.spark.parts``) can apply it to
+    is kept apart so that a job of several tasks' parts (``streamloop.spark.parts``) can apply it to
     each part and collect them all in one Spark job."""
 
     __slots__ = ("fn", "row_wise", "stage")

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from engine import config as cfg
-from engine.errors import SparkUnavailableError
+from streamloop import config as cfg
+from streamloop.errors import SparkUnavailableError
 
 log = logging.getLogger(__name__)
 

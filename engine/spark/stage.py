@@ -1,6 +1,6 @@
 """``SparkBatchStage``: a task's records in micro-batches, each run on Spark off the loop.
 
-Built on records in flight (``engine.tasks.in_flight``): each record's ``process``
+Built on records in flight (``streamloop.tasks.in_flight``): each record's ``process``
 joins the task's open batch and awaits that batch. The first record of a batch
 drives it: it waits until the batch holds ``max.records`` or ``max.wait.ms`` has
 passed, then runs the job on a worker thread (``anyio.to_thread.run_sync``), at most
@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from engine import config as cfg
-from engine.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
-from engine.processors.nodes import Node, SinkNode
-from engine.records import ConsumerRecord, Record
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
+from streamloop import config as cfg
+from streamloop.errors import SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, TopologyError
+from streamloop.processors.nodes import Node, SinkNode
+from streamloop.records import ConsumerRecord, Record
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde, Serde, StringSerde
 
 from .failures import SparkBatchTransientError, is_transient
 from .frames import Decoded, create_frame, decode, to_arrow, to_frame, to_records
@@ -52,7 +52,7 @@ from .timing import finish as finish_clock
 from .timing import start as start_clock
 
 if TYPE_CHECKING:
-    from engine.processors.context import NodeContext
+    from streamloop.processors.context import NodeContext
 
     from .session import SparkSessions
 
@@ -143,7 +143,7 @@ class SparkBatchStage:
     def __init__(self, name: str, job: BatchJob, settings: BatchSettings, key_column: str,
                  value_columns: Sequence[str] | None, schema: Any = None, read: str | None = None) -> None:
         self.name = name
-        # Who reads the stage's records (engine.spark.kafka_source); None: spark.batch.read.
+        # Who reads the stage's records (streamloop.spark.kafka_source); None: spark.batch.read.
         self.read_setting = read
         self.read = read or cfg.SPARK_READ_DRIVER
         self._job = job
@@ -175,7 +175,7 @@ class SparkBatchStage:
 
     def executor_job(self) -> tuple[BatchJob, str, Sequence[str] | None, Any]:
         """The job, key column, value columns and declared schema: what the executors' read path
-        (``engine.tasks.bulk_exec``) runs the stage with."""
+        (``streamloop.tasks.bulk_exec``) runs the stage with."""
         return self._job, self._key_column, self._value_columns, self._schema
 
     def batching(self) -> tuple[int, float, int]:
@@ -248,7 +248,7 @@ class SparkBatchStage:
                           sink: SinkNode | None = None) -> FetchedResult:
         """One batch of fetched records, decoded, framed, run and its rows made records, all on a
         worker thread, at most ``max.in.flight`` at once; the bulk path's call
-        (``engine.tasks.bulk``). Raises like ``_run``: ``SparkBatchTimeoutError`` past
+        (``streamloop.tasks.bulk``). Raises like ``_run``: ``SparkBatchTimeoutError`` past
         ``spark.batch.timeout.ms``, or the job's own error.
 
         ``sink``: the stage's only child, a sink with built-in serdes; the output is then also
@@ -268,7 +268,7 @@ class SparkBatchStage:
     async def run_parts(self, parts: Sequence[Part]) -> list[FetchedResult]:
         """The batches of several tasks (``parts``) in one Spark job, on a worker thread; a result
         per part, as ``run_fetched`` gives for a batch alone. The bulk path's call for a job shared
-        by the tasks of a stream thread (``engine.tasks.bulk_jobs``), which bounds how many run at
+        by the tasks of a stream thread (``streamloop.tasks.bulk_jobs``), which bounds how many run at
         once itself. Raises as ``run_fetched`` (then every part is run again on its own, which tells
         whose records the error is)."""
         tag = f"{self._tag_prefix}-{next(_tags)}"

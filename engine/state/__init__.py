@@ -1,15 +1,15 @@
 """State stores: what tables are made of, with changelogs, the record cache and queries."""
 
-from engine.state.join_windows import JoinWindows
-from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
-from engine.state.restore import StateRestoreListener
-from engine.state.session_windows import ReadOnlySessionStore, SessionStore, SessionWindows
-from engine.state.sliding_windows import SlidingWindows
-from engine.state.store import KeyValueStore, StateStore, WindowStore
-from engine.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
-from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestamp
-from engine.state.versioned import VersionedKeyValueStore, VersionedRecord
-from engine.state.windows import TimeWindows, Windowed
+from streamloop.state.join_windows import JoinWindows
+from streamloop.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from streamloop.state.restore import StateRestoreListener
+from streamloop.state.session_windows import ReadOnlySessionStore, SessionStore, SessionWindows
+from streamloop.state.sliding_windows import SlidingWindows
+from streamloop.state.store import KeyValueStore, StateStore, WindowStore
+from streamloop.state.stores import Materialized, StoreBuilder, Stores, StoreSupplier, StoreType
+from streamloop.state.timestamped import TimestampedKeyValueStore, ValueAndTimestamp
+from streamloop.state.versioned import VersionedKeyValueStore, VersionedRecord
+from streamloop.state.windows import TimeWindows, Windowed
 
 __all__ = [
     "JoinWindows",

@@ -1,7 +1,7 @@
 """The innermost layer of a state store: sorted bytes keys to bytes values, in memory or on disk.
 
 Every store a task owns ends in one of these. The layers above add serdes, the
-record cache and the changelog (``engine.state.store``). Keys sort as unsigned
+record cache and the changelog (``streamloop.state.store``). Keys sort as unsigned
 bytes, as in RocksDB, so ``range`` means the same thing in both.
 
 Reads may come from another thread (interactive queries) while the stream thread
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from engine.errors import MissingExtraError, StateStoreError, StoreLockedError
-from engine.state.directory import make_private_dirs
+from streamloop.errors import MissingExtraError, StateStoreError, StoreLockedError
+from streamloop.state.directory import make_private_dirs
 
 _ABSENT = object()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.records import Headers
+from streamloop.records import Headers
 
 SOURCE_HEADER = "streamloop.source"
 

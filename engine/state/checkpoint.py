@@ -14,8 +14,8 @@ import json
 import logging
 import os
 
-from engine.records import TopicPartition
-from engine.state.directory import make_private_dirs, open_private_file
+from streamloop.records import TopicPartition
+from streamloop.state.directory import make_private_dirs, open_private_file
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 
-from engine.errors import ConfigError, StateDirectoryError
+from streamloop.errors import ConfigError, StateDirectoryError
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from engine.records import TopicPartition
-from engine.serdes import Serde
-from engine.state import checkpoint
-from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
-from engine.state.store import KeyValueStore
-from engine.state.stores import StoreBuilder
+from streamloop.records import TopicPartition
+from streamloop.serdes import Serde
+from streamloop.state import checkpoint
+from streamloop.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
+from streamloop.state.store import KeyValueStore
+from streamloop.state.stores import StoreBuilder
 
 
 @dataclass(frozen=True)

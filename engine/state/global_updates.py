@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import DeserializationError
-from engine.records import ConsumerRecord
-from engine.state.global_store import GlobalKeyValueStore
-from handlers.context import ErrorContext
-from handlers.responses import Answer
+from streamloop.errors import DeserializationError
+from streamloop.handlers.context import ErrorContext
+from streamloop.handlers.responses import Answer
+from streamloop.records import ConsumerRecord
+from streamloop.state.global_store import GlobalKeyValueStore
 
 
 class GlobalUpdates:

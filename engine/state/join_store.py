@@ -21,8 +21,8 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from engine.state.store import WindowStore
-from engine.state.windows import Windowed
+from streamloop.state.store import WindowStore
+from streamloop.state.windows import Windowed
 
 _TS = struct.Struct(">q")
 _SEQ = struct.Struct(">I")

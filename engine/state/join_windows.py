@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import TopologyError
+from streamloop.errors import TopologyError
 
 
 def _ms(value: object, what: str) -> int:

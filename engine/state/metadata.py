@@ -27,14 +27,14 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from engine.config import split_endpoint
-from engine.errors import ConfigError
-from engine.records import TopicPartition
-from engine.serdes import Serde
-from engine.transport.partitioner import key_hash
+from streamloop.config import split_endpoint
+from streamloop.errors import ConfigError
+from streamloop.records import TopicPartition
+from streamloop.serdes import Serde
+from streamloop.transport.partitioner import key_hash
 
 if TYPE_CHECKING:
-    from engine.topology.topology import Topology
+    from streamloop.topology.topology import Topology
 
 __all__ = ["HostInfo", "HostPartitions", "KeyQueryMetadata", "StreamsMetadata", "StreamsMetadataState"]
 

@@ -3,7 +3,7 @@
 ``KafkaStreams.store(name)`` returns one of these. Each call looks up the tasks
 that run now, so a view stays valid across rebalances; a key lives in exactly
 one task. Safe to call from any thread or event loop: reads never change a store
-(see ``engine.state.store``).
+(see ``streamloop.state.store``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import heapq
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.state.store import KeyValueStore, StateStore, WindowStore
-from engine.state.windows import Windowed
+from streamloop.state.store import KeyValueStore, StateStore, WindowStore
+from streamloop.state.windows import Windowed
 
 StoresOf = Callable[[], list[StateStore]]
 

@@ -5,7 +5,7 @@ For each logged store: read its changelog partition from the checkpointed offset
 store) up to the end offset seen when restoring began, and apply each update to
 the bytes store directly (no cache, no changelog, no forwarding). Updates caused
 by input records at or past the task's committed offsets are left out: those
-records are processed again next (see ``engine.state.changelog``). Records the changelog
+records are processed again next (see ``streamloop.state.changelog``). Records the changelog
 no longer has (below its log start: a windowed store's changelog deletes by time) are not
 read; the reader starts at the log start.
 """
@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
-from engine.records import TopicPartition
-from engine.state.changelog import decode_source
-from engine.state.store import StateStore
-from engine.transport.base import Consumer
+from streamloop.records import TopicPartition
+from streamloop.state.changelog import decode_source
+from streamloop.state.store import StateStore
+from streamloop.transport.base import Consumer
 
 log = logging.getLogger(__name__)
 

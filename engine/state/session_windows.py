@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.state.store import StateStore
-from engine.state.windows import Windowed, millis
+from streamloop.state.store import StateStore
+from streamloop.state.windows import Windowed, millis
 
 _TIMES = struct.Struct(">qq")
 _MAX = 2**63 - 1

@@ -18,8 +18,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.state.store import WindowStore
-from engine.state.windows import millis
+from streamloop.state.store import WindowStore
+from streamloop.state.windows import millis
 
 _TIMESTAMP = struct.Struct(">q")
 

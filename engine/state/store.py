@@ -16,12 +16,12 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
-from engine.state.bytes_stores import BytesStore
-from engine.state.cache import CacheEntry, NamedCache, ThreadCache
-from engine.state.cache import FlushListener as CacheFlush
-from engine.state.changelog import Changelogger
-from engine.state.windows import Windowed
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
+from streamloop.state.bytes_stores import BytesStore
+from streamloop.state.cache import CacheEntry, NamedCache, ThreadCache
+from streamloop.state.cache import FlushListener as CacheFlush
+from streamloop.state.changelog import Changelogger
+from streamloop.state.windows import Windowed
 
 Source = Callable[[], "tuple[str, int] | None"]
 # Key types whose serialised form cannot change while the object lives (same object, same bytes).
@@ -101,7 +101,7 @@ class StateStore:
 
     def wrap_cache_flushes(self, wrap: Callable[[CacheFlush], CacheFlush]) -> None:
         """Have ``wrap(send)`` send this store's cached updates down (on a flush or an eviction)
-        instead of ``send``; nothing without a cache. Caller: tracing (``engine.tasks.tracing``),
+        instead of ``send``; nothing without a cache. Caller: tracing (``streamloop.tasks.tracing``),
         which sends each update down in the context of the record that made it, once per task,
         so that a store without tracing pays nothing for it."""
         if self._ns is not None:
@@ -238,7 +238,7 @@ class StateStore:
 
     def _check_open(self) -> None:
         if not self.open:
-            from engine.errors import InvalidStateStoreError
+            from streamloop.errors import InvalidStateStoreError
             raise InvalidStateStoreError(self.name, "is closed (its task moved or the client stopped)")
 
 

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from engine.errors import TopologyError
-from engine.serdes import Serde, as_serde
+from streamloop.errors import TopologyError
+from streamloop.serdes import Serde, as_serde
 
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -36,11 +36,11 @@ class StoreSupplier:
     retention_ms: int | None = None
     window_size_ms: int | None = None
     # A window store whose values carry the largest record timestamp of their window (sliding windows);
-    # a key-value store whose values carry a timestamp (engine.state.timestamped).
+    # a key-value store whose values carry a timestamp (streamloop.state.timestamped).
     timestamped: bool = False
     # Window stores only: keep every record of a key and timestamp (a stream-stream join's sides).
     retain_duplicates: bool = False
-    # Key-value stores only: keep each key's versions for ``retention_ms`` (engine.state.versioned).
+    # Key-value stores only: keep each key's versions for ``retention_ms`` (streamloop.state.versioned).
     versioned: bool = False
 
 
@@ -109,7 +109,7 @@ class Stores:
 
     @staticmethod
     def persistent_timestamped_key_value_store(name: str) -> StoreSupplier:
-        """A RocksDB key-value store whose values keep a timestamp (``engine.state.timestamped``)."""
+        """A RocksDB key-value store whose values keep a timestamp (``streamloop.state.timestamped``)."""
         return StoreSupplier(check_store_name(name), persistent=True, timestamped=True)
 
     @staticmethod
@@ -149,7 +149,7 @@ class Stores:
     @staticmethod
     def versioned_key_value_store_builder(supplier: StoreSupplier, key_serde: Serde | type | None = None,
                                           value_serde: Serde | type | None = None) -> StoreBuilder:
-        """A ``VersionedKeyValueStore`` (``engine.state.versioned``); never cached, as in Kafka Streams."""
+        """A ``VersionedKeyValueStore`` (``streamloop.state.versioned``); never cached, as in Kafka Streams."""
         if not supplier.versioned:
             raise TopologyError(f"Store '{supplier.name}' is not a versioned store: make its supplier with "
                                 "Stores.persistent_versioned_key_value_store or in_memory_versioned_key_value_store")

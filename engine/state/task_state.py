@@ -17,24 +17,24 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from engine.completed_offsets import decode_completed
-from engine.errors import StateStoreError, StoreLockedError
-from engine.logcontext import LogContext
-from engine.records import TopicPartition
-from engine.serdes import Serde
-from engine.state import checkpoint
-from engine.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
-from engine.state.cache import ThreadCache
-from engine.state.changelog import Append, Changelogger, changelog_topic
-from engine.state.join_store import JoinWindowStore
-from engine.state.restore import ProcessedInput, StateRestoreListener, restore_store
-from engine.state.session_windows import SessionStore
-from engine.state.sliding_windows import TimestampedWindowStore
-from engine.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
-from engine.state.stores import StoreBuilder, StoreType
-from engine.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
-from engine.state.versioned import VersionedKeyValueStore
-from engine.transport.base import Consumer, OffsetAndMetadata
+from streamloop.completed_offsets import decode_completed
+from streamloop.errors import StateStoreError, StoreLockedError
+from streamloop.logcontext import LogContext
+from streamloop.records import TopicPartition
+from streamloop.serdes import Serde
+from streamloop.state import checkpoint
+from streamloop.state.bytes_stores import BytesStore, InMemoryBytesStore, RocksDBBytesStore
+from streamloop.state.cache import ThreadCache
+from streamloop.state.changelog import Append, Changelogger, changelog_topic
+from streamloop.state.join_store import JoinWindowStore
+from streamloop.state.restore import ProcessedInput, StateRestoreListener, restore_store
+from streamloop.state.session_windows import SessionStore
+from streamloop.state.sliding_windows import TimestampedWindowStore
+from streamloop.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
+from streamloop.state.stores import StoreBuilder, StoreType
+from streamloop.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
+from streamloop.state.versioned import VersionedKeyValueStore
+from streamloop.transport.base import Consumer, OffsetAndMetadata
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class StateSettings:
     cache: ThreadCache
     reader_factory: Callable[[], Consumer]
     restore_listener: StateRestoreListener | None = None
-    # The client's global tables' stores (engine.state.global_store), read by every task.
+    # The client's global tables' stores (streamloop.state.global_store), read by every task.
     global_stores: Mapping[str, StateStore] = field(default_factory=dict)
 
 
@@ -76,7 +76,7 @@ class TaskStateManager:
         self.stores: dict[str, StateStore] = {}
         self.changelogs: dict[str, TopicPartition] = {}
         # What the record in progress changed, to undo if it is retried (records in flight: a
-        # journal that follows the record in flight, engine.tasks.in_flight.RecordJournals).
+        # journal that follows the record in flight, streamloop.tasks.in_flight.RecordJournals).
         self.journal = journal or Journal()
         self._source = source
         self.restored = 0

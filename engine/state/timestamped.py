@@ -15,8 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.serdes import Serde
-from engine.state.store import KeyValueStore
+from streamloop.serdes import Serde
+from streamloop.state.store import KeyValueStore
 
 _TIMESTAMP = struct.Struct(">q")
 

@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.state.store import StateStore
+from streamloop.state.store import StateStore
 
 PUT_RETURN_CODE_VALID_TO_UNDEFINED = -1
 PUT_RETURN_CODE_NOT_PUT = -(2**63)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import TopologyError
+from streamloop.errors import TopologyError
 
 
 def millis(value: object, what: str, minimum: int) -> int:

@@ -13,7 +13,7 @@ answers every member with the partitions each endpoint's tasks own (Kafka Stream
 queries across instances.
 
 With ``num.standby.replicas`` the leader also gives each stateful task standbys on other
-instances (``engine.tasks.standby_placement``) and tells every member the standby partitions
+instances (``streamloop.tasks.standby_placement``) and tells every member the standby partitions
 by host (``KeyQueryMetadata.standby_hosts``).
 
 Under the cooperative protocol (KIP-429) a task moves in two rebalances: the first gives it to
@@ -35,13 +35,13 @@ from typing import Any
 
 import orjson
 
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
-from engine.tasks.membership import Membership
-from engine.tasks.standby_placement import assign_standbys
-from engine.topology.topology import Topology
-from engine.transport.base import MemberAssignment, MemberSubscription
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
+from streamloop.tasks.membership import Membership
+from streamloop.tasks.standby_placement import assign_standbys
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import MemberAssignment, MemberSubscription
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class SubscriptionInfo:
     standby_tasks: list[TaskId] = field(default_factory=list)
     """The standby tasks the member held (their state is on its disk): standbys stick to them."""
     member: str = ""
-    """The thread's membership token (``engine.tasks.membership``); empty from a member without one."""
+    """The thread's membership token (``streamloop.tasks.membership``); empty from a member without one."""
     joins: int = 0
     """The join of that thread this subscription belongs to."""
 
@@ -110,7 +110,7 @@ class AssignmentInfo:
     partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
     standby_partitions_by_host: dict[HostInfo, set[TopicPartition]] = field(default_factory=dict)
     standby_tasks: list[TaskId] = field(default_factory=list)
-    """The member's standby tasks (``engine.tasks.standby``)."""
+    """The member's standby tasks (``streamloop.tasks.standby``)."""
     follow_up: bool = False
     """Cooperative: tasks were withheld this round, so another rebalance follows at once; the
     group has not settled (the threads stay PARTITIONS_ASSIGNED, the client REBALANCING)."""
@@ -270,7 +270,7 @@ def _rosters(infos: Mapping[str, SubscriptionInfo]) -> dict[str, dict[str, int]]
 
 
 class StreamsAssignor:
-    """One per stream thread (member). Implements ``engine.transport.base.GroupAssignor``.
+    """One per stream thread (member). Implements ``streamloop.transport.base.GroupAssignor``.
 
     Affects: ``assigned_tasks`` and ``shutdown`` after each assignment, read by
     the stream thread's rebalance listener.
@@ -302,7 +302,7 @@ class StreamsAssignor:
         self.assigned_tasks: list[TaskId] = []
         self.follow_up = False
         self.roster: dict[str, int] = {}
-        """The threads of this instance in the generation of the last assignment (``engine.tasks.membership``)."""
+        """The threads of this instance in the generation of the last assignment (``streamloop.tasks.membership``)."""
 
     def subscription_user_data(self, topics: Sequence[str]) -> bytes:
         membership = self._membership

@@ -1,10 +1,10 @@
 """The bulk path of a Spark stage: a task whose source feeds a Spark stage directly runs this
-loop instead of one coroutine per record in flight (``engine.tasks.in_flight``).
+loop instead of one coroutine per record in flight (``streamloop.tasks.in_flight``).
 
 The loop takes fetched records off the task's queue in whole runs, into the task's open batch.
 A batch is an offset range of the task's partition and one coroutine (``_drive``); it is the
 task's part of a Spark job of the stage, which the thread's other tasks may share
-(``engine.tasks.bulk_jobs``: sealed by records, bytes or time). Once the job is sealed its parts'
+(``streamloop.tasks.bulk_jobs``: sealed by records, bytes or time). Once the job is sealed its parts'
 raw records go to a worker thread, where they are decoded, framed through Arrow, run through the
 user's function and made output records (``SparkBatchStage.run_parts``; a part runs alone through
 ``run_fetched`` when the shared job raised or was given up). Nothing on the stream
@@ -38,20 +38,20 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from engine.errors import SparkBatchError, SparkSchemaError, StreamsError
-from engine.processors.nodes import Node, ProcessorNode, SourceNode
-from engine.records import ConsumerRecord, TopicPartition
-from engine.spark.failures import SparkBatchTransientError, is_transient
-from engine.spark.frames import decode
-from engine.spark.schema import SchemaMismatch
-from engine.spark.stage import FetchedResult, SparkBatchStage, direct_sink
+from streamloop.errors import SparkBatchError, SparkSchemaError, StreamsError
+from streamloop.processors.nodes import Node, ProcessorNode, SourceNode
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.spark.failures import SparkBatchTransientError, is_transient
+from streamloop.spark.frames import decode
+from streamloop.spark.schema import SchemaMismatch
+from streamloop.spark.stage import FetchedResult, SparkBatchStage, direct_sink
 
 from .bulk_jobs import JobPart, StageJobs
 from .processing import RecordPath, failed_node
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
-    from engine.tasks.task import StreamTask
+    from streamloop.tasks.task import StreamTask
 
 log = logging.getLogger(__name__)
 

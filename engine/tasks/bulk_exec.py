@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from engine import config as cfg
-from engine.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, StreamsError
-from engine.processors.nodes import ProcessorNode, SourceNode
-from engine.records import FetchedRecord, Record, TopicPartition
-from engine.spark.failures import SparkBatchTransientError, is_transient
-from engine.spark.kafka_source import (
+from streamloop import config as cfg
+from streamloop.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, StreamsError
+from streamloop.processors.nodes import ProcessorNode, SourceNode
+from streamloop.records import FetchedRecord, Record, TopicPartition
+from streamloop.spark.failures import SparkBatchTransientError, is_transient
+from streamloop.spark.kafka_source import (
     COUNT,
     ERROR,
     HEADERS,
@@ -57,13 +57,13 @@ from engine.spark.kafka_source import (
     pick_range,
     unpack_error,
 )
-from engine.spark.stage import SparkBatchStage
+from streamloop.spark.stage import SparkBatchStage
 
 from .processing import RecordPath, failed_node
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
-    from engine.spark.session import SparkSessions
+    from streamloop.spark.session import SparkSessions
 
     from .task import StreamTask
 
@@ -257,7 +257,7 @@ class ExecutorWindow:
             return outcome
 
     def _spec(self, session: Any, kafka_range: KafkaRange) -> ReadSpec:
-        from engine.spark.schema import resolve_schema
+        from streamloop.spark.schema import resolve_schema
 
         stage, source = self._stage, self._source
         _job, key_column, _value_columns, schema = stage.executor_job()
@@ -273,7 +273,7 @@ class ExecutorWindow:
         return sessions
 
     def _on_worker(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from engine.spark.kafka_reader import run_range_job
+        from streamloop.spark.kafka_reader import run_range_job
 
         session = self._sessions().get()
         context = session.sparkContext
@@ -286,7 +286,7 @@ class ExecutorWindow:
             context.removeJobTag(tag)
 
     def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from engine.spark.kafka_reader import run_raw_job
+        from streamloop.spark.kafka_reader import run_raw_job
 
         session = self._sessions().get()
         context = session.sparkContext
@@ -383,7 +383,7 @@ class ExecutorWindow:
         paused = task.paused_at
         if paused is not None and paused[0] == tp and offset >= paused[1]:
             return  # at or past the record that paused the task: read again on resume
-        from engine.spark.frames import to_records
+        from streamloop.spark.frames import to_records
 
         _job, key_column, value_columns, _schema = self._stage.executor_job()
         out = to_records(rows, key_column, value_columns, timestamp)

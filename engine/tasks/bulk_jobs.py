@@ -1,9 +1,9 @@
 """Spark jobs shared by the tasks of a stream thread: the batches of one stage from several tasks
-go into one job (``engine.spark.parts``), so that the fixed cost of a Spark job is paid once for
+go into one job (``streamloop.spark.parts``), so that the fixed cost of a Spark job is paid once for
 all of them.
 
 A ``StageJobs`` (one per stage and stream thread, from the task manager) has at most one open
-``Job``. Each task's bulk loop (``engine.tasks.bulk.BatchWindow``) puts its records into its own
+``Job``. Each task's bulk loop (``streamloop.tasks.bulk.BatchWindow``) puts its records into its own
 part of the open job: one offset range of its partition, which the task alone keeps, releases and
 commits (a job finishing releases nothing by itself). The job is sealed when it holds
 ``max.records`` records or ``max.bytes`` bytes (keys and values), or ``max.wait.ms`` after it
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from engine.spark.parts import Part
+from streamloop.spark.parts import Part
 
 if TYPE_CHECKING:
-    from engine.processors.nodes import SinkNode
-    from engine.records import ConsumerRecord
-    from engine.serdes import Serde
-    from engine.spark.stage import FetchedResult, SparkBatchStage
+    from streamloop.processors.nodes import SinkNode
+    from streamloop.records import ConsumerRecord
+    from streamloop.serdes import Serde
+    from streamloop.spark.stage import FetchedResult, SparkBatchStage
 
 log = logging.getLogger(__name__)
 

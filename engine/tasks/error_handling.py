@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.collector import RecordCollector
-from engine.config import DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, PROCESSING_EXCEPTION_HANDLER
-from engine.errors import HandledRecordError, HandlerError, TaskError
-from engine.ids import TaskId
-from engine.records import ConsumerRecord
-from handlers.context import ErrorContext
-from handlers.dead_letter import dead_letter
-from handlers.responses import Answer
+from streamloop.collector import RecordCollector
+from streamloop.config import DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, PROCESSING_EXCEPTION_HANDLER
+from streamloop.errors import HandledRecordError, HandlerError, TaskError
+from streamloop.handlers.context import ErrorContext
+from streamloop.handlers.dead_letter import dead_letter
+from streamloop.handlers.responses import Answer
+from streamloop.ids import TaskId
+from streamloop.records import ConsumerRecord
 
 
 class ErrorHandling:

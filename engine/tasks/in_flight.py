@@ -19,7 +19,7 @@ offset still in flight, so a partition's committed position is its contiguous wa
 record is *passed* when the watermark moves past it, in offset order. Stream time moves with the
 passed records' timestamps (``RecordPath.passed``) and the stream-time punctuations due run then,
 under every ordering. Offsets completed above the watermark are written into the commit metadata
-(``engine.completed_offsets``), so a restarted task skips them instead of processing them again.
+(``streamloop.completed_offsets``), so a restarted task skips them instead of processing them again.
 
 Exactly-once: a transaction must hold exactly the output of the offsets it commits. So every
 record's output (sink records, changelog updates, dead letters) is held in its slot until the
@@ -47,16 +47,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from engine.completed_offsets import encode_completed
-from engine.processors.context import CURRENT
-from engine.processors.nodes import Forwarder, Node, SinkNode
-from engine.records import ConsumerRecord, Headers, Record, TopicPartition
-from engine.state.store import Journal
+from streamloop.completed_offsets import encode_completed
+from streamloop.processors.context import CURRENT
+from streamloop.processors.nodes import Forwarder, Node, SinkNode
+from streamloop.records import ConsumerRecord, Headers, Record, TopicPartition
+from streamloop.state.store import Journal
 
 from .processing import Outcome, RecordPath
 
 if TYPE_CHECKING:
-    from engine.collector import RecordCollector
+    from streamloop.collector import RecordCollector
 
     from .task import StreamTask
 
@@ -210,7 +210,7 @@ class HeldCollector:
 
 
 class InFlightWindow:
-    """The concurrent run loop of one task. Caller: ``StreamTask.run`` (``engine.tasks.loops``)."""
+    """The concurrent run loop of one task. Caller: ``StreamTask.run`` (``streamloop.tasks.loops``)."""
 
     def __init__(self, task: StreamTask, limit: int, ordering: str, collector: HeldCollector,
                  skips: Mapping[TopicPartition, frozenset[int]]) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine.records import TopicPartition
+from streamloop.records import TopicPartition
 
 from .bulk import bulk_window
 from .bulk_exec import ExecutorReads, executor_window

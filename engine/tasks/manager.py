@@ -5,7 +5,7 @@ to their task, applies back-pressure per partition (fetching from a partition
 pauses while its task holds ``buffered.records.per.partition`` records), and
 closes tasks cleanly (finish the record in flight, flush, commit) or dirtily
 (no commit, after a failure). Starting tasks again from their last commit after a
-failure is ``engine.tasks.revival``, built on these open and close steps.
+failure is ``streamloop.tasks.revival``, built on these open and close steps.
 """
 
 from __future__ import annotations
@@ -18,21 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from engine.collector import RecordCollector
-from engine.commit import CommitProtocol, CommitResult, CommitStatus
-from engine.errors import ProduceError, TaskCorruptedError, TaskMigratedError
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.metrics import ProcessMeter
-from engine.processors.context import CURRENT, TaskContext
-from engine.records import ConsumerRecord, TopicPartition
-from engine.recovery import ProducerLost, TaskCorrupted, TaskMigrated
-from engine.serdes import Serde
-from engine.spark.kafka_source import executor_options
-from engine.state.task_state import StateSettings, TaskStateManager
-from engine.timestamps import TimestampExtractor
-from engine.topology.topology import Topology
-from engine.transport.base import Consumer, Producer
+from streamloop.collector import RecordCollector
+from streamloop.commit import CommitProtocol, CommitResult, CommitStatus
+from streamloop.errors import ProduceError, TaskCorruptedError, TaskMigratedError
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.metrics import ProcessMeter
+from streamloop.processors.context import CURRENT, TaskContext
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.recovery import ProducerLost, TaskCorrupted, TaskMigrated
+from streamloop.serdes import Serde
+from streamloop.spark.kafka_source import executor_options
+from streamloop.state.task_state import StateSettings, TaskStateManager
+from streamloop.timestamps import TimestampExtractor
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import Consumer, Producer
 
 from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
@@ -45,7 +45,7 @@ from .task import StreamTask
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
-    from engine.spark.session import SparkSessions
+    from streamloop.spark.session import SparkSessions
 
     from .tracing import TaskTracing, Tracing
 
@@ -119,13 +119,13 @@ class TaskManager:
         self.closed_timeouts = 0
         # Shared by every task of the thread (they all run on its loop): the windowed metrics' input.
         self.meter = ProcessMeter()
-        # Spark jobs by stage, shared by the thread's tasks on the bulk path (engine.tasks.bulk_jobs).
+        # Spark jobs by stage, shared by the thread's tasks on the bulk path (streamloop.tasks.bulk_jobs).
         self.spark_jobs: dict[str, StageJobs] = {}
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
         # Starts tasks again from their last commit after lost output or a failed transaction: the poll
-        # loop calls it between polls (engine.tasks.revival).
+        # loop calls it between polls (streamloop.tasks.revival).
         self.revival = TaskRevival(self, consumer, logger, monotonic_ms, on_tasks_changed)
 
     # -- assignment -------------------------------------------------------------
@@ -181,7 +181,7 @@ class TaskManager:
         own = self._collector
         if self._eos is not None:
             # The task's own transactional producer: its output, changelog writes and offsets
-            # commit together (engine.commit.exactly_once).
+            # commit together (streamloop.commit.exactly_once).
             own = self._collector.sibling(self._eos.producer(task_id))
         collector: RecordCollector | HeldCollector = own
         concurrency, ordering = self._topology.concurrency_of(task_id.subtopology, self._config)
@@ -190,7 +190,7 @@ class TaskManager:
         if limit > 1:
             # Each record in flight gets its own forwarding state, journal and held output (under
             # exactly-once its changelog updates and dead letters too, until the commit's watermark
-            # covers it: engine.tasks.in_flight).
+            # covers it: streamloop.tasks.in_flight).
             context.forwarder = ContextualForwarder()
             collector = HeldCollector(own, hold_all=self._eos is not None)
             in_flight = InFlightPlan(limit, ordering or self._ordering, collector)
@@ -239,7 +239,7 @@ class TaskManager:
         return task
 
     def _executor_reads(self) -> ExecutorReads | None:
-        """The consumer's side of a Spark stage reading on the executors (``engine.tasks.bulk_exec``);
+        """The consumer's side of a Spark stage reading on the executors (``streamloop.tasks.bulk_exec``);
         the options the executors' readers take exist only on the Kafka transport."""
         if self._spark is None:
             return None

@@ -16,7 +16,7 @@ The facts, each in one place:
   whether it has left the group.
 - The roster of a generation: the tokens of the client's threads in it, each with the join that
   brought it there. The group leader builds it from the members' subscriptions, so every member
-  of a generation gets the same roster (``engine.tasks.assignor``).
+  of a generation gets the same roster (``streamloop.tasks.assignor``).
 - ``GenerationWatch`` (one per thread, on its loop): the thread's current generation and roster,
   or None while it is joining.
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from engine.completed_offsets import decode_metadata
-from engine.records import ConsumerRecord, TopicPartition
-from engine.transport.base import OffsetAndMetadata
+from streamloop.completed_offsets import decode_metadata
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.transport.base import OffsetAndMetadata
 
 __all__ = ["PartitionGroup"]
 

@@ -1,7 +1,7 @@
 """What a task has finished, per partition: the positions a commit may take, and what it took.
 
 Each committed position carries its partition's time in the commit metadata (with the offsets
-done above it when records are in flight; ``engine.completed_offsets`` holds the format), as
+done above it when records are in flight; ``streamloop.completed_offsets`` holds the format), as
 Kafka Streams does, so that a task initialised from the commit restores its stream time.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from engine.completed_offsets import UNKNOWN_TIME, decode_metadata, encode_metadata
-from engine.records import TopicPartition
-from engine.transport.base import OffsetAndMetadata
+from streamloop.completed_offsets import UNKNOWN_TIME, decode_metadata, encode_metadata
+from streamloop.records import TopicPartition
+from streamloop.transport.base import OffsetAndMetadata
 
 
 def _unknown_time(_tp: TopicPartition) -> int:

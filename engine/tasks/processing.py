@@ -14,7 +14,7 @@ runs the stream-time punctuations due. ``RecordPath.process`` and ``passed`` are
 failure anywhere in the task's graph (a record, a punctuation, a cache flush, a Spark batch's
 output) is named and wrapped by ``failure`` (``ProcessingError`` unless it is the engine's own).
 
-Three run loops call it, and the test driver through them (``engine.tasks.loops`` picks one):
+Three run loops call it, and the test driver through them (``streamloop.tasks.loops`` picks one):
 
 - ``SequentialLoop`` (``sequential.py``): records one at a time in chunks, the hot path. ``process``
   stays synchronous while nothing needs awaiting, so a record costs no task, event or coroutine
@@ -32,13 +32,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import DeserializationError, ProcessingError, StreamsError, TaskError
-from engine.ids import TaskId
-from engine.processors.context import CURRENT
-from engine.processors.nodes import Forwarder, SourceNode
-from engine.records import ConsumerRecord, Record
-from engine.timestamps import ConsumedRecord, InvalidTimestampError
-from handlers.responses import Answer
+from streamloop.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from streamloop.handlers.responses import Answer
+from streamloop.ids import TaskId
+from streamloop.processors.context import CURRENT
+from streamloop.processors.nodes import Forwarder, SourceNode
+from streamloop.records import ConsumerRecord, Record
+from streamloop.timestamps import ConsumedRecord, InvalidTimestampError
 
 from .timeouts import is_timeout
 

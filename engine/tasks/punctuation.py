@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.errors import ProcessingError, StreamsError
-from engine.ids import TaskId
-from engine.processors.context import TaskContext
-from engine.processors.punctuation import Schedule
+from streamloop.errors import ProcessingError, StreamsError
+from streamloop.ids import TaskId
+from streamloop.processors.context import TaskContext
+from streamloop.processors.punctuation import Schedule
 
 
 class Punctuations:

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.recovery import ProducerLost, Recovery, TaskCorrupted, TaskMigrated
-from engine.transport.base import Consumer, OffsetAndMetadata
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.recovery import ProducerLost, Recovery, TaskCorrupted, TaskMigrated
+from streamloop.transport.base import Consumer, OffsetAndMetadata
 
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
-    from engine.logcontext import LogContext
+    from streamloop.logcontext import LogContext
 
     from .manager import TaskManager
 

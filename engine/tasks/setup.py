@@ -7,16 +7,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.metrics import ProcessMeter
-from engine.records import TopicPartition
-from engine.transport.base import OffsetAndMetadata
+from streamloop.metrics import ProcessMeter
+from streamloop.records import TopicPartition
+from streamloop.transport.base import OffsetAndMetadata
 
 from .error_handling import ErrorHandling
 from .timeouts import TaskTimer
 
 if TYPE_CHECKING:
-    from engine.collector import RecordCollector
-    from engine.state.task_state import TaskStateManager
+    from streamloop.collector import RecordCollector
+    from streamloop.state.task_state import TaskStateManager
 
     from .bulk_exec import ExecutorReads
     from .bulk_jobs import StageJobs
@@ -60,7 +60,7 @@ class TaskSetup:
     in_flight: InFlightPlan | None = None
     # The Spark jobs the bulk path shares with the thread's other tasks, by stage.
     spark_jobs: dict[str, StageJobs] | None = None
-    # With tracing.enabled: the task's spans (engine.tasks.tracing); None costs nothing per record.
+    # With tracing.enabled: the task's spans (streamloop.tasks.tracing); None costs nothing per record.
     tracing: TaskTracing | None = None
-    # The group consumer's side of a Spark stage that reads on the executors (engine.tasks.bulk_exec).
+    # The group consumer's side of a Spark stage that reads on the executors (streamloop.tasks.bulk_exec).
     executor_reads: ExecutorReads | None = None

@@ -29,19 +29,19 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 import anyio
 import anyio.abc
 
-from engine.completed_offsets import decode_completed
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.records import ConsumerRecord, TopicPartition
-from engine.serdes import Serde
-from engine.state import checkpoint
-from engine.state.bytes_stores import BytesStore
-from engine.state.changelog import decode_source
-from engine.state.restore import ProcessedInput
-from engine.state.store import StateStore
-from engine.state.task_state import StateSettings, TaskStateManager
-from engine.topology.topology import Topology
-from engine.transport.base import Consumer, OffsetAndMetadata
+from streamloop.completed_offsets import decode_completed
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.serdes import Serde
+from streamloop.state import checkpoint
+from streamloop.state.bytes_stores import BytesStore
+from streamloop.state.changelog import decode_source
+from streamloop.state.restore import ProcessedInput
+from streamloop.state.store import StateStore
+from streamloop.state.task_state import StateSettings, TaskStateManager
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import Consumer, OffsetAndMetadata
 
 log = logging.getLogger(__name__)
 

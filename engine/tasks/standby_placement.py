@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from engine.ids import TaskId
+from streamloop.ids import TaskId
 
 log = logging.getLogger(__name__)
 

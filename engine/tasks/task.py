@@ -6,8 +6,8 @@ The stream thread buffers fetched records into its input (``PartitionGroup``); t
 coroutine (``run``) first starts what the task needs, reading its partitions' committed offsets
 once (``Committed``: exactly-once rewinds to them, partition and stream time restore from their
 metadata, the stores restore against them, records in flight skip what they list as done), then
-hands over to its run loop (``engine.tasks.loops``), which runs the records by the one per-record
-path (``engine.tasks.processing``). The committable position of each partition advances only
+hands over to its run loop (``streamloop.tasks.loops``), which runs the records by the one per-record
+path (``streamloop.tasks.processing``). The committable position of each partition advances only
 past records whose whole graph has finished; the commit (``engine/commit/``) takes it from
 ``offsets_to_commit``.
 
@@ -40,17 +40,23 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import CancelScope
 
-from engine.completed_offsets import decode_metadata
-from engine.errors import IllegalStateError, ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-from engine.ids import TaskId
-from engine.lifecycle import StateMachine
-from engine.logcontext import LogContext
-from engine.processors.api import ObservesStreamTime
-from engine.processors.context import TaskContext
-from engine.processors.nodes import ProcessorNode
-from engine.records import ConsumerRecord, TopicPartition
-from engine.topology.specs import TaskGraph
-from engine.transport.base import OffsetAndMetadata
+from streamloop.completed_offsets import decode_metadata
+from streamloop.errors import (
+    IllegalStateError,
+    ProducerFencedError,
+    TaskCorruptedError,
+    TaskMigratedError,
+    TransportError,
+)
+from streamloop.ids import TaskId
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import LogContext
+from streamloop.processors.api import ObservesStreamTime
+from streamloop.processors.context import TaskContext
+from streamloop.processors.nodes import ProcessorNode
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.topology.specs import TaskGraph
+from streamloop.transport.base import OffsetAndMetadata
 
 from .loops import RunLoop, run_loop
 from .partition_group import PartitionGroup
@@ -61,7 +67,7 @@ from .setup import Committed, TaskSetup
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
-    from engine.collector import RecordCollector
+    from streamloop.collector import RecordCollector
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +231,7 @@ class StreamTask:
 
     async def drain(self) -> None:
         """Start the task if it is new, then process every buffered record by its run loop, until
-        nothing is buffered or in flight. Caller: ``engine.testing.TopologyTestDriver``, which
+        nothing is buffered or in flight. Caller: ``streamloop.testing.TopologyTestDriver``, which
         schedules tasks itself instead of running ``run``: the same start (restores included) and
         the same loop as ``run``; returns early when the task pauses or closes."""
         if self.state.state is TaskState.CREATED and not await self._start():

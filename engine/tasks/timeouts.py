@@ -8,7 +8,7 @@ times out too, ``TaskTimeoutError`` goes to the uncaught-exception handler.
 
 What counts as a timeout is every retriable client error (Kafka's ``RetriableException``
 family, plus the builtin ``TimeoutError``): ``is_timeout`` is the transport's one
-classification, :func:`engine.transport.retriable.is_retriable`. A leader change or a
+classification, :func:`streamloop.transport.retriable.is_retriable`. A leader change or a
 coordinator move during a broker restart is retried here just like a request timeout;
 the Java clients retry those inside a call and report a ``TimeoutException`` when
 ``delivery.timeout.ms`` / ``max.block.ms`` runs out, which Kafka Streams then retries
@@ -23,10 +23,10 @@ from typing import TypeVar
 
 import anyio
 
-from engine.errors import StartupTimeoutError, TaskTimeoutError
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.transport.retriable import is_retriable
+from streamloop.errors import StartupTimeoutError, TaskTimeoutError
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.transport.retriable import is_retriable
 
 # Re-exported under the name the task machinery reads; the one list of errors is the transport's.
 is_timeout = is_retriable

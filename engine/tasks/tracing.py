@@ -1,6 +1,6 @@
 """Tracing with OpenTelemetry (``tracing.enabled``, the ``otel`` extra): a span per record per task.
 
-Imported only when tracing is on (``engine.tasks.wiring.tracing``): with it off, neither this
+Imported only when tracing is on (``streamloop.tasks.wiring.tracing``): with it off, neither this
 module nor OpenTelemetry is loaded, and no record pays for it, because each task chooses its
 per-record path once, when it is built (``RecordPath`` takes ``traced(process)`` or ``process``).
 
@@ -23,7 +23,7 @@ What is traced:
   the cause is a single record (the key's last update, as the cache coalesces them), so the trace
   of a count reads as input record, repartition, counting record, output, one tree.
 
-The Spark bulk path (``engine.tasks.bulk``) takes records by whole batches, not by this path: its
+The Spark bulk path (``streamloop.tasks.bulk``) takes records by whole batches, not by this path: its
 records get no span of their own.
 """
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import MissingExtraError
-from engine.records import ConsumerRecord, Headers, Record
-from engine.state.cache import CacheEntry, FlushListener
+from streamloop.errors import MissingExtraError
+from streamloop.records import ConsumerRecord, Headers, Record
+from streamloop.state.cache import CacheEntry, FlushListener
 
 from .processing import Outcome
 
@@ -49,9 +49,9 @@ except ImportError as exc:
     raise MissingExtraError("Tracing (tracing.enabled)", "otel", "opentelemetry-api") from exc
 
 if TYPE_CHECKING:
-    from engine.ids import TaskId
-    from engine.processors.nodes import Collector, SinkNode
-    from engine.state.task_state import TaskStateManager
+    from streamloop.ids import TaskId
+    from streamloop.processors.nodes import Collector, SinkNode
+    from streamloop.state.task_state import TaskStateManager
 
 __all__ = ["Cause", "TaskTracing", "Tracing"]
 

@@ -11,26 +11,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from engine import config as cfg
-from engine.config import StreamsConfig, load_handler
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.state.task_state import StateSettings
-from engine.timestamps import load_timestamp_extractor
+from streamloop import config as cfg
+from streamloop.config import StreamsConfig, load_handler
+from streamloop.serdes import BytesSerde, Serde, as_serde
+from streamloop.state.task_state import StateSettings
+from streamloop.timestamps import load_timestamp_extractor
 
 from .error_handling import ErrorHandling
 from .manager import TaskManager
 from .timeouts import TaskTimer
 
 if TYPE_CHECKING:
-    from engine.collector import RecordCollector
-    from engine.commit import CommitProtocol
-    from engine.ids import TaskId
-    from engine.logcontext import LogContext
-    from engine.spark.session import SparkSessions
-    from engine.state.cache import ThreadCache
-    from engine.state.restore import StateRestoreListener
-    from engine.topology.topology import Topology
-    from engine.transport.base import Consumer
+    from streamloop.collector import RecordCollector
+    from streamloop.commit import CommitProtocol
+    from streamloop.ids import TaskId
+    from streamloop.logcontext import LogContext
+    from streamloop.spark.session import SparkSessions
+    from streamloop.state.cache import ThreadCache
+    from streamloop.state.restore import StateRestoreListener
+    from streamloop.topology.topology import Topology
+    from streamloop.transport.base import Consumer
 
     from .manager import ExactlyOnce
     from .task import StreamTask

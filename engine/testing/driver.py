@@ -22,12 +22,12 @@ The calls are plain functions: called from a coroutine on a running loop they ra
 
 Records run as a client runs them: one at a time, or several in flight
 (``num.threads.per.task``, a processor's ``concurrency=``) in ``processing.ordering``, by the
-same run loops (``engine.tasks.loops``); a call returns once none is buffered or in flight.
+same run loops (``streamloop.tasks.loops``); a call returns once none is buffered or in flight.
 One difference from a ``KafkaStreams`` client, by design: ``blocking=True`` functions run
 inline (no OS threads). State stores are the engine's, in a temporary ``state.dir`` of the
 driver's own, restored from the driver's changelog topics after ``crash()`` or
 ``rebalance()``; ``get_key_value_store`` / ``get_window_store`` read them. A record piped
-to a global table's topic updates the table at once (``engine.testing.driver_global``).
+to a global table's topic updates the table at once (``streamloop.testing.driver_global``).
 """
 
 from __future__ import annotations
@@ -39,34 +39,34 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from engine import config as cfg
-from engine.clock import ManualClock
-from engine.collector import RecordCollector
-from engine.commit import Committer
-from engine.config import StreamsConfig
-from engine.errors import IllegalStateError, InvalidStateStoreError, TopologyError
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.processors.builtin import FunctionNode
-from engine.processors.nodes import SourceNode
-from engine.records import Headers, Record, TopicPartition
-from engine.serdes import Serde, as_serde
-from engine.state.cache import ThreadCache
-from engine.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
-from engine.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
-from engine.state.session_windows import ReadOnlySessionStore
-from engine.state.store import StateStore
-from engine.state.stores import StoreType
-from engine.tasks import wiring
-from engine.tasks.task import StreamTask, TaskState
-from engine.testing.driver_errors import UnusedTopics, UnusedTopicsError
-from engine.testing.driver_global import DriverGlobalTables
-from engine.testing.driver_loop import DriverLoop
-from engine.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
-from engine.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
-from engine.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
-from engine.timestamps import load_timestamp_extractor
-from engine.topology.topology import Topology
+from streamloop import config as cfg
+from streamloop.clock import ManualClock
+from streamloop.collector import RecordCollector
+from streamloop.commit import Committer
+from streamloop.config import StreamsConfig
+from streamloop.errors import IllegalStateError, InvalidStateStoreError, TopologyError
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.processors.builtin import FunctionNode
+from streamloop.processors.nodes import SourceNode
+from streamloop.records import Headers, Record, TopicPartition
+from streamloop.serdes import Serde, as_serde
+from streamloop.state.cache import ThreadCache
+from streamloop.state.metadata import KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
+from streamloop.state.query import ReadOnlyKeyValueStore, ReadOnlyWindowStore
+from streamloop.state.session_windows import ReadOnlySessionStore
+from streamloop.state.store import StateStore
+from streamloop.state.stores import StoreType
+from streamloop.tasks import wiring
+from streamloop.tasks.task import StreamTask, TaskState
+from streamloop.testing.driver_errors import UnusedTopics, UnusedTopicsError
+from streamloop.testing.driver_global import DriverGlobalTables
+from streamloop.testing.driver_loop import DriverLoop
+from streamloop.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
+from streamloop.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from streamloop.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
+from streamloop.timestamps import load_timestamp_extractor
+from streamloop.topology.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class TopologyTestDriver:
         config_ = self.config
         self._committer = Committer(self._consumer, self._collector,  # type: ignore[arg-type]  # has the part of Consumer it uses
                                     config_[cfg.COMMIT_INTERVAL_MS], self._clock.wall_ms, self._log_context)
-        # The engine's own wiring of a stream thread's task machinery (engine.tasks.wiring).
+        # The engine's own wiring of a stream thread's task machinery (streamloop.tasks.wiring).
         self._errors = wiring.error_handling(config_, self._collector)
         self._manager = wiring.task_manager(
             config_, topology, self._consumer, self._collector, self._committer,  # type: ignore[arg-type]  # has the part of Consumer it uses
@@ -336,7 +336,7 @@ class TopologyTestDriver:
         self._runner.run(self._reassign(sorted(task.partitions)))
 
     def play(self, steps: Iterable[Step], input_serdes: Mapping[str, tuple[Serde, Serde]] | None = None) -> None:
-        """Play a scenario (``engine.testing.strategies``): input records and faults, in order.
+        """Play a scenario (``streamloop.testing.strategies``): input records and faults, in order.
 
         ``input_serdes`` maps a topic to its ``(key_serde, value_serde)``; topics left out use the
         config's default serdes.

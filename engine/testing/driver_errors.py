@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import StreamsTimeoutError, TopologyError
-from engine.ids import TaskId
+from streamloop.errors import StreamsTimeoutError, TopologyError
+from streamloop.ids import TaskId
 
 
 class DriverTimeoutError(StreamsTimeoutError):

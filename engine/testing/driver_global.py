@@ -3,20 +3,20 @@
 A ``KafkaStreams`` client fills a global table on its global thread; the driver has no
 threads, so ``pipe_input`` to a global table's topic writes the store at once (as Kafka's
 ``TopologyTestDriver`` runs its global state task), and every task reads the same stores.
-Records are read as a running client's global thread reads them (engine.state.global_updates):
+Records are read as a running client's global thread reads them (streamloop.state.global_updates):
 one the serdes cannot read goes to the deserialization exception handler, and unless it
 answers ``CONTINUE`` the call raises ``DeserializationError``.
 """
 
 from __future__ import annotations
 
-from engine import config as cfg
-from engine.config import StreamsConfig, load_handler
-from engine.records import FetchedRecord
-from engine.state.global_store import GlobalKeyValueStore, close_global_stores, open_global_stores
-from engine.state.global_updates import GlobalUpdates
-from engine.tasks import wiring
-from engine.topology.topology import Topology
+from streamloop import config as cfg
+from streamloop.config import StreamsConfig, load_handler
+from streamloop.records import FetchedRecord
+from streamloop.state.global_store import GlobalKeyValueStore, close_global_stores, open_global_stores
+from streamloop.state.global_updates import GlobalUpdates
+from streamloop.tasks import wiring
+from streamloop.topology.topology import Topology
 
 
 class DriverGlobalTables:

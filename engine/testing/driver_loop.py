@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from engine.errors import IllegalStateError
-from engine.testing.driver_errors import DriverTimeoutError
-from engine.testing.virtual_time import VirtualTimeLoop
+from streamloop.errors import IllegalStateError
+from streamloop.testing.driver_errors import DriverTimeoutError
+from streamloop.testing.virtual_time import VirtualTimeLoop
 
 if TYPE_CHECKING:
-    from engine.tasks.task import StreamTask
+    from streamloop.tasks.task import StreamTask
 
 T = TypeVar("T")
 

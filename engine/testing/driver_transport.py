@@ -1,6 +1,6 @@
 """The clients the test driver's task manager sees: a producer, a consumer and a restore
 reader over the driver's in-memory topic logs (``TopicLog``), in the shape of
-``engine.transport.base``. Acks are immediate and nothing waits: the driver runs the
+``streamloop.transport.base``. Acks are immediate and nothing waits: the driver runs the
 tasks itself, one call at a time.
 """
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from engine.records import FetchedRecord, Headers, TopicPartition
-from engine.testing.topics import TopicLog
-from engine.transport.base import OffsetAndMetadata
+from streamloop.records import FetchedRecord, Headers, TopicPartition
+from streamloop.testing.topics import TopicLog
+from streamloop.transport.base import OffsetAndMetadata
 
 LogOf = Callable[[str], TopicLog]
 """The driver's log of a topic (created on first use, with the topic's partition count)."""
 
 
 class DriverProducer:
-    """Implements ``engine.transport.base.Producer`` over the driver's logs; acks are immediate."""
+    """Implements ``streamloop.transport.base.Producer`` over the driver's logs; acks are immediate."""
 
     def __init__(self, log_of: LogOf, now_ms: Callable[[], int]) -> None:
         self._log_of = log_of
@@ -52,7 +52,7 @@ class DriverProducer:
 
 
 class DriverConsumer:
-    """The parts of ``engine.transport.base.Consumer`` a task manager and committer use, plus ``fetch``."""
+    """The parts of ``streamloop.transport.base.Consumer`` a task manager and committer use, plus ``fetch``."""
 
     def __init__(self, log_of: LogOf) -> None:
         self._log_of = log_of

@@ -23,20 +23,20 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine import config as cfg
-from engine.client import ClientState, KafkaStreams
-from engine.config import StreamsConfig
-from engine.errors import StreamsError
-from engine.records import TopicPartition
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.testing.scenario import BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
-from engine.testing.topics import TestRecord
-from engine.testing.waiting import eventually_async
-from engine.topology.topology import Topology
-from engine.transport.memory import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
-from engine.transport.partitioner import key_hash
-from handlers.responses import StreamThreadExceptionResponse
+from streamloop import config as cfg
+from streamloop.client import ClientState, KafkaStreams
+from streamloop.config import StreamsConfig
+from streamloop.errors import StreamsError
+from streamloop.handlers.responses import StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import BytesSerde, Serde, as_serde
+from streamloop.testing.scenario import BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
+from streamloop.testing.topics import TestRecord
+from streamloop.testing.waiting import eventually_async
+from streamloop.topology.topology import Topology
+from streamloop.transport.memory import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
+from streamloop.transport.partitioner import key_hash
 
 
 class ScenarioCrash(StreamsError):

@@ -17,13 +17,13 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.errors import TransportError
-from engine.records import Record, TopicPartition
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.testing.topics import TestRecord
-from engine.transport.memory import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
-from engine.transport.partitioner import key_hash
+from streamloop.errors import TransportError
+from streamloop.records import Record, TopicPartition
+from streamloop.serdes import BytesSerde, Serde, as_serde
+from streamloop.testing.topics import TestRecord
+from streamloop.transport.memory import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
+from streamloop.transport.partitioner import key_hash
 
 
 def _broker(bootstrap: str, call: str) -> MemoryBroker:

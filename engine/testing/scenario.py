@@ -1,6 +1,6 @@
 """The steps of a test scenario: input records and the faults played between them.
 
-``engine.testing.strategies`` draws lists of these; ``TopologyTestDriver.play`` plays
+``streamloop.testing.strategies`` draws lists of these; ``TopologyTestDriver.play`` plays
 them in order. Each step is a frozen dataclass, so a failing example prints as the
 exact schedule that made it fail.
 """
@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.ids import TaskId
-from engine.records import Headers
+from streamloop.ids import TaskId
+from streamloop.records import Headers
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Compose them into your own properties and play what they draw with
                      faults(tasks=[TaskId(0, 0)])))
     def test_matches_model(scenario): ...
 
-Every draw is a list of ``engine.testing.scenario`` steps (frozen dataclasses), so a
+Every draw is a list of ``streamloop.testing.scenario`` steps (frozen dataclasses), so a
 failing example shrinks to, and prints as, the smallest schedule that fails. Needs
 ``hypothesis`` (in the ``test`` extra).
 """
@@ -19,8 +19,18 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from engine.ids import TaskId
-from engine.testing.scenario import BadRecord, Crash, Fault, Input, ProcessorTimeout, Rebalance, Step, by_key, inputs
+from streamloop.ids import TaskId
+from streamloop.testing.scenario import (
+    BadRecord,
+    Crash,
+    Fault,
+    Input,
+    ProcessorTimeout,
+    Rebalance,
+    Step,
+    by_key,
+    inputs,
+)
 
 __all__ = ["by_key", "faults", "headers", "inputs", "partitioned", "records", "scenarios", "task_ids"]
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import StreamsError
-from engine.records import FetchedRecord, Headers, Record
-from engine.serdes import Serde
+from streamloop.errors import StreamsError
+from streamloop.records import FetchedRecord, Headers, Record
+from streamloop.serdes import Serde
 
 
 class EmptyTopicError(StreamsError, LookupError):

@@ -5,7 +5,7 @@ their states into the client's, apply the uncaught-exception handler's answer wh
 Every call into a stream thread goes through the thread's command channel or its state
 machine, never by touching its loop; every call works from a user's thread and from inside
 a stream thread (a processor or a handler) without deadlock: no lock is held while another
-thread's loop is reached. Next stage: ``engine.threads.stream_thread.StreamThread``.
+thread's loop is reached. Next stage: ``streamloop.threads.stream_thread.StreamThread``.
 """
 
 from __future__ import annotations
@@ -15,25 +15,25 @@ from collections.abc import Callable, Iterator, Mapping
 
 import anyio.lowlevel
 
-from engine import config as cfg
-from engine.client_states import CLOSING_STATES, ClientState
-from engine.clock import Clock
-from engine.config import StreamsConfig
-from engine.errors import StreamsTimeoutError
-from engine.lifecycle import StateMachine
-from engine.logcontext import LogContext
-from engine.spark.session import SparkSessions
-from engine.state.metadata import StreamsMetadataState
-from engine.state.restore import StateRestoreListener
-from engine.state.store import StateStore
-from engine.threads.rebalances import RebalanceWatch
-from engine.threads.registry import ThreadRegistry
-from engine.threads.states import StreamThreadState
-from engine.threads.stream_thread import StreamThread
-from engine.threads.supervisor import ReplacementBackoff, Supervisor
-from engine.topology.topology import Topology
-from engine.transport.base import Transport
-from handlers.responses import StreamThreadExceptionResponse
+from streamloop import config as cfg
+from streamloop.client_states import CLOSING_STATES, ClientState
+from streamloop.clock import Clock
+from streamloop.config import StreamsConfig
+from streamloop.errors import StreamsTimeoutError
+from streamloop.handlers.responses import StreamThreadExceptionResponse
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import LogContext
+from streamloop.spark.session import SparkSessions
+from streamloop.state.metadata import StreamsMetadataState
+from streamloop.state.restore import StateRestoreListener
+from streamloop.state.store import StateStore
+from streamloop.threads.rebalances import RebalanceWatch
+from streamloop.threads.registry import ThreadRegistry
+from streamloop.threads.states import StreamThreadState
+from streamloop.threads.stream_thread import StreamThread
+from streamloop.threads.supervisor import ReplacementBackoff, Supervisor
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import Transport
 
 _BACKOFF_CAP_S = 30.0
 
@@ -182,7 +182,7 @@ class ClientThreads:
 
     def _on_membership_change(self, changed: StreamThread) -> None:
         """A thread started a join or left the group: each other thread looks, on its own loop,
-        whether that makes its generation stale (``engine.tasks.membership``), and rejoins now
+        whether that makes its generation stale (``streamloop.tasks.membership``), and rejoins now
         rather than at its next heartbeat. Never waits for their loops."""
         for thread in self._registry.alive():
             if thread is not changed:

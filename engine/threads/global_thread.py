@@ -7,7 +7,7 @@ up to the topic's end before any stream thread processes a record. A coroutine o
 each stream thread would keep one copy per thread (or make the threads share one
 writer and its lifecycle across rebalances and thread replacement); one thread owns
 the reader and the writes, and the stream threads only read (see
-``engine.state.global_store``), so no stream thread's loop ever waits on it.
+``streamloop.state.global_store``), so no stream thread's loop ever waits on it.
 
 ``start`` returns once every store holds its topic up to the end offsets read at
 start (the bootstrap); then the thread keeps applying new records until
@@ -27,21 +27,21 @@ import anyio.from_thread
 import anyio.lowlevel
 from anyio import CancelScope
 
-from engine import config as cfg
-from engine.config import StreamsConfig, load_handler
-from engine.errors import StreamsTimeoutError
-from engine.records import ConsumerRecord, TopicPartition
-from engine.state.global_store import (
+from streamloop import config as cfg
+from streamloop.config import StreamsConfig, load_handler
+from streamloop.errors import StreamsTimeoutError
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.state.global_store import (
     GlobalKeyValueStore,
     checkpoint_global_stores,
     close_global_stores,
     open_global_stores,
 )
-from engine.state.global_updates import GlobalUpdates
-from engine.state.store import StateStore
-from engine.tasks import wiring
-from engine.topology.topology import Topology
-from engine.transport.base import Consumer, Transport
+from streamloop.state.global_updates import GlobalUpdates
+from streamloop.state.store import StateStore
+from streamloop.tasks import wiring
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import Consumer, Transport
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class GlobalStreamThread:
             behind = [tp for tp in partitions if positions[tp] < ends.get(tp, 0)]
             if not behind:
                 # Some Kafka-protocol brokers answer ListOffsets "latest" short of the end; the
-                # fetch responses' end is right (as a changelog restore checks, engine.state.restore).
+                # fetch responses' end is right (as a changelog restore checks, streamloop.state.restore).
                 # Once per partition: a busy topic's end moves on, and the bootstrap must end.
                 further = {tp: end for tp in partitions if tp not in extended
                            and (end := reader.fetched_end(tp)) is not None and end > ends.get(tp, 0)}
@@ -175,7 +175,7 @@ class GlobalStreamThread:
                     positions[tp] = max(positions[tp], await reader.position(tp))
 
     def _apply(self, batch: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> None:
-        # Bootstrapping copies bytes; afterwards records are read first (engine.state.global_updates).
+        # Bootstrapping copies bytes; afterwards records are read first (streamloop.state.global_updates).
         read = self._bootstrapped.is_set()
         apply = self.updates.apply
         for tp, records in batch.items():

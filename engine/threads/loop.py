@@ -6,7 +6,7 @@ interval, revive a failed producer, refresh the lag metric. Each task runs as it
 own coroutine in the thread's task group, so an async processor waiting on I/O in
 one task does not hold up the others. The consumer calls the rebalance listener
 (``on_partitions_revoked`` / ``on_partitions_assigned``, on this loop) to revoke and
-create tasks. Next stage: ``engine.tasks.manager.TaskManager``.
+create tasks. Next stage: ``streamloop.tasks.manager.TaskManager``.
 """
 
 from __future__ import annotations
@@ -18,26 +18,26 @@ import anyio
 import anyio.abc
 from anyio import CancelScope, create_task_group
 
-from engine import config as cfg
-from engine.collector import RecordCollector
-from engine.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, TransactionalCommitter, transactional_id
-from engine.errors import MissingSinkTopicError, MissingSourceTopicError
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.recovery import RecoveryInbox, ShutdownRequested
-from engine.tasks import wiring
-from engine.tasks.assignor import ShutdownRequest
-from engine.tasks.error_handling import ErrorHandling
-from engine.tasks.manager import ExactlyOnce, TaskManager
-from engine.tasks.membership import GenerationWatch
-from engine.tasks.standby import StandbyTask, StandbyTasks
-from engine.tasks.task import StreamTask
-from engine.tasks.timeouts import StartupDeadline
-from engine.threads.states import StreamThreadState
-from engine.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
+from streamloop import config as cfg
+from streamloop.collector import RecordCollector
+from streamloop.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, TransactionalCommitter, transactional_id
+from streamloop.errors import MissingSinkTopicError, MissingSourceTopicError
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.recovery import RecoveryInbox, ShutdownRequested
+from streamloop.tasks import wiring
+from streamloop.tasks.assignor import ShutdownRequest
+from streamloop.tasks.error_handling import ErrorHandling
+from streamloop.tasks.manager import ExactlyOnce, TaskManager
+from streamloop.tasks.membership import GenerationWatch
+from streamloop.tasks.standby import StandbyTask, StandbyTasks
+from streamloop.tasks.task import StreamTask
+from streamloop.tasks.timeouts import StartupDeadline
+from streamloop.threads.states import StreamThreadState
+from streamloop.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
 
 if TYPE_CHECKING:
-    from engine.threads.stream_thread import StreamThread
+    from streamloop.threads.stream_thread import StreamThread
 
 # How often a thread reads its partitions' log end for the records-lag metric.
 LAG_REFRESH_MS = 1_000
@@ -59,7 +59,7 @@ class ThreadLoop:
         self._poll_scope: CancelScope | None = None
         self._task_failure: BaseException | None = None
         # What the poll loop must act on between polls, reported by the tasks, the commits and the
-        # rebalance listener (``engine.recovery``).
+        # rebalance listener (``streamloop.recovery``).
         self.recovery = RecoveryInbox()
         self._next_lag_ms = 0
         # The generation this thread is in, and the siblings' joins it already rejoined for.
@@ -95,7 +95,7 @@ class ThreadLoop:
         self._request_rejoin(reason)
 
     async def check_generation(self) -> None:
-        """A sibling started a join or left the group (see ``engine.tasks.membership``)."""
+        """A sibling started a join or left the group (see ``streamloop.tasks.membership``)."""
         self._rejoin_if_stale()
 
     async def resume(self, task_id: TaskId, skip: bool) -> bool:

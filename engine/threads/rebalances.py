@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from engine.client_states import ClientState
-from engine.logcontext import LogContext
+from streamloop.client_states import ClientState
+from streamloop.logcontext import LogContext
 
 __all__ = ["RebalanceRecord", "RebalanceWatch", "ThreadRebalances"]
 

@@ -12,7 +12,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from engine.threads.stream_thread import StreamThread, StreamThreadState
+from streamloop.threads.stream_thread import StreamThread, StreamThreadState
 
 
 class ThreadRegistry:

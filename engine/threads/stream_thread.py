@@ -3,8 +3,8 @@
 This module is the thread's lifecycle: its state machine (``states``), start,
 shutdown, join, and the commands other threads send it (rejoin, resume, carry a
 shutdown request). What runs on the thread's loop (poll, process, commit, the
-rebalance listener) is ``engine.threads.loop.ThreadLoop``; what other threads read
-about it (metadata, counters, lags) is ``engine.threads.view.ThreadView``.
+rebalance listener) is ``streamloop.threads.loop.ThreadLoop``; what other threads read
+about it (metadata, counters, lags) is ``streamloop.threads.view.ThreadView``.
 """
 
 from __future__ import annotations
@@ -17,32 +17,32 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from engine import config as cfg
-from engine.clock import SYSTEM_CLOCK, Clock
-from engine.config import StreamsConfig
-from engine.ids import TaskId
-from engine.lifecycle import StateMachine
-from engine.logcontext import thread_log
-from engine.metrics import SensorSettings, ThreadSensors
-from engine.state.cache import ThreadCache
-from engine.state.metadata import StreamsMetadataState
-from engine.state.restore import StateRestoreListener
-from engine.state.store import StateStore
-from engine.tasks.assignor import ShutdownRequest, StreamsAssignor
-from engine.tasks.error_handling import ErrorHandling
-from engine.tasks.membership import Membership
-from engine.tasks.standby import replicated
-from engine.threads.commands import CommandChannel, CommandRejected
-from engine.threads.loop import LAG_REFRESH_MS, ThreadLoop, unwrap
-from engine.threads.rebalances import ThreadRebalances
-from engine.threads.states import THREAD_TRANSITIONS, StreamThreadState
-from engine.threads.view import TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata, ThreadView
-from engine.topology.topology import Topology
-from engine.transport import lost_connections
-from engine.transport.base import Transport
+from streamloop import config as cfg
+from streamloop.clock import SYSTEM_CLOCK, Clock
+from streamloop.config import StreamsConfig
+from streamloop.ids import TaskId
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import thread_log
+from streamloop.metrics import SensorSettings, ThreadSensors
+from streamloop.state.cache import ThreadCache
+from streamloop.state.metadata import StreamsMetadataState
+from streamloop.state.restore import StateRestoreListener
+from streamloop.state.store import StateStore
+from streamloop.tasks.assignor import ShutdownRequest, StreamsAssignor
+from streamloop.tasks.error_handling import ErrorHandling
+from streamloop.tasks.membership import Membership
+from streamloop.tasks.standby import replicated
+from streamloop.threads.commands import CommandChannel, CommandRejected
+from streamloop.threads.loop import LAG_REFRESH_MS, ThreadLoop, unwrap
+from streamloop.threads.rebalances import ThreadRebalances
+from streamloop.threads.states import THREAD_TRANSITIONS, StreamThreadState
+from streamloop.threads.view import TaskDetails, TaskMetadata, TaskRunState, ThreadMetadata, ThreadView
+from streamloop.topology.topology import Topology
+from streamloop.transport import lost_connections
+from streamloop.transport.base import Transport
 
 if TYPE_CHECKING:
-    from engine.spark.session import SparkSessions
+    from streamloop.spark.session import SparkSessions
 
 __all__ = [
     "LAG_REFRESH_MS",
@@ -87,7 +87,7 @@ class StreamThread:
     ) -> None:
         self.index = index
         self.name = f"{client_id}-StreamThread-{index}"
-        # This thread as its siblings see it in the group (``engine.tasks.membership``).
+        # This thread as its siblings see it in the group (``streamloop.tasks.membership``).
         self.membership = Membership(self.name)
         # The client's threads (this one included), and whom to tell when this thread starts a
         # join or leaves the group: its siblings then look whether their generation is stale.

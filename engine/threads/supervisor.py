@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from handlers.responses import StreamThreadExceptionResponse
+from streamloop.handlers.responses import StreamThreadExceptionResponse
 
 if TYPE_CHECKING:
-    from engine.threads.stream_thread import StreamThread
+    from streamloop.threads.stream_thread import StreamThread
 
 log = logging.getLogger(__name__)
 

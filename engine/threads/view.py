@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.tasks.task import StreamTask, TaskState
-from engine.threads.states import StreamThreadState
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.tasks.task import StreamTask, TaskState
+from streamloop.threads.states import StreamThreadState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from engine.state.store import StateStore
-    from engine.tasks.manager import TaskManager
-    from engine.tasks.standby import StandbyTask
+    from streamloop.state.store import StateStore
+    from streamloop.tasks.manager import TaskManager
+    from streamloop.tasks.standby import StandbyTask
 
 
 @dataclass(frozen=True)

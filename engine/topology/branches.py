@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
+from streamloop.errors import TopologyError
 
 if TYPE_CHECKING:
-    from engine.topology.builder import KStream
+    from streamloop.topology.builder import KStream
 
 
 class BranchedKStream:

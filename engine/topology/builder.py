@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from engine.errors import TopologyError
-from engine.processors.api import ProcessorSupplier
-from engine.processors.builtin import (
+from streamloop.errors import TopologyError
+from streamloop.processors.api import ProcessorSupplier
+from streamloop.processors.builtin import (
     BranchNode,
     FilterNode,
     FlatMapNode,
@@ -22,23 +22,23 @@ from engine.processors.builtin import (
     PeekNode,
     SelectKeyNode,
 )
-from engine.processors.nodes import Node, Partitioner
-from engine.serdes import Serde, as_serde
-from engine.state.join_windows import JoinWindows
-from engine.state.stores import Materialized, StoreBuilder
-from engine.topology.branches import BranchedKStream
-from engine.topology.global_tables import GlobalKTable, global_table, stream_global_join
-from engine.topology.joins import StreamJoined, stream_stream_join
-from engine.topology.repartition import Repartitioned, repartition
-from engine.topology.specs import NodeKind
-from engine.topology.tables import (
+from streamloop.processors.nodes import Node, Partitioner
+from streamloop.serdes import Serde, as_serde
+from streamloop.state.join_windows import JoinWindows
+from streamloop.state.stores import Materialized, StoreBuilder
+from streamloop.topology.branches import BranchedKStream
+from streamloop.topology.global_tables import GlobalKTable, global_table, stream_global_join
+from streamloop.topology.joins import StreamJoined, stream_stream_join
+from streamloop.topology.repartition import Repartitioned, repartition
+from streamloop.topology.specs import NodeKind
+from streamloop.topology.tables import (
     KGroupedStream,
     KTable,
     store_name_from,
     stream_table_join,
     table_source,
 )
-from engine.topology.topology import Topology
+from streamloop.topology.topology import Topology
 
 
 class StreamsBuilder:
@@ -52,7 +52,7 @@ class StreamsBuilder:
         self._index += 1
         return name
 
-    # The table side of the DSL (engine.topology.tables) makes streams through these two, so
+    # The table side of the DSL (streamloop.topology.tables) makes streams through these two, so
     # that it needs no import of this module (which imports it).
     def _stream_at(self, node: str, key_changed: bool = False, key_serde: Serde | None = None,
                    value_serde: Serde | None = None, key_kind: str | None = None,
@@ -74,7 +74,7 @@ class StreamsBuilder:
         timestamp_extractor: object = None,
     ) -> KStream:
         """A stream of the records of ``topics`` (one or several); ``timestamp_extractor`` (see
-        ``engine.timestamps``) overrides ``default.timestamp.extractor`` for them."""
+        ``streamloop.timestamps``) overrides ``default.timestamp.extractor`` for them."""
         source = self._name(name, "KSTREAM-SOURCE")
         self._topology.add_source(source, topics, key_serde, value_serde, timestamp_extractor=timestamp_extractor)
         spec = self._topology.spec(source)
@@ -101,7 +101,7 @@ class StreamsBuilder:
                      value_serde: Serde | type | None = None, materialized: Materialized | str | None = None,
                      name: str | None = None) -> GlobalKTable:
         """Every partition of ``topic`` as a table on every instance, filled before processing starts
-        (engine.topology.global_tables); join streams with it by any key, query it by its store name."""
+        (streamloop.topology.global_tables); join streams with it by any key, query it by its store name."""
         return global_table(self, topic, key_serde, value_serde, materialized, name)
 
     def add_state_store(self, builder: StoreBuilder) -> StreamsBuilder:
@@ -249,7 +249,7 @@ class KStream:
         # A processor may forward keys and values of any type: no serde of this stream is known to fit.
         return KStream(self._builder, node_name, self._key_changed)
 
-    # -- grouping and joins (the stateful DSL, see engine.topology.tables) ----------------
+    # -- grouping and joins (the stateful DSL, see streamloop.topology.tables) ----------------
     def group_by_key(self, *, key_serde: Serde | type | None = None,
                      value_serde: Serde | type | None = None) -> KGroupedStream:
         """Group by the current key; after a key-changing operation the records are repartitioned."""
@@ -271,7 +271,7 @@ class KStream:
         topic must have as many partitions as this stream's: they are read by the same tasks).
 
         With another stream and ``windows``: ``joiner(value, other_value)`` for each pair of
-        records of one key within the join windows (engine.topology.joins).
+        records of one key within the join windows (streamloop.topology.joins).
 
         With a ``GlobalKTable``, Kafka Streams' argument order ``join(global_table, key_selector,
         joiner)``: ``joiner(value, table_value)`` where the table has ``key_selector(key, value)``."""
@@ -302,7 +302,7 @@ class KStream:
         return stream_stream_join(self, other, joiner, windows, True, True, stream_joined, name)
 
     def repartition(self, repartitioned: Repartitioned | None = None) -> KStream:
-        """The stream through an internal topic (``engine.topology.repartition``): what follows
+        """The stream through an internal topic (``streamloop.topology.repartition``): what follows
         runs by the records' current keys, over ``Repartitioned``'s number of partitions."""
         return repartition(self, repartitioned)
 
@@ -359,8 +359,8 @@ class KStream:
         (Spark's executors read each task's offset range from Kafka: only a stage right after its
         source, with ``schema``); None takes ``spark.batch.read``. See docs/spark.md.
         """
-        from engine.spark.session import require_pyspark
-        from engine.spark.stage import BatchSettings, SparkBatchStage, transform_job
+        from streamloop.spark.session import require_pyspark
+        from streamloop.spark.stage import BatchSettings, SparkBatchStage, transform_job
 
         require_pyspark("spark_batch()")
         if not callable(fn):
@@ -396,9 +396,9 @@ class KStream:
         Batching and ``schema`` are as in ``spark_batch``. A record's offset is committed only after the write
         of its batch finished; a crash before that writes the batch again (at-least-once).
         """
-        from engine.spark.session import require_pyspark
-        from engine.spark.sink import WRITE_MODES, write_job
-        from engine.spark.stage import BatchSettings, SparkBatchStage
+        from streamloop.spark.session import require_pyspark
+        from streamloop.spark.sink import WRITE_MODES, write_job
+        from streamloop.spark.stage import BatchSettings, SparkBatchStage
 
         require_pyspark("to_spark()")
         node_name = self._builder._name(name, "KSTREAM-SPARK-SINK")
@@ -416,7 +416,7 @@ class KStream:
     def _check_read(self, node_name: str, read: str | None, schema: Any) -> None:
         """``read=`` of a Spark stage: executors read Kafka only for a stage right after its
         source (nothing in between runs on the executors), and need the columns before reading."""
-        from engine.spark.kafka_source import StageRead, check_stage_read
+        from streamloop.spark.kafka_source import StageRead, check_stage_read
 
         topology = self._builder._topology
         spec = topology.spec(self._node)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from engine.errors import TopologyError
+from streamloop.errors import TopologyError
 
 if TYPE_CHECKING:
-    from engine.topology.topology import Topology
+    from streamloop.topology.topology import Topology
 
 
 def add_copartition_group(topology: Topology, what: str, nodes: Sequence[str]) -> None:

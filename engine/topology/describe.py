@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.topology.global_tables import describe_global_store
-from engine.topology.specs import NodeKind, SubTopology
+from streamloop.topology.global_tables import describe_global_store
+from streamloop.topology.specs import NodeKind, SubTopology
 
 if TYPE_CHECKING:
-    from engine.topology.topology import Topology
+    from streamloop.topology.topology import Topology
 
 
 def describe(topology: Topology) -> str:

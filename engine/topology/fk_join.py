@@ -1,5 +1,5 @@
 """``KTable.join(other, foreign_key_extractor, joiner)`` and ``left_join``: the foreign-key table
-join (Kafka Streams' KIP-213); the processors and the flow are in engine.processors.fk_join.
+join (Kafka Streams' KIP-213); the processors and the flow are in streamloop.processors.fk_join.
 
 The foreign key comes from ``foreign_key_extractor(value)`` or, when it needs the row's key too,
 ``foreign_key_from_key_and_value(key, value)`` (Kafka Streams 4.0's ``BiFunction`` extractor,
@@ -17,7 +17,7 @@ The nodes it adds, named as Kafka Streams names them:
   subscribers on the right table's updates, both writing the response topic.
 
 The subscription topic is co-partitioned with the right table's topic and the response topic
-with the left table's (``engine.topology.copartition`` gives them those partition counts); the
+with the left table's (``streamloop.topology.copartition`` gives them those partition counts); the
 two tables themselves need not be co-partitioned.
 
 The joined table is always kept in a store (named by ``materialized``, else an internal one that
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.fk_join import (
+from streamloop.errors import TopologyError
+from streamloop.processors.fk_join import (
     ForeignTableChangeProcessor,
     JoinSerdes,
     Response,
@@ -40,14 +40,14 @@ from engine.processors.fk_join import (
     SubscriptionReceiveProcessor,
     SubscriptionSendProcessor,
 )
-from engine.processors.table_ops import MaterializedTableOpProcessor
-from engine.serdes import BytesSerde
-from engine.state.stores import Materialized, StoreBuilder, StoreSupplier
-from engine.topology.copartition import add_copartition_group
-from engine.topology.table_ops import add_table_store, derived, join_views, plain_function, send_old_values
+from streamloop.processors.table_ops import MaterializedTableOpProcessor
+from streamloop.serdes import BytesSerde
+from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier
+from streamloop.topology.copartition import add_copartition_group
+from streamloop.topology.table_ops import add_table_store, derived, join_views, plain_function, send_old_values
 
 if TYPE_CHECKING:
-    from engine.topology.tables import KTable
+    from streamloop.topology.tables import KTable
 
 
 def key_value_extractor(by_value: Callable[[Any], Any] | None, by_key_and_value: Callable[[Any, Any], Any] | None,

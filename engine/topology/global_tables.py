@@ -3,7 +3,7 @@
 A global table is a full copy of every partition of its topic on every instance
 (Kafka Streams' ``GlobalKTable``). It is not part of any sub-topology: no task reads
 its topic and it has no changelog (the topic is its log). The client's global thread
-(``engine.threads.global_thread``) fills its store from the topic's beginning before
+(``streamloop.threads.global_thread``) fills its store from the topic's beginning before
 any stream thread processes, then keeps it up to date; the test driver writes it as
 records are piped to the topic. Joins look a key up in it from any task, so the
 stream needs no co-partitioning with the topic and no repartition after a key change.
@@ -15,14 +15,14 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.global_join import GlobalTableJoinProcessor
-from engine.serdes import Serde, as_serde
-from engine.state.global_store import GlobalStoreSpec
-from engine.state.stores import Materialized, StoreBuilder, StoreSupplier
+from streamloop.errors import TopologyError
+from streamloop.processors.global_join import GlobalTableJoinProcessor
+from streamloop.serdes import Serde, as_serde
+from streamloop.state.global_store import GlobalStoreSpec
+from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier
 
 if TYPE_CHECKING:
-    from engine.topology.builder import KStream, StreamsBuilder
+    from streamloop.topology.builder import KStream, StreamsBuilder
 
 
 class GlobalKTable:

@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.processors.change import ChangeSerde
-from engine.processors.table_ops import TableAggregateProcessor, TableReduceProcessor, TableRegroupProcessor
-from engine.serdes import LongSerde, Serde, as_serde
-from engine.state.stores import Materialized
-from engine.topology.table_ops import add_table_store, plain_function, send_old_values
+from streamloop.processors.change import ChangeSerde
+from streamloop.processors.table_ops import TableAggregateProcessor, TableReduceProcessor, TableRegroupProcessor
+from streamloop.serdes import LongSerde, Serde, as_serde
+from streamloop.state.stores import Materialized
+from streamloop.topology.table_ops import add_table_store, plain_function, send_old_values
 
 if TYPE_CHECKING:
-    from engine.topology.builder import StreamsBuilder
-    from engine.topology.tables import KTable
+    from streamloop.topology.builder import StreamsBuilder
+    from streamloop.topology.tables import KTable
 
 
 def group_table(table: KTable, selector: Callable[[Any, Any], Any], key_serde: Serde | type | None,
@@ -48,7 +48,7 @@ class KGroupedTable:
         self._node = node
         self._key_serde = key_serde
         self._value_serde = value_serde
-        self._table_class = table_class  # KTable (engine.topology.tables imports this module)
+        self._table_class = table_class  # KTable (streamloop.topology.tables imports this module)
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """The number of rows per group."""

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.builtin import PeekNode
-from engine.processors.stream_joins import SharedTime, StreamJoinProcessor
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.state.join_windows import JoinWindows
-from engine.state.stores import StoreBuilder, StoreSupplier, StoreType, check_store_name
-from engine.topology.copartition import add_copartition_group
+from streamloop.errors import TopologyError
+from streamloop.processors.builtin import PeekNode
+from streamloop.processors.stream_joins import SharedTime, StreamJoinProcessor
+from streamloop.serdes import BytesSerde, Serde, as_serde
+from streamloop.state.join_windows import JoinWindows
+from streamloop.state.stores import StoreBuilder, StoreSupplier, StoreType, check_store_name
+from streamloop.topology.copartition import add_copartition_group
 
 if TYPE_CHECKING:
-    from engine.topology.builder import KStream
+    from streamloop.topology.builder import KStream
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.nodes import Partitioner
-from engine.serdes import Serde, as_serde
+from streamloop.errors import TopologyError
+from streamloop.processors.nodes import Partitioner
+from streamloop.serdes import Serde, as_serde
 
 if TYPE_CHECKING:
-    from engine.topology.builder import KStream
+    from streamloop.topology.builder import KStream
 
 
 class Repartitioned:

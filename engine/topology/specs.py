@@ -1,6 +1,6 @@
 """The parts a ``Topology`` is made of: node specs, sub-topologies, and a task's node instances.
 
-Kept apart from ``engine.topology.topology`` so that the code that only reads a topology's
+Kept apart from ``streamloop.topology.topology`` so that the code that only reads a topology's
 shape (its description) needs none of the building machinery.
 """
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from engine.processors.nodes import Node, SinkNode, SourceNode
-from engine.serdes import Serde
-from engine.timestamps import TimestampExtractor
+from streamloop.processors.nodes import Node, SinkNode, SourceNode
+from streamloop.serdes import Serde
+from streamloop.timestamps import TimestampExtractor
 
 
 class NodeKind(Enum):

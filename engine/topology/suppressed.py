@@ -13,19 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.api import ProcessorContext
-from engine.processors.change import Getter, TableView
-from engine.processors.suppress import SuppressProcessor, prior_value
-from engine.serdes import BytesSerde
-from engine.state.session_windows import SessionWindows
-from engine.state.sliding_windows import SlidingWindows
-from engine.state.stores import StoreBuilder, StoreSupplier, check_store_name
-from engine.state.windows import TimeWindows
-from engine.topology.table_ops import send_old_values
+from streamloop.errors import TopologyError
+from streamloop.processors.api import ProcessorContext
+from streamloop.processors.change import Getter, TableView
+from streamloop.processors.suppress import SuppressProcessor, prior_value
+from streamloop.serdes import BytesSerde
+from streamloop.state.session_windows import SessionWindows
+from streamloop.state.sliding_windows import SlidingWindows
+from streamloop.state.stores import StoreBuilder, StoreSupplier, check_store_name
+from streamloop.state.windows import TimeWindows
+from streamloop.topology.table_ops import send_old_values
 
 if TYPE_CHECKING:
-    from engine.topology.tables import KTable
+    from streamloop.topology.tables import KTable
 
 
 def _limit(value: object, what: str) -> int:

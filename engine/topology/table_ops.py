@@ -14,18 +14,18 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.builtin import PeekNode
-from engine.processors.change import TableView
-from engine.processors.table_joins import TableJoinProcessor, joined_view
-from engine.processors.table_ops import MaterializedTableOpProcessor, TableFilterProcessor, TableMapValuesProcessor
-from engine.serdes import Serde, as_serde
-from engine.state.stores import Materialized, StoreBuilder, StoreSupplier
-from engine.topology.copartition import add_copartition_group
+from streamloop.errors import TopologyError
+from streamloop.processors.builtin import PeekNode
+from streamloop.processors.change import TableView
+from streamloop.processors.table_joins import TableJoinProcessor, joined_view
+from streamloop.processors.table_ops import MaterializedTableOpProcessor, TableFilterProcessor, TableMapValuesProcessor
+from streamloop.serdes import Serde, as_serde
+from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier
+from streamloop.topology.copartition import add_copartition_group
 
 if TYPE_CHECKING:
-    from engine.topology.builder import StreamsBuilder
-    from engine.topology.tables import KTable
+    from streamloop.topology.builder import StreamsBuilder
+    from streamloop.topology.tables import KTable
 
 
 def plain_function(fn: Any, what: str) -> None:
@@ -69,7 +69,7 @@ def view_of(table: KTable, what: str) -> TableView:
 
 def derived(table: KTable, node: str, store: str | None, value_serde: Serde | None, view: TableView | None,
             change_nodes: tuple[str, ...] | None = None) -> KTable:
-    # The class of ``table`` (KTable): this module is imported by engine.topology.tables.
+    # The class of ``table`` (KTable): this module is imported by streamloop.topology.tables.
     result = type(table)(table._builder, node, store, table._key_serde, value_serde)
     result._view = TableView.of_store(store) if store is not None else view
     result._change_nodes = change_nodes or (node,)

@@ -12,28 +12,28 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, overload
 
-from engine.errors import TopologyError
-from engine.processors.change import TableView
-from engine.processors.stateful import (
+from streamloop.errors import TopologyError
+from streamloop.processors.change import TableView
+from streamloop.processors.stateful import (
     AggregateProcessor,
     ReduceProcessor,
     StreamTableJoinProcessor,
     TableSourceProcessor,
     WindowedAggregateProcessor,
 )
-from engine.serdes import LongSerde, Serde, as_serde
-from engine.state.session_windows import SessionWindows
-from engine.state.sliding_windows import SlidingWindows
-from engine.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
-from engine.state.windows import TimeWindows
-from engine.topology.fk_join import foreign_key_join
-from engine.topology.grouped_table import KGroupedTable, group_table
-from engine.topology.suppressed import Suppressed, suppress_table
-from engine.topology.table_ops import filter_table, join_tables, map_table_values
-from engine.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
+from streamloop.serdes import LongSerde, Serde, as_serde
+from streamloop.state.session_windows import SessionWindows
+from streamloop.state.sliding_windows import SlidingWindows
+from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
+from streamloop.state.windows import TimeWindows
+from streamloop.topology.fk_join import foreign_key_join
+from streamloop.topology.grouped_table import KGroupedTable, group_table
+from streamloop.topology.suppressed import Suppressed, suppress_table
+from streamloop.topology.table_ops import filter_table, join_tables, map_table_values
+from streamloop.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
 
 if TYPE_CHECKING:
-    from engine.topology.builder import KStream, StreamsBuilder
+    from streamloop.topology.builder import KStream, StreamsBuilder
 
 
 def _sync(fn: Any, what: str) -> None:
@@ -175,11 +175,11 @@ class KTable:
         self._value_serde = value_serde
         self._key_kind = key_kind  # as on KStream: known never to be bytes, with no serde known
         # How a join reads this table by key (None: it cannot, as a windowed table), and the nodes
-        # that forward its updates, to switch to sending old values (engine.topology.table_ops).
+        # that forward its updates, to switch to sending old values (streamloop.topology.table_ops).
         self._view: TableView | None = TableView.of_store(store) if store is not None and key_kind is None else None
         self._change_nodes: tuple[str, ...] = (node,)
 
-    # -- the table's own operations (bodies in engine.topology.table_ops / grouped_table) -----
+    # -- the table's own operations (bodies in streamloop.topology.table_ops / grouped_table) -----
     def filter(self, predicate: Callable[[Any, Any], Any], *, materialized: Materialized | str | None = None,
                name: str | None = None) -> KTable:
         """The rows for which ``predicate(key, value)`` is true; a row that stops passing is deleted."""
@@ -218,7 +218,7 @@ class KTable:
         """``joiner(value, other_value)`` for the keys both tables have (inputs co-partitioned).
 
         With ``foreign_key_extractor, joiner``: each row joined with ``other``'s row whose key is
-        ``foreign_key_extractor(value)`` (a foreign-key join, engine.topology.fk_join; the inputs
+        ``foreign_key_extractor(value)`` (a foreign-key join, streamloop.topology.fk_join; the inputs
         need not be co-partitioned). ``foreign_key_from_key_and_value=`` instead takes the row's key
         too: ``(key, value) -> foreign key`` (Kafka Streams 4.0's ``BiFunction`` extractor)."""
         by_value, joiner = _join_functions(functions, foreign_key_extractor, foreign_key_from_key_and_value,

@@ -12,22 +12,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import MissingSerdeError, TopologyError
-from engine.processors.api import ProcessorSupplier
-from engine.processors.context import NodeContext, TaskContext
-from engine.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
-from engine.serdes import BytesSerde, Serde, as_serde
-from engine.state.changelog import changelog_topic, topic_configs
-from engine.state.global_store import GlobalStoreSpec
-from engine.state.stores import StoreBuilder, StoreType
-from engine.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
-from engine.topology.copartition import check_copartition_groups, repartition_counts
-from engine.topology.describe import callable_name, describe
-from engine.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
+from streamloop.errors import MissingSerdeError, TopologyError
+from streamloop.processors.api import ProcessorSupplier
+from streamloop.processors.context import NodeContext, TaskContext
+from streamloop.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
+from streamloop.serdes import BytesSerde, Serde, as_serde
+from streamloop.state.changelog import changelog_topic, topic_configs
+from streamloop.state.global_store import GlobalStoreSpec
+from streamloop.state.stores import StoreBuilder, StoreType
+from streamloop.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
+from streamloop.topology.copartition import check_copartition_groups, repartition_counts
+from streamloop.topology.describe import callable_name, describe
+from streamloop.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
 
 if TYPE_CHECKING:
-    from engine.collector import RecordCollector
-    from engine.state.task_state import TaskStateManager
+    from streamloop.collector import RecordCollector
+    from streamloop.state.task_state import TaskStateManager
 
 
 class Topology:
@@ -38,11 +38,11 @@ class Topology:
         self._subtopologies: list[SubTopology] | None = None
         self._stores: dict[str, StoreBuilder] = {}
         self.application_id: str | None = None
-        # Joins whose inputs must be co-partitioned: (operation, nodes); see engine.topology.copartition.
+        # Joins whose inputs must be co-partitioned: (operation, nodes); see streamloop.topology.copartition.
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
-        # Global tables' stores by name: outside every sub-topology (engine.topology.global_tables).
+        # Global tables' stores by name: outside every sub-topology (streamloop.topology.global_tables).
         self.global_stores: dict[str, GlobalStoreSpec] = {}
-        # Spark stages' read= and where they sit, by stage (engine.spark.kafka_source.StageRead):
+        # Spark stages' read= and where they sit, by stage (streamloop.spark.kafka_source.StageRead):
         # the client checks them against spark.batch.read when it is created.
         self.spark_reads: dict[str, Any] = {}
 
@@ -436,7 +436,7 @@ class Topology:
 
     # -- description ----------------------------------------------------------
     def describe(self) -> str:
-        """The topology in Kafka Streams' ``TopologyDescription`` text form (``engine.topology.describe``)."""
+        """The topology in Kafka Streams' ``TopologyDescription`` text form (``streamloop.topology.describe``)."""
         return describe(self)
 
     def __str__(self) -> str:

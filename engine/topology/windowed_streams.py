@@ -12,16 +12,16 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import TopologyError
-from engine.processors.session_aggregate import SessionWindowAggregateProcessor
-from engine.processors.sliding_aggregate import SlidingWindowAggregateProcessor
-from engine.serdes import LongSerde, Serde
-from engine.state.session_windows import SessionWindows
-from engine.state.sliding_windows import SlidingWindows
-from engine.state.stores import Materialized, StoreSupplier, StoreType
+from streamloop.errors import TopologyError
+from streamloop.processors.session_aggregate import SessionWindowAggregateProcessor
+from streamloop.processors.sliding_aggregate import SlidingWindowAggregateProcessor
+from streamloop.serdes import LongSerde, Serde
+from streamloop.state.session_windows import SessionWindows
+from streamloop.state.sliding_windows import SlidingWindows
+from streamloop.state.stores import Materialized, StoreSupplier, StoreType
 
 if TYPE_CHECKING:
-    from engine.topology.tables import KGroupedStream, KTable
+    from streamloop.topology.tables import KGroupedStream, KTable
 
 Aggregator = Callable[[Any, Any, Any], Any]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config import BOOTSTRAP_SERVERS, MEMORY_SCHEME, check_bootstrap_servers
-from engine.errors import ConfigError
-from engine.transport.base import Transport
+from streamloop.config import BOOTSTRAP_SERVERS, MEMORY_SCHEME, check_bootstrap_servers
+from streamloop.errors import ConfigError
+from streamloop.transport.base import Transport
 
 
 def open_transport(config: Mapping[str, Any]) -> Transport:
@@ -20,11 +20,11 @@ def open_transport(config: Mapping[str, Any]) -> Transport:
     if problem:
         raise ConfigError(BOOTSTRAP_SERVERS, problem)
     if servers.startswith(MEMORY_SCHEME):
-        from engine.transport.memory import MemoryBroker, MemoryTransport
+        from streamloop.transport.memory import MemoryBroker, MemoryTransport
 
         return MemoryTransport(MemoryBroker.for_url(servers))
-    from engine.config import SECURITY_KEYS
-    from engine.transport.kafka import KafkaTransport
+    from streamloop.config import SECURITY_KEYS
+    from streamloop.transport.kafka import KafkaTransport
 
     # Kafka's security keys, unprefixed or per client, are resolved per client by the transport.
     extra = {k[len("admin."):]: v for k, v in config.items()

@@ -2,7 +2,7 @@
 
 Two transports implement them: ``kafka`` (aiokafka against a real broker) and
 ``memory`` (an in-process broker). The engine never imports either directly; it
-asks :func:`engine.transport.open_transport` for one by ``bootstrap.servers``.
+asks :func:`streamloop.transport.open_transport` for one by ``bootstrap.servers``.
 
 Every object here belongs to one asyncio event loop (the stream thread's) and is
 used only from it. The memory broker behind the memory transport is shared by
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.records import ConsumerRecord, Headers, TopicPartition
+from streamloop.records import ConsumerRecord, Headers, TopicPartition
 
 
 @dataclass(frozen=True, slots=True)

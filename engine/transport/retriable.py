@@ -1,6 +1,6 @@
 """What is worth retrying under a deadline: the engine's one classification of client errors.
 
-``engine.tasks.timeouts.is_timeout`` is :func:`is_retriable`. Retriable: an engine
+``streamloop.tasks.timeouts.is_timeout`` is :func:`is_retriable`. Retriable: an engine
 ``TransportError`` marked ``retriable`` (every transport marks what it raises), the builtin
 ``TimeoutError`` (asyncio timeouts, a slow processor), and a client's own error whose
 ``retriable`` attribute is set, or whose type its transport registered as retriable
@@ -15,7 +15,7 @@ application on ``memory://`` must not load the Kafka client.
 
 from __future__ import annotations
 
-from engine.errors import (
+from streamloop.errors import (
     AuthenticationError,
     StartupTimeoutError,
     StreamsTimeoutError,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import engine.tasks.loops as loops_module
+import streamloop.tasks.loops as loops_module
 from tests.support.failure_logs import FailureLog, capture_setting, log_path
 
 # Records kept per test: a test logs a few hundred to 2,000 (with aiokafka); this is minutes of the busiest.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
+from streamloop import StreamsBuilder
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(240)
 async def test_sigkill_mid_stream_then_restart_loses_nothing(kafka_bootstrap: str, names) -> None:
-    from engine.transport import open_transport
+    from streamloop.transport import open_transport
 
     cluster = Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
     source, sink = names("in"), names("out")

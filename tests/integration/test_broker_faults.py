@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.errors import StartupTimeoutError, TaskTimeoutError
+from streamloop.errors import StartupTimeoutError, TaskTimeoutError
 from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support import broker_faults
 from tests.support.broker_faults import AT_LEAST_ONCE, EXACTLY_ONCE

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 APP = textwrap.dedent('''
     import asyncio
-    from engine import KafkaStreams, StreamsBuilder
-    from engine.serdes import IntegerSerde, JsonSerde
-    from engine.transport import open_transport
-    from engine.transport.base import ProducerSettings
+    from streamloop import KafkaStreams, StreamsBuilder
+    from streamloop.serdes import IntegerSerde, JsonSerde
+    from streamloop.transport import open_transport
+    from streamloop.transport.base import ProducerSettings
 
     BOOTSTRAP = "memory://cli-test"
 
@@ -89,7 +89,7 @@ def app_dir(tmp_path: Path) -> Path:
 
 def start(app_dir: Path, target: str, *options: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(app_dir), str(ROOT)])}
-    return subprocess.Popen([sys.executable, "-m", "engine", "run", *options, target], cwd=app_dir, env=env,
+    return subprocess.Popen([sys.executable, "-m", "streamloop", "run", *options, target], cwd=app_dir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -165,8 +165,8 @@ def test_a_bad_target_is_a_clear_error(app_dir: Path, target: str, message: str)
 
 
 # What pip's console script ``streamloop`` does: its sys.path[0] is the script's directory, not the
-# current one (unlike ``python -m engine``).
-CONSOLE_SCRIPT = "import sys\nfrom engine.cli import main\nsys.exit(main())\n"
+# current one (unlike ``python -m streamloop``).
+CONSOLE_SCRIPT = "import sys\nfrom streamloop.cli import main\nsys.exit(main())\n"
 
 
 def start_console_script(app_dir: Path, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
@@ -203,8 +203,8 @@ def test_run_finds_the_module_in_the_app_dir_given(app_dir: Path, tmp_path: Path
 
 
 def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
-    from engine.transport.memory import MemoryBroker
+    from streamloop.cli import main
+    from streamloop.transport.memory import MemoryBroker
 
     MemoryBroker.reset("demo")
     try:
@@ -222,7 +222,7 @@ def test_demo_runs_through_the_command(capsys: pytest.CaptureFixture[str]) -> No
 ])
 def test_help_of_a_command_lists_its_options(command: str, options: list[str],
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.cli import main
+    from streamloop.cli import main
 
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])

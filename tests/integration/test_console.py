@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.testing.waiting import eventually
+from streamloop.testing.waiting import eventually
 from tests.support.console_client import ConsoleClient
 
 pytest.importorskip("aiomonitor")
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 APP = textwrap.dedent('''
     import asyncio
-    from engine import KafkaStreams, StreamsBuilder
-    from engine.serdes import JsonSerde
-    from engine.transport import open_transport
-    from engine.transport.base import ProducerSettings
+    from streamloop import KafkaStreams, StreamsBuilder
+    from streamloop.serdes import JsonSerde
+    from streamloop.transport import open_transport
+    from streamloop.transport.base import ProducerSettings
 
     BOOTSTRAP = "memory://console-test"
     PORTS = {ports!r}
@@ -60,7 +60,7 @@ APP = textwrap.dedent('''
         return KafkaStreams(builder.build(), {{
             "application.id": "console", "bootstrap.servers": BOOTSTRAP, "commit.interval.ms": 50,
             "poll.ms": 20,
-            "processing.exception.handler": "handlers.LogAndPauseProcessingExceptionHandler",
+            "processing.exception.handler": "streamloop.handlers.LogAndPauseProcessingExceptionHandler",
             "monitor.port": PORTS[0], "monitor.webui.port": WEBUI_PORT, "monitor.console.port": PORTS[1],
         }})
 ''')
@@ -84,7 +84,7 @@ def console_app(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Pa
     log = tmp_path / "app.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "engine", "run", "console_app:make", "--monitor"],
+        process = subprocess.Popen([sys.executable, "-m", "streamloop", "run", "console_app:make", "--monitor"],
                                    cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         yield process, ports[0], log

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from engine.client import KafkaStreams
-from engine.errors import ConfigError
-from engine.testing.waiting import eventually
-from engine.topology.builder import StreamsBuilder
+from streamloop.client import KafkaStreams
+from streamloop.errors import ConfigError
+from streamloop.testing.waiting import eventually
+from streamloop.topology.builder import StreamsBuilder
 from tests.support.console_client import ConsoleClient
 
 pytest.importorskip("aiomonitor")
 pytest.importorskip("prometheus_client")
 
-from engine.console.monitor import StreamsMonitor, open_monitor
-from engine.prometheus import PrometheusExporter
+from streamloop.console.monitor import StreamsMonitor, open_monitor
+from streamloop.prometheus import PrometheusExporter
 
 # aiomonitor's web UI keys its app with a string, which aiohttp warns about (an error under our filters).
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
@@ -162,7 +162,7 @@ def test_off_loopback_without_a_token_is_refused_before_listening(open_console) 
 
 def test_off_loopback_with_a_token_warns_and_still_asks_for_it(open_console,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.console"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.console"):
         monitor = open_console(**{"monitor.host": "0.0.0.0", "monitor.token": TOKEN})
     assert any(r.levelno == logging.WARNING and "runs arbitrary code" in r.getMessage() for r in caplog.records)
     with ConsoleClient(LOOPBACK, monitor.port, token=TOKEN) as console:
@@ -244,10 +244,10 @@ def test_without_a_token_only_a_loopback_host_is_answered(open_console) -> None:
 
 def test_the_prometheus_endpoint_listens_on_loopback_by_default(caplog: pytest.LogCaptureFixture) -> None:
     outside = outside_address()
-    from engine.config import METRICS_PROMETHEUS_HOST, StreamsConfig
+    from streamloop.config import METRICS_PROMETHEUS_HOST, StreamsConfig
 
     host = StreamsConfig({"application.id": "a", "bootstrap.servers": "memory://"})[METRICS_PROMETHEUS_HOST]
-    with caplog.at_level(logging.WARNING, logger="engine.prometheus"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.prometheus"):
         exporter = PrometheusExporter(lambda: [], host, 0)
     try:
         assert reachable(LOOPBACK, exporter.port)
@@ -258,7 +258,7 @@ def test_the_prometheus_endpoint_listens_on_loopback_by_default(caplog: pytest.L
 
 
 def test_a_prometheus_endpoint_off_loopback_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.prometheus"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.prometheus"):
         exporter = PrometheusExporter(lambda: [], "0.0.0.0", 0)
     try:
         assert reachable(LOOPBACK, exporter.port)

@@ -12,11 +12,11 @@ import logging
 
 import pytest
 
-from engine import ClientState
-from engine.tasks.assignor import StreamsAssignor
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from engine.transport.base import ConsumerSettings
+from streamloop import ClientState
+from streamloop.tasks.assignor import StreamsAssignor
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
+from streamloop.transport.base import ConsumerSettings
 from tests.support.cluster import EVERY_BROKER, Cluster
 from tests.support.convergence import (
     ClientWatch,
@@ -123,7 +123,7 @@ async def test_a_client_stuck_rebalancing_warns_once_with_its_joins(names, caplo
     stuck.subscribe([topics.source], IgnoreRebalances())
     await stuck.start()
     await stuck.poll(100)  # a member now, and it will not poll again: no rejoin from it
-    caplog.set_level(logging.WARNING, logger="engine.client")
+    caplog.set_level(logging.WARNING, logger="streamloop.client")
     streams = new_client(cluster, names, topics, 2, session_timeout_ms=200)
     try:
         async with streams:

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.processors.api import BaseProcessor, Record
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.processors.api import BaseProcessor, Record
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.integration.test_stream_threads import (
     ALL_TASKS,
     DEADLINE,

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.errors import ConfigError
-from engine.records import ConsumerRecord, TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from streamloop import StreamsBuilder
+from streamloop.errors import ConfigError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster, committed_offset
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def kafka(kafka_bootstrap: str) -> Cluster:
-    from engine.transport import open_transport
+    from streamloop.transport import open_transport
 
     return Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
 
@@ -217,7 +217,7 @@ async def test_a_timeout_corrupts_the_task_instead_of_retrying_the_record(kafka:
 
 
 def _settings(transactional_id: str) -> Any:
-    from engine.transport.base import ProducerSettings
+    from streamloop.transport.base import ProducerSettings
 
     return ProducerSettings(client_id="fencer", transactional_id=transactional_id)
 
@@ -241,7 +241,7 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     import sys
     import tempfile
 
-    caplog.set_level(logging.INFO, logger="engine")
+    caplog.set_level(logging.INFO, logger="streamloop")
     source, sink = names("in"), names("out")
     await kafka.create_topics({source: 2, sink: 2})
     keys = 10

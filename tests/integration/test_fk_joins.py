@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.serdes import JsonSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
+from streamloop import StreamsBuilder
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

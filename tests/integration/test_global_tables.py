@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from engine import BaseProcessor, Record, StreamsBuilder
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import eventually_async
+from streamloop import BaseProcessor, Record, StreamsBuilder
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

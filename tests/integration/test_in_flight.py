@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from engine import ClientState, StreamsBuilder
-from engine.completed_offsets import decode_completed
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, StreamsBuilder
+from streamloop.completed_offsets import decode_completed
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster, committed_offset, committed_position
 
@@ -133,7 +133,7 @@ async def test_a_timed_out_record_is_retried_in_place_while_others_fly_and_order
 
 async def test_pause_with_records_in_flight_commits_at_the_failed_record_and_resume_skips_it(
         cluster: Cluster, names) -> None:
-    from handlers import LogAndPauseExceptionHandler
+    from streamloop.handlers import LogAndPauseExceptionHandler
     from tests.integration.test_pause_resume import BAD, good, produce
 
     source, sink = names("in"), names("out")
@@ -212,13 +212,13 @@ class StreamTimeTicks:
         self.context = None
 
     def init(self, context) -> None:
-        from engine.processors.api import PunctuationType
+        from streamloop.processors.api import PunctuationType
 
         self.context = context
         context.schedule(1_000, PunctuationType.STREAM_TIME, self._tick)
 
     def _tick(self, timestamp: int) -> None:
-        from engine.records import Record
+        from streamloop.records import Record
 
         self.context.forward(Record(-1, {"tick": timestamp}, timestamp))
 
@@ -235,7 +235,7 @@ async def test_stream_time_moves_and_punctuates_with_records_in_flight(
         cluster: Cluster, names, threads: int, ordering: str) -> None:
     """Records in flight move stream time as one record at a time does: stream-time punctuation
     fires at the same times, and each commit carries its partition's time (sl2 metadata)."""
-    from engine.completed_offsets import decode_metadata
+    from streamloop.completed_offsets import decode_metadata
 
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
@@ -295,7 +295,7 @@ class CountsThenTimesOut:
 async def test_a_retried_record_updates_its_stores_once_also_in_flight(cluster: Cluster, names, threads: int) -> None:
     """A record retried after a timeout first has its failed attempt's store updates undone: one
     at a time, and in flight (each record in flight journals its own updates)."""
-    from engine.state import Stores
+    from streamloop.state import Stores
 
     source = names("in")
     await cluster.create_topics({source: 1})

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import ClientState, StreamsBuilder
-from engine.errors import TaskTimeoutError
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, StreamsBuilder
+from streamloop.errors import TaskTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support.apps import doubling_topology, expected_doubling, make_streams
 from tests.support.cluster import Cluster

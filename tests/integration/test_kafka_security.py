@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from aiokafka.abc import AbstractTokenProvider
 
-from engine import AuthenticationError, ClientState, KafkaStreams
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import AuthenticationError, ClientState, KafkaStreams
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.apps import count_topology, doubling_topology, expected_doubling, streams_config
 from tests.support.cluster import Cluster
 from tests.support.secure_broker import (

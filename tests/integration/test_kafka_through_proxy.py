@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 from aiokafka.structs import TopicPartition
 
-from engine.testing import eventually_async
+from streamloop.testing import eventually_async
 from tests.integration.conftest import LEAKED_CONNECTION
 from tests.support.fault_proxy import Mode, ProxiedKafka, proxied_kafka
 

@@ -9,17 +9,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import pytest
 
-from engine.errors import CommitFailedError, ProduceError
-from engine.records import TopicPartition
-from engine.testing import eventually_async
-from engine.transport.base import (
+from streamloop.errors import CommitFailedError, ProduceError
+from streamloop.records import TopicPartition
+from streamloop.testing import eventually_async
+from streamloop.transport.base import (
     ConsumerSettings,
     MemberAssignment,
     MemberSubscription,
     OffsetAndMetadata,
     ProducerSettings,
 )
-from engine.transport.kafka import KafkaConsumer, KafkaTransport, is_retriable
+from streamloop.transport.kafka import KafkaConsumer, KafkaTransport, is_retriable
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
 

@@ -23,7 +23,7 @@ from aiokafka.protocol.admin import ApiVersionRequest_v0
 from aiokafka.protocol.group import JoinGroupRequest_v5, LeaveGroupRequest_v1
 from aiokafka.structs import TopicPartition
 
-from engine.testing import eventually_async
+from streamloop.testing import eventually_async
 from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.late_broker import KAFKA_GROUP_DEFAULTS, GroupCall, GroupDelays, LateKafka

@@ -23,9 +23,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from engine import ClientState, KafkaStreams
-from engine.testing import eventually_async
-from engine.transport import open_transport
+from streamloop import ClientState, KafkaStreams
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 from tests.support.convergence import (
     ClientWatch,

@@ -11,10 +11,10 @@ import urllib.request
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from handlers import LogAndContinueProcessingExceptionHandler
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.handlers import LogAndContinueProcessingExceptionHandler
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 

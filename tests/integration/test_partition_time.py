@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Materialized, StreamsBuilder, TimeWindows
-from engine.completed_offsets import decode_metadata
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, StringSerde
-from engine.testing import eventually_async
-from engine.timestamps import ConsumedRecord
+from streamloop import Materialized, StreamsBuilder, TimeWindows
+from streamloop.completed_offsets import decode_metadata
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.testing import eventually_async
+from streamloop.timestamps import ConsumedRecord
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster, committed_position
 from tests.support.event_time import recent_ms

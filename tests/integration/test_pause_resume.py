@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine import ClientState, StreamsBuilder
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport.base import ProducerSettings
-from handlers import (
+from streamloop import ClientState, StreamsBuilder
+from streamloop.handlers import (
     LogAndContinueExceptionHandler,
     LogAndContinueProcessingExceptionHandler,
     LogAndPauseExceptionHandler,
     LogAndPauseProcessingExceptionHandler,
 )
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster, committed_offset
 
@@ -214,7 +214,7 @@ async def test_a_handler_that_raises_is_fatal(cluster: Cluster, names) -> None:
 
 
 def _shutdown_client():
-    from handlers import StreamThreadExceptionResponse
+    from streamloop.handlers import StreamThreadExceptionResponse
 
     return StreamThreadExceptionResponse.SHUTDOWN_CLIENT
 

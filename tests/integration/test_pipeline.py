@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from engine import ClientState, DeserializationError, KafkaStreams, MissingSourceTopicError, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.testing import eventually_async
-from engine.transport.base import ProducerSettings
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, DeserializationError, KafkaStreams, MissingSourceTopicError, StreamsBuilder
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.testing import eventually_async
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import doubling_topology, expected_doubling, make_streams
 from tests.support.cluster import Cluster, by_partition
 

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from engine.records import TopicPartition
-from engine.transport.base import ProducerSettings
-from engine.transport.kafka import KafkaTransport
+from streamloop.records import TopicPartition
+from streamloop.transport.base import ProducerSettings
+from streamloop.transport.kafka import KafkaTransport
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
 

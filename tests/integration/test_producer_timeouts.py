@@ -8,12 +8,12 @@ import uuid
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
-from engine import ClientState
-from engine.errors import TaskTimeoutError
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
-from engine.transport.memory import MemoryBroker
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState
+from streamloop.errors import TaskTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import doubling_topology, expected_doubling, make_streams
 from tests.support.cluster import Cluster
 
@@ -45,7 +45,7 @@ async def test_produce_timeouts_shorter_than_task_timeout_lose_nothing(memory_cl
             out = await cluster.read_all("out")
             return expected <= {repr((INT.deserialize(r.key), JSON.deserialize(r.value))) for r in out}
 
-        from engine.testing import eventually_async
+        from streamloop.testing import eventually_async
         await eventually_async(all_out, 30, "every record in the output despite the lost batches")
         assert streams.metric("failed-stream-threads") == 0
         assert streams.state is ClientState.RUNNING

@@ -16,14 +16,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from engine import ClientState, KafkaStreams, Materialized, StreamsBuilder, Topology
-from engine.errors import IllegalStateError
-from engine.records import TopicPartition
-from engine.serdes import StringSerde
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from engine.transport.partitioner import key_hash
+from streamloop import ClientState, KafkaStreams, Materialized, StreamsBuilder, Topology
+from streamloop.errors import IllegalStateError
+from streamloop.records import TopicPartition
+from streamloop.serdes import StringSerde
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
+from streamloop.transport.partitioner import key_hash
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster
 

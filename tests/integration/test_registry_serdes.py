@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.schema_registry import AvroSerde, SchemaRegistryClient
-from engine.schema_registry.wire import unframe
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
+from streamloop import StreamsBuilder
+from streamloop.schema_registry import AvroSerde, SchemaRegistryClient
+from streamloop.schema_registry.wire import unframe
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.support.schema_registry import HttpSchemaRegistry

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Materialized, Repartitioned, StreamsBuilder
-from engine.serdes import StringSerde
-from engine.testing import eventually_async
+from streamloop import Materialized, Repartitioned, StreamsBuilder
+from streamloop.serdes import StringSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

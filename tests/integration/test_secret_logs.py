@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine import AuthenticationError, ConfigError, KafkaStreams, redaction
+from streamloop import AuthenticationError, ConfigError, KafkaStreams, redaction
 from tests.integration.test_kafka_security import jaas, mutual_tls, run_doubling, sasl, secure_broker
 from tests.support.apps import doubling_topology, streams_config
 from tests.support.secure_broker import CLIENT_KEY_PASSWORD, PASSWORD, SecureKafkaBroker
@@ -43,7 +43,7 @@ class Everything(logging.Handler):
 def everything() -> Iterator[Everything]:
     root = logging.getLogger()
     handler, level = Everything(), root.level
-    loggers = {name: logging.getLogger(name).level for name in ("aiokafka", "engine", "handlers")}
+    loggers = {name: logging.getLogger(name).level for name in ("aiokafka", "streamloop")}
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     for name in loggers:

@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, StringSerde
-from engine.testing import eventually_async
-from engine.transport.base import ProducerSettings
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.testing import eventually_async
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 

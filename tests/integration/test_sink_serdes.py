@@ -10,11 +10,11 @@ import asyncio
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import ProcessingError, SerializationError
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.testing import eventually_async
-from handlers import LogAndContinueProcessingExceptionHandler, StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.errors import ProcessingError, SerializationError
+from streamloop.handlers import LogAndContinueProcessingExceptionHandler, StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

@@ -1,4 +1,4 @@
-"""The bulk path of a Spark stage (``engine.tasks.bulk``), on ``memory://`` and on Kafka, with the
+"""The bulk path of a Spark stage (``streamloop.tasks.bulk``), on ``memory://`` and on Kafka, with the
 session's real local Spark: whole offset ranges per batch, output in offset order per partition,
 commits that never pass an unfinished batch (a stop mid-batch re-reads only unfinished ranges),
 and failed records handed to the handlers one by one."""
@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.errors import SparkSchemaError
-from engine.records import TopicPartition
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
-from engine.tasks.bulk import BatchWindow
-from engine.testing import eventually_async
-from handlers import DeserializationHandlerResponse, ProcessingHandlerResponse
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.errors import SparkSchemaError
+from streamloop.handlers import DeserializationHandlerResponse, ProcessingHandlerResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde
+from streamloop.tasks.bulk import BatchWindow
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 

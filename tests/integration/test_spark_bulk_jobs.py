@@ -1,4 +1,4 @@
-"""One Spark job for the batches of several tasks of a stream thread (``engine.tasks.bulk_jobs``),
+"""One Spark job for the batches of several tasks of a stream thread (``streamloop.tasks.bulk_jobs``),
 on ``memory://`` and on Kafka, with the session's real local Spark: each task's part is split back
 to it in order, each task commits its own offset range (never past its own unfinished part, even
 when a later shared job finished), and a job that raises fails only the task whose records cause
@@ -11,14 +11,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.errors import SparkBatchError
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.spark.stage import SparkBatchStage
-from engine.tasks.bulk import BatchWindow
-from engine.testing import eventually_async
-from handlers import ProcessingHandlerResponse
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.errors import SparkBatchError
+from streamloop.handlers import ProcessingHandlerResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.spark.stage import SparkBatchStage
+from streamloop.tasks.bulk import BatchWindow
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 

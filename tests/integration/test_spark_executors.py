@@ -1,4 +1,4 @@
-"""``read="executors"`` (``engine.tasks.bulk_exec``, ``engine.spark.kafka_source``) on Kafka with the
+"""``read="executors"`` (``streamloop.tasks.bulk_exec``, ``streamloop.spark.kafka_source``) on Kafka with the
 session's local Spark: the executors read each task's offset ranges themselves and the output is
 what the driver path gives for the same input; records that do not decode or fit reach the
 handlers; the input is committed to its end only once the output was handed on, and the records
@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import SparkSchemaError
-from engine.records import TopicPartition
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
-from engine.spark.stage import SparkBatchStage
-from engine.tasks import bulk_exec
-from engine.testing import eventually_async
-from handlers import DeserializationHandlerResponse, ProcessingHandlerResponse, StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.errors import SparkSchemaError
+from streamloop.handlers import DeserializationHandlerResponse, ProcessingHandlerResponse, StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde
+from streamloop.spark.stage import SparkBatchStage
+from streamloop.tasks import bulk_exec
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 

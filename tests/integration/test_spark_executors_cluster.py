@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, StringSerde
-from engine.testing import eventually, eventually_async
-from engine.transport import open_transport
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.testing import eventually, eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster, committed_offset
 from tests.support.spark_cluster import SparkCluster
 from tests.support.spark_enrichment import EnrichmentProcess, check_output, order

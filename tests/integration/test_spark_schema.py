@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from engine import ClientState, KafkaStreams, ProcessingError, StreamsBuilder
-from engine.errors import SparkSchemaError
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from handlers import ProcessingHandlerResponse, StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, ProcessingError, StreamsBuilder
+from streamloop.errors import SparkSchemaError
+from streamloop.handlers import ProcessingHandlerResponse, StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import SparkBatchError, TaskTimeoutError
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import LogAndContinueProcessingExceptionHandler, StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.errors import SparkBatchError, TaskTimeoutError
+from streamloop.handlers import LogAndContinueProcessingExceptionHandler, StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
 
@@ -340,7 +340,7 @@ async def _is(value: Any, expected: Any) -> bool:
 
 
 async def test_a_failing_batch_paused_by_the_handler_pauses_at_its_first_record(kafka: Cluster, names) -> None:
-    from handlers import LogAndPauseProcessingExceptionHandler
+    from streamloop.handlers import LogAndPauseProcessingExceptionHandler
 
     source, sink = await produce(kafka, names, 20, partitions=1)
     failing, earlier_done = threading.Event(), threading.Event()

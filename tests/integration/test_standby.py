@@ -11,13 +11,13 @@ from collections import Counter
 
 import pytest
 
-from engine import HostInfo, KafkaStreams
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.serdes import StringSerde
-from engine.state import checkpoint
-from engine.state.changelog import changelog_topic
-from engine.testing import eventually_async
+from streamloop import HostInfo, KafkaStreams
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.serdes import StringSerde
+from streamloop.state import checkpoint
+from streamloop.state.changelog import changelog_topic
+from streamloop.testing import eventually_async
 from tests.integration.test_state import final_counts
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import EVERY_BROKER, Cluster

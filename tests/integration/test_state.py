@@ -17,14 +17,14 @@ from typing import Any
 import anyio
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.completed_offsets import decode_completed
-from engine.errors import ConfigError, InternalTopicError, InvalidStateStoreError, StateDirectoryError
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized, TimeWindows
-from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.completed_offsets import decode_completed
+from streamloop.errors import ConfigError, InternalTopicError, InvalidStateStoreError, StateDirectoryError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized, TimeWindows
+from streamloop.testing import eventually_async
 from tests.support.apps import count_topology, make_streams
 from tests.support.cluster import Cluster, committed_position
 
@@ -420,7 +420,7 @@ async def test_a_record_run_again_does_not_apply_its_store_update_twice(cluster:
     # map would run at the flush before a commit, outside any record).
     extra: dict[str, Any] = {"cache_max_bytes_buffering": 0}
     if failure == "pause":
-        extra["processing_exception_handler"] = "handlers.processing.LogAndPauseProcessingExceptionHandler"
+        extra["processing_exception_handler"] = "streamloop.handlers.processing.LogAndPauseProcessingExceptionHandler"
     streams = make_streams(builder.build(), cluster.bootstrap, names.app, state_dir=str(tmp_path), **extra)
     async with streams:
         if failure == "pause":

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from engine import JoinWindows, KafkaStreams, StreamsBuilder
-from engine.errors import TopologyError
-from engine.records import ConsumerRecord
-from engine.serdes import StringSerde
+from streamloop import JoinWindows, KafkaStreams, StreamsBuilder
+from streamloop.errors import TopologyError
+from streamloop.records import ConsumerRecord
+from streamloop.serdes import StringSerde
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.support.event_time import recent_ms

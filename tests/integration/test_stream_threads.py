@@ -21,7 +21,7 @@ import anyio.to_thread
 import pytest
 import pytest_asyncio
 
-from engine import (
+from streamloop import (
     ClientState,
     KafkaStreams,
     StreamsBuilder,
@@ -30,10 +30,10 @@ from engine import (
     ThreadMetadata,
     Topology,
 )
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport.base import ProducerSettings
-from handlers import StreamThreadExceptionResponse
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import streams_config
 from tests.support.cluster import EVERY_BROKER, Cluster
 
@@ -596,8 +596,8 @@ async def test_blocking_remove_from_a_processor_while_the_group_rebalances_retur
 def group_is_rebalancing(cluster: Cluster, group: str, streams: KafkaStreams, joining: str | None) -> bool:
     """Whether thread ``joining`` has started to join the group (so the group rebalances)."""
     if cluster.bootstrap.startswith("memory://"):
-        from engine.transport.memory.broker import MemoryBroker
-        from engine.transport.memory.group import GroupState
+        from streamloop.transport.memory.broker import MemoryBroker
+        from streamloop.transport.memory.group import GroupState
 
         description = MemoryBroker.for_url(cluster.bootstrap).describe_group(group)
         return description is not None and description.state is GroupState.PREPARING_REBALANCE

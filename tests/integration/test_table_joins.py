@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.errors import TopologyError
-from engine.serdes import JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
+from streamloop import StreamsBuilder
+from streamloop.errors import TopologyError
+from streamloop.serdes import JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

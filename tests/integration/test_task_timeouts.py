@@ -8,14 +8,14 @@ from collections import Counter
 
 import pytest
 
-from engine import ClientState, StreamsBuilder
-from engine.console.views import tasks_view
-from engine.errors import TaskTimeoutError
-from engine.ids import TaskId
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.threads.stream_thread import TaskRunState
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, StreamsBuilder
+from streamloop.console.views import tasks_view
+from streamloop.errors import TaskTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.ids import TaskId
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.threads.stream_thread import TaskRunState
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

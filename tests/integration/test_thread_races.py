@@ -14,9 +14,9 @@ import time
 import anyio.to_thread
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsTimeoutError, StreamThreadState
-from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsTimeoutError, StreamThreadState
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.testing import eventually_async
 from tests.integration.test_stream_threads import (
     DEADLINE,
     PARTITIONS,

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from engine import BaseProcessor, Materialized, Record, StreamsBuilder, TimeWindows, ValueAndTimestamp
-from engine.serdes import JsonSerde, StringSerde
-from engine.state import Stores
-from engine.testing import eventually_async
-from engine.timestamps import ConsumedRecord
+from streamloop import BaseProcessor, Materialized, Record, StreamsBuilder, TimeWindows, ValueAndTimestamp
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.state import Stores
+from streamloop.testing import eventually_async
+from streamloop.timestamps import ConsumedRecord
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engine import Materialized, StreamsBuilder
-from engine.records import Headers
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import eventually_async
+from streamloop import Materialized, StreamsBuilder
+from streamloop.records import Headers
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

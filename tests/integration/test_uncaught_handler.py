@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from engine import (
+from streamloop import (
     ClientState,
     DeserializationError,
     IllegalStateError,
@@ -36,11 +36,11 @@ from engine import (
     Topology,
     TransportError,
 )
-from engine.errors import TaskTimeoutError
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually, eventually_async
-from engine.transport.base import ProducerSettings
-from handlers import StreamThreadExceptionResponse as Response
+from streamloop.errors import TaskTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse as Response
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually, eventually_async
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import make_streams
 from tests.support.cluster import EVERY_BROKER, Cluster
 
@@ -393,7 +393,7 @@ async def test_record_that_always_fails_is_replaced_with_a_growing_back_off(
         cluster: Cluster, names, caplog: pytest.LogCaptureFixture) -> None:
     """A poison record under REPLACE_THREAD must not spin: the first replacement is at once,
     then retry.backoff.ms (100 ms) doubling each time, and each wait is logged."""
-    caplog.set_level(logging.WARNING, logger="engine.threads.supervisor")
+    caplog.set_level(logging.WARNING, logger="streamloop.threads.supervisor")
     source, sink = await topics(cluster, names)
     poison = Poison(times=None)
     handler = Handler(Response.REPLACE_THREAD)
@@ -648,7 +648,7 @@ async def test_other_client_does_not_process_the_failed_record_before_shutdown_a
 @pytest.mark.kafka
 async def test_shutdown_application_stops_clients_in_other_processes(kafka_bootstrap: str, names) -> None:
     """Two clients in two OS processes: the request travels through the group protocol only."""
-    from engine.transport import open_transport
+    from streamloop.transport import open_transport
 
     cluster = Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
     source, sink = await topics(cluster, names, partitions=2)

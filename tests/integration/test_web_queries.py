@@ -1,4 +1,4 @@
-"""Interactive queries over HTTP (``engine.web``) with two instances on a real broker: every key, a
+"""Interactive queries over HTTP (``streamloop.web``) with two instances on a real broker: every key, a
 range, a window fetch and the store's metadata asked through either instance; a key the other
 instance owns is forwarded to the instance its ``application.server`` names."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder, TimeWindows
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
-from engine.web import SERVED_BY, StreamsHttpServer
+from streamloop import KafkaStreams, StreamsBuilder, TimeWindows
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
+from streamloop.web import SERVED_BY, StreamsHttpServer
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import BufferConfig, Materialized, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, Windowed
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import eventually_async
+from streamloop import BufferConfig, Materialized, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, Windowed
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.support.event_time import recent_ms

@@ -18,16 +18,16 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder, Topology
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import Input, Step, TopologyTestDriver
-from engine.testing.memory_play import play_on_memory_broker
-from engine.testing.strategies import faults, records, scenarios
+from streamloop import StreamsBuilder, Topology
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import Input, Step, TopologyTestDriver
+from streamloop.testing.memory_play import play_on_memory_broker
+from streamloop.testing.strategies import faults, records, scenarios
 from tests.support.apps import streams_config
 
 STR, INT = StringSerde(), IntegerSerde()
 PARTITIONS = 3
-CONTINUE = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+CONTINUE = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
 
 
 async def double_later(value: int) -> int:

@@ -11,15 +11,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder, TaskId, Topology
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import Input, Step, TopologyTestDriver, by_key
-from engine.testing.strategies import faults, inputs, partitioned, records, scenarios, task_ids
+from streamloop import StreamsBuilder, TaskId, Topology
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import Input, Step, TopologyTestDriver, by_key
+from streamloop.testing.strategies import faults, inputs, partitioned, records, scenarios, task_ids
 
 STR, INT = StringSerde(), IntegerSerde()
 KEYS = st.text(alphabet="abcd", max_size=2)
 SERDES = {"in": (STR, INT)}
-CONTINUE = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+CONTINUE = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
 
 
 async def jittery_double(value: int) -> int:

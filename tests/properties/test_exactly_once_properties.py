@@ -19,12 +19,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import eventually
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually
+from streamloop.transport import open_transport
 from tests.integration.test_exactly_once import assert_counts_exactly_once, read_committed
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster

@@ -21,11 +21,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, StringSerde
-from engine.testing import TopologyTestDriver, eventually_async
-from engine.transport import open_transport
+from streamloop import StreamsBuilder
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.testing import TopologyTestDriver, eventually_async
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster, committed_offset
 

@@ -20,11 +20,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import ClientState, KafkaStreams, StreamsBuilder, StreamThreadState
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse as Response
+from streamloop import ClientState, KafkaStreams, StreamsBuilder, StreamThreadState
+from streamloop.handlers import StreamThreadExceptionResponse as Response
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.support.examples import examples

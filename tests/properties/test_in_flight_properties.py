@@ -8,9 +8,9 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
+from streamloop import StreamsBuilder
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

@@ -9,12 +9,12 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import ClientState, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from engine.transport.base import ProducerSettings
-from handlers import DeserializationHandlerResponse
+from streamloop import ClientState, StreamsBuilder
+from streamloop.handlers import DeserializationHandlerResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
+from streamloop.transport.base import ProducerSettings
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

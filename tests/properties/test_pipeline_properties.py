@@ -9,8 +9,8 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
 from tests.support.apps import doubling_topology, expected_doubling, make_streams
 from tests.support.cluster import Cluster
 

@@ -15,10 +15,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.collector import RecordCollector
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadataState
+from streamloop.collector import RecordCollector
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadataState
 
 SERDES_AND_KEYS: list[tuple[Serde, st.SearchStrategy[Any]]] = [
     (StringSerde(), st.text(min_size=0, max_size=30)),

@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.records import Record
-from engine.spark.frames import to_frame
-from engine.spark.schema import resolve_schema
+from streamloop.records import Record
+from streamloop.spark.frames import to_frame
+from streamloop.spark.schema import resolve_schema
 
 VALUES = {
     "string": st.text(max_size=6),

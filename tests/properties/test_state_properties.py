@@ -13,13 +13,13 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder
-from engine.errors import InvalidStateStoreError
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import StreamsBuilder
+from streamloop.errors import InvalidStateStoreError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

@@ -17,9 +17,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import JoinWindows, StreamsBuilder
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import JoinWindows, StreamsBuilder
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 INT, STR = IntegerSerde(), StringSerde()
 LEFT, RIGHT = "L", "R"

@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import StreamsBuilder
-from engine.serdes import JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import TopologyTestDriver
+from streamloop import StreamsBuilder
+from streamloop.serdes import JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import TopologyTestDriver
 
 STR, JSON, LONG = StringSerde(), JsonSerde(), LongSerde()
 CONFIG = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": JSON}

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine import KafkaStreams, StreamsBuilder, StreamThreadState
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import KafkaStreams, StreamsBuilder, StreamThreadState
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually
+from streamloop.transport import open_transport
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 from tests.support.examples import examples

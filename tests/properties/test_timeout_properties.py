@@ -10,12 +10,12 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import ClientState, StreamsBuilder
-from engine.errors import TaskTimeoutError
-from engine.ids import TaskId
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, StreamsBuilder
+from streamloop.errors import TaskTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.ids import TaskId
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

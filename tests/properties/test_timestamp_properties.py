@@ -23,18 +23,18 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.serdes import JsonSerde, StringSerde
-from engine.state.bytes_stores import InMemoryBytesStore
-from engine.state.timestamped import ValueAndTimestamp
-from engine.state.versioned import (
+from streamloop.serdes import JsonSerde, StringSerde
+from streamloop.state.bytes_stores import InMemoryBytesStore
+from streamloop.state.timestamped import ValueAndTimestamp
+from streamloop.state.versioned import (
     PUT_RETURN_CODE_NOT_PUT,
     PUT_RETURN_CODE_VALID_TO_UNDEFINED,
     VersionedKeyValueStore,
     VersionedRecord,
 )
-from engine.testing import TopologyTestDriver, eventually_async
-from engine.timestamps import ConsumedRecord
-from engine.topology.builder import StreamsBuilder
+from streamloop.testing import TopologyTestDriver, eventually_async
+from streamloop.timestamps import ConsumedRecord
+from streamloop.topology.builder import StreamsBuilder
 from tests.unit.state.test_timestamped_store import latest_topology
 from tests.unit.tasks.test_task import A, B, TaskRig, plain
 from tests.unit.tasks.test_timestamps import Seen

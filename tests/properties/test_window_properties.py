@@ -14,9 +14,9 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import BufferConfig, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, TimeWindows
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import BufferConfig, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, TimeWindows
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 STR, LONG = StringSerde(), LongSerde()
 NO_CACHE = {"cache.max.bytes.buffering": 0}

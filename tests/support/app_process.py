@@ -28,10 +28,10 @@ import sys
 import threading
 from typing import Any
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde
-from engine.state import Materialized
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde
+from streamloop.state import Materialized
 from tests.support.apps import streams_config
 
 _print_lock = threading.Lock()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import KafkaStreams, StreamsBuilder, Topology
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized
+from streamloop import KafkaStreams, StreamsBuilder, Topology
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized
 
 
 def streams_config(bootstrap: str, app: str, **overrides: Any) -> dict[str, Any]:

@@ -40,12 +40,12 @@ from typing import Any
 
 import anyio
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 from tests.support.kafka_broker import KafkaBroker
 

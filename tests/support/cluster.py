@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine.records import ConsumerRecord, Headers, TopicPartition
-from engine.serdes import Serde
-from engine.transport.base import Transport
+from streamloop.records import ConsumerRecord, Headers, TopicPartition
+from streamloop.serdes import Serde
+from streamloop.transport.base import Transport
 
 EVERY_BROKER = ["memory", pytest.param("kafka", marks=pytest.mark.kafka),
                 pytest.param("kafka-defaults", marks=pytest.mark.kafka)]
@@ -136,7 +136,7 @@ class Cluster:
 
 
 def _producer_settings() -> Any:
-    from engine.transport.base import ProducerSettings
+    from streamloop.transport.base import ProducerSettings
 
     return ProducerSettings(client_id="test-producer")
 
@@ -159,7 +159,7 @@ async def committed_offset(cluster: Cluster, group: str, tp: TopicPartition) -> 
 async def committed_position(cluster: Cluster, group: str, tp: TopicPartition) -> tuple[int, str] | None:
     """The group's committed ``(offset, metadata)`` of ``tp``."""
     if cluster.bootstrap.startswith("memory://"):
-        from engine.transport.memory import MemoryBroker
+        from streamloop.transport.memory import MemoryBroker
 
         committed = MemoryBroker.for_url(cluster.bootstrap).committed(group, tp)
         return None if committed is None else (committed.offset, committed.metadata)

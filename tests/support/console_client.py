@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from engine.testing.waiting import eventually
+from streamloop.testing.waiting import eventually
 
 IAC, DONT, DO, WONT, WILL, SB, SE = 255, 254, 253, 252, 251, 250, 240
 TTYPE, NAWS = 24, 31

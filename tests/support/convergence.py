@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine import ClientState, KafkaStreams, StreamsBuilder, StreamThreadState, Topology
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder, StreamThreadState, Topology
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 

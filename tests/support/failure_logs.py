@@ -140,7 +140,7 @@ def log_path(root: Path, nodeid: str) -> Path:
 
 
 def capture_setting() -> tuple[str, ...]:
-    """Which loggers to capture: ``STREAMLOOP_TEST_LOGS`` = ``engine`` (the default), ``all``
-    (``engine`` and ``aiokafka``) or ``off``."""
-    setting = os.environ.get("STREAMLOOP_TEST_LOGS", "engine")
-    return {"off": (), "all": ("engine", "aiokafka")}.get(setting, ("engine",))
+    """Which loggers to capture: ``STREAMLOOP_TEST_LOGS`` = ``streamloop`` (the default), ``all``
+    (``streamloop`` and ``aiokafka``) or ``off``."""
+    setting = os.environ.get("STREAMLOOP_TEST_LOGS", "streamloop")
+    return {"off": (), "all": ("streamloop", "aiokafka")}.get(setting, ("streamloop",))

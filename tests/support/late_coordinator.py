@@ -20,8 +20,8 @@ import time
 import uuid
 from typing import Any
 
-from engine.testing import eventually_async
-from engine.transport import open_transport
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 from tests.support.convergence import ClientWatch, create_topics, new_client, processed, produce
 from tests.support.late_broker import GroupDelays, late_kafka

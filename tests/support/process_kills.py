@@ -32,10 +32,10 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from engine.records import TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde, LongSerde
-from engine.testing import eventually_async
-from engine.transport import open_transport
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster, committed_offset
 
 INT, JSON, LONG = IntegerSerde(), JsonSerde(), LongSerde()

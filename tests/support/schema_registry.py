@@ -2,7 +2,7 @@
 
 Apicurio Registry (whose Confluent-compatible API was the first choice) cannot be fetched
 here: its Maven artifacts depend on Confluent's own Maven repository, which is not reachable.
-So this serves ``engine.schema_registry.memory.MemoryRegistry`` (what ``mock://`` URLs use)
+So this serves ``streamloop.schema_registry.memory.MemoryRegistry`` (what ``mock://`` URLs use)
 through ``http.server`` on a thread, enough for our client's HTTP path and for confluent-kafka's
 client, which the byte-compatibility tests point at the same server.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from engine.schema_registry.memory import MemoryRegistry, RegistryHttpError
+from streamloop.schema_registry.memory import MemoryRegistry, RegistryHttpError
 
 
 class HttpSchemaRegistry:

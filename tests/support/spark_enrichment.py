@@ -129,9 +129,9 @@ def enrich(orders: Any, heavy: int = 0, fail_at: int | None = None, slow_ms: int
 
 
 def build(args: argparse.Namespace) -> Any:
-    from engine import KafkaStreams, StreamsBuilder
-    from engine.serdes import JsonSerde, StringSerde
-    from handlers import StreamThreadExceptionResponse
+    from streamloop import KafkaStreams, StreamsBuilder
+    from streamloop.handlers import StreamThreadExceptionResponse
+    from streamloop.serdes import JsonSerde, StringSerde
     from tests.support.apps import streams_config
 
     key, json_serde = StringSerde(), JsonSerde()
@@ -146,7 +146,7 @@ def build(args: argparse.Namespace) -> Any:
             return enrich(frame, heavy, fail_at, slow_ms)
 
         if args.row_wise:
-            from engine.spark import row_wise
+            from streamloop.spark import row_wise
 
             job = row_wise(job)
         stream = stream.spark_batch(job, schema=SCHEMA,
@@ -176,7 +176,7 @@ def warm_up(settings: dict[str, Any], mode: str) -> None:
         return
     from pyspark.sql import SparkSession
 
-    from engine.spark.session import session_settings
+    from streamloop.spark.session import session_settings
 
     builder = SparkSession.builder.appName("streamloop-enrichment")
     for key, value in session_settings(settings).items():
@@ -204,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-wise", action="store_true",
                         help="mark the job row_wise (one plan per job for the thread's tasks)")
     parser.add_argument("--timings", action="store_true",
-                        help='print each Spark job\'s phases as {"event": "job", ...} (engine.spark.timing)')
+                        help='print each Spark job\'s phases as {"event": "job", ...} (streamloop.spark.timing)')
     parser.add_argument("--warm", action="store_true",
                         help="start the SparkSession (and cache the customer table) before the client")
     args = parser.parse_args(argv)
 
     streams = build(args)
     if args.timings:
-        from engine.spark import timing
+        from streamloop.spark import timing
 
         timing.record_jobs(lambda clock: emit("job", records=clock.records, parts=clock.parts,
                                               phases=clock.phases))

@@ -21,11 +21,11 @@ from typing import Any
 from anyio.from_thread import start_blocking_portal
 from hypothesis import strategies as st
 
-from engine import ClientState, KafkaStreams, StreamsBuilder, StreamsTimeoutError
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually
-from engine.transport import open_transport
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, KafkaStreams, StreamsBuilder, StreamsTimeoutError
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually
+from streamloop.transport import open_transport
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
 

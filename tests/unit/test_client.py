@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine import (
+from streamloop import (
     BaseProcessor,
     ClientState,
     ConfigError,
@@ -31,10 +31,10 @@ from engine import (
     Topology,
     TopologyError,
 )
-from engine.client import CLIENT_TRANSITIONS
-from engine.testing import eventually
-from engine.transport.memory import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
+from streamloop.client import CLIENT_TRANSITIONS
+from streamloop.testing import eventually
+from streamloop.transport.memory import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
 from tests.support.apps import streams_config
 
 C = ClientState
@@ -130,7 +130,7 @@ def test_unknown_config_key_is_a_config_error_naming_it(clients: Clients) -> Non
 
 
 def test_unknown_config_key_only_warns_when_asked(clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         streams = clients(made_up_key="x", config_unknown_keys="warn")
 
     assert streams.state is C.CREATED

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from aiokafka.partitioner import murmur2
 
-from engine.collector import RecordCollector
-from engine.errors import MissingSinkTopicError, ProduceError, SerializationError
-from engine.processors.nodes import SinkNode
-from engine.records import Headers, Record
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, StringSerde
+from streamloop.collector import RecordCollector
+from streamloop.errors import MissingSinkTopicError, ProduceError, SerializationError
+from streamloop.processors.nodes import SinkNode
+from streamloop.records import Headers, Record
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde, StringSerde
 
 STR, INT, JSON, BYTES = StringSerde(), IntegerSerde(), JsonSerde(), BytesSerde()
 SINK = "KSTREAM-SINK-0000000002"

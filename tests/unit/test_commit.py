@@ -16,29 +16,29 @@ from dataclasses import dataclass, field
 import pytest
 import pytest_asyncio
 
-from engine.clock import ManualClock
-from engine.collector import RecordCollector
-from engine.commit import CommitResult, CommitStatus, Committer
-from engine.errors import CommitFailedError, ProduceError, RebalanceInProgressError
-from engine.ids import TaskId
-from engine.logcontext import thread_log
-from engine.processors.api import BaseProcessor
-from engine.processors.context import TaskContext
-from engine.records import FetchedRecord, Headers, Record, TopicPartition
-from engine.recovery import ProducerLost, RecoveryInbox
-from engine.serdes import BytesSerde
-from engine.tasks.task import StreamTask
-from engine.tasks.timeouts import TaskTimer
-from engine.testing import eventually_async
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import (
+from streamloop.clock import ManualClock
+from streamloop.collector import RecordCollector
+from streamloop.commit import CommitResult, CommitStatus, Committer
+from streamloop.errors import CommitFailedError, ProduceError, RebalanceInProgressError
+from streamloop.ids import TaskId
+from streamloop.logcontext import thread_log
+from streamloop.processors.api import BaseProcessor
+from streamloop.processors.context import TaskContext
+from streamloop.records import FetchedRecord, Headers, Record, TopicPartition
+from streamloop.recovery import ProducerLost, RecoveryInbox
+from streamloop.serdes import BytesSerde
+from streamloop.tasks.task import StreamTask
+from streamloop.tasks.timeouts import TaskTimer
+from streamloop.testing import eventually_async
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import (
     ConsumerSettings,
     MemberAssignment,
     MemberSubscription,
     OffsetAndMetadata,
 )
-from engine.transport.memory import MemoryBroker, MemoryConsumer, MemoryTransport
+from streamloop.transport.memory import MemoryBroker, MemoryConsumer, MemoryTransport
 from tests.support.convergence import IgnoreRebalances
 
 LOG = thread_log(__name__, "app-StreamThread-1")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.config import StreamsConfig
-from engine.errors import ConfigError, UnknownConfigError
+from streamloop.config import StreamsConfig
+from streamloop.errors import ConfigError, UnknownConfigError
 
 REQUIRED = {"application.id": "orders", "bootstrap.servers": "memory://"}
 
@@ -224,7 +224,7 @@ def test_every_unknown_key_is_named_in_the_one_error() -> None:
 
 
 def test_unknown_key_only_warns_when_asked_for_lenience(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         config = make({"num.stream.thread": 3, "config.unknown.keys": "warn"})
 
     assert "num.stream.thread" not in config
@@ -242,7 +242,7 @@ def test_lenience_is_a_checked_choice() -> None:
 @pytest.mark.parametrize(("key", "value"), [("security.protocol", "PLAINTEXT"), ("sasl.mechanism", "PLAIN"),
                                             ("ssl.endpoint.identification.algorithm", "https")])
 def test_kafka_security_keys_are_known(key: str, value: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         config_with(key, value)
 
     assert caplog.records == []
@@ -274,14 +274,14 @@ def test_well_formed_bootstrap_servers_are_accepted(servers: str) -> None:
 
 
 def test_known_keys_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         make({"num.stream.threads": 2, "client.id": "c"})
 
     assert caplog.records == []
 
 
 def test_deprecated_retries_warns_and_names_the_replacement(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         config_with("retries", 5)
 
     assert len(caplog.records) == 1
@@ -293,7 +293,7 @@ def test_deprecated_retries_warns_and_names_the_replacement(caplog: pytest.LogCa
 @pytest.mark.parametrize("key", ["consumer.fetch.min.bytes", "producer.compression.type",
                                  "admin.retries", "spark.master"])
 def test_pass_through_key_is_kept_without_warning(key: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.config"):
         config = config_with(key, "x")
 
     assert config[key] == "x"

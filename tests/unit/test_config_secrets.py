@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from engine.client import KafkaStreams
-from engine.config import HIDDEN, ConfigKey, StreamsConfig, _one_of, is_secret, shown
-from engine.errors import ConfigError, MissingSourceTopicError
-from engine.topology.builder import StreamsBuilder
-from engine.transport.base import ConsumerSettings, ProducerSettings
+from streamloop.client import KafkaStreams
+from streamloop.config import HIDDEN, ConfigKey, StreamsConfig, _one_of, is_secret, shown
+from streamloop.errors import ConfigError, MissingSourceTopicError
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.transport.base import ConsumerSettings, ProducerSettings
 
 SECRET = "hunter2-s3cr3t"
 REQUIRED = {"application.id": "orders", "bootstrap.servers": "memory://"}
@@ -82,7 +82,7 @@ def test_the_config_logged_at_start_hides_secrets(caplog: pytest.LogCaptureFixtu
     streams = KafkaStreams(builder.build(), {
         "application.id": "secrets", "bootstrap.servers": "memory://secrets-log", "state.dir": str(tmp_path),
         "num.stream.threads": 0, "monitor.token": SECRET, "consumer.sasl.jaas.config": SECRET})
-    with caplog.at_level(logging.DEBUG, logger="engine"), \
+    with caplog.at_level(logging.DEBUG, logger="streamloop"), \
             pytest.raises(MissingSourceTopicError):  # start() logs, then finds no topics
         streams.start()
     logged = "\n".join(r.getMessage() for r in caplog.records)
@@ -93,7 +93,7 @@ def test_the_config_logged_at_start_hides_secrets(caplog: pytest.LogCaptureFixtu
 
 def test_the_console_config_view_hides_secrets() -> None:
     pytest.importorskip("aiomonitor")
-    from engine.console.views import config_view
+    from streamloop.console.views import config_view
 
     builder = StreamsBuilder()
     builder.stream("in").to("out")
@@ -109,8 +109,8 @@ def test_the_console_config_view_hides_secrets() -> None:
 
 def test_the_console_metrics_view_hides_a_tag_named_like_a_secret() -> None:
     pytest.importorskip("aiomonitor")
-    from engine.client import Metric
-    from engine.console.views import metrics_view
+    from streamloop.client import Metric
+    from streamloop.console.views import metrics_view
 
     class Streams:
         def metrics(self) -> list[Metric]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from engine import demo
-from engine.transport.memory import MemoryBroker
+from streamloop import demo
+from streamloop.transport.memory import MemoryBroker
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import reference_markdown
+from streamloop.config import reference_markdown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 def test_configuration_reference_lists_every_key_as_the_code_has_it() -> None:
     assert (DOCS / "configuration.md").read_text() == reference_markdown(), (
         "docs/configuration.md is stale: regenerate it with "
-        "python -c \"from engine.config import reference_markdown; print(reference_markdown(), end='')\"")
+        "python -c \"from streamloop.config import reference_markdown; print(reference_markdown(), end='')\"")
 
 
 def _nav_title(entry: object) -> str:
@@ -67,9 +67,9 @@ def test_running_in_production_covers_sizing_state_upgrades_and_each_fault() -> 
 
 # What the engine has that the docs once called missing: phrase -> (module, attribute) that has it.
 PRESENT = {
-    "suppress": ("engine.topology.tables", "KTable.suppress"),
-    "KTable–KTable join": ("engine.topology.tables", "KTable.join"),
-    "session windows": ("engine.state", "SessionWindows"),
+    "suppress": ("streamloop.topology.tables", "KTable.suppress"),
+    "KTable–KTable join": ("streamloop.topology.tables", "KTable.join"),
+    "session windows": ("streamloop.state", "SessionWindows"),
 }
 
 
@@ -83,7 +83,7 @@ def test_what_the_docs_call_missing_is_missing() -> None:
             owner = getattr(owner, part)
         assert phrase.lower() not in section.lower(), f"docs/state.md says {phrase!r} is missing; {attribute} has it"
     readme = (DOCS.parent / "README.md").read_text()
-    import engine.transport.memory.group as group
+    import streamloop.transport.memory.group as group
 
     assert "cooperative" in (group.__doc__ or "").lower()
     assert "consumer groups and eager rebalances" not in readme, "README: memory:// has cooperative rebalances too"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.transport.memory import MemoryBroker
+from streamloop.transport.memory import MemoryBroker
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)

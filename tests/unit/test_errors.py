@@ -9,8 +9,8 @@ import tomllib
 import warnings
 from pathlib import Path
 
-import engine
-from engine.errors import (
+import streamloop
+from streamloop.errors import (
     CommitFailedError,
     MissingExtraError,
     RebalanceInProgressError,
@@ -36,15 +36,15 @@ def test_the_declared_anyio_has_what_the_engine_uses() -> None:
     assert match is not None and (int(match[1]), int(match[2])) >= (4, 5), declared
 
 
-# Packages with errors of their own: the test kit (``engine.testing``) and the optional schema
-# registry serdes (``engine.schema_registry.errors``, exported from that package).
-OWN_ERRORS = ("engine.testing", "engine.schema_registry")
+# Packages with errors of their own: the test kit (``streamloop.testing``) and the optional schema
+# registry serdes (``streamloop.schema_registry.errors``, exported from that package).
+OWN_ERRORS = ("streamloop.testing", "streamloop.schema_registry")
 
 
 def _engine_modules() -> list[str]:
-    names = [m.name for m in pkgutil.walk_packages(engine.__path__, "engine.")]
+    names = [m.name for m in pkgutil.walk_packages(streamloop.__path__, "streamloop.")]
     # The entry points run on import (argument parsing, the demo); they define no errors.
-    return [n for n in names if n not in ("engine.__main__", "engine.demo") and not n.startswith(OWN_ERRORS)]
+    return [n for n in names if n not in ("streamloop.__main__", "streamloop.demo") and not n.startswith(OWN_ERRORS)]
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -55,7 +55,7 @@ def _subclasses(cls: type) -> set[type]:
 
 
 def test_every_error_the_engine_raises_lives_in_errors_and_is_exported() -> None:
-    """One place to find them (``engine.errors``) and one name to catch them by (``from engine
+    """One place to find them (``streamloop.errors``) and one name to catch them by (``from streamloop
     import ...``): an error defined beside the module that raises it is invisible to the user who
     must handle it."""
     for name in _engine_modules():
@@ -67,7 +67,7 @@ def test_every_error_the_engine_raises_lives_in_errors_and_is_exported() -> None
             except MissingExtraError:
                 continue  # an optional extra not installed: its module raises no error of ours then
     errors = {cls for cls in _subclasses(StreamsError) if not cls.__module__.startswith(OWN_ERRORS)}
-    outside = sorted(f"{cls.__module__}.{cls.__name__}" for cls in errors if cls.__module__ != "engine.errors")
+    outside = sorted(f"{cls.__module__}.{cls.__name__}" for cls in errors if cls.__module__ != "streamloop.errors")
     assert outside == []
-    unexported = sorted(cls.__name__ for cls in errors if getattr(engine, cls.__name__, None) is not cls)
+    unexported = sorted(cls.__name__ for cls in errors if getattr(streamloop, cls.__name__, None) is not cls)
     assert unexported == []

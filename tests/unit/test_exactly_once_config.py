@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import COMMIT_INTERVAL_MS, StreamsConfig
-from engine.errors import ConfigError
+from streamloop.config import COMMIT_INTERVAL_MS, StreamsConfig
+from streamloop.errors import ConfigError
 
 BASE = {"application.id": "app", "bootstrap.servers": "localhost:9092"}
 EOS = {**BASE, "processing.guarantee": "exactly_once_v2"}
@@ -38,6 +38,6 @@ def test_settings_that_break_atomic_commits_are_refused(key: str, value: object)
 
 def test_records_in_flight_are_accepted_under_exactly_once() -> None:
     """Each record in flight holds its output until the commit's watermark covers it
-    (engine.tasks.in_flight), so a transaction holds exactly the output of the offsets it commits."""
+    (streamloop.tasks.in_flight), so a transaction holds exactly the output of the offsets it commits."""
     config = StreamsConfig({**EOS, "num.threads.per.task": 4, "processing.ordering": "key"})
     assert config["num.threads.per.task"] == 4

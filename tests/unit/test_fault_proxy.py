@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import pytest_asyncio
 
-from engine.testing import eventually_async
+from streamloop.testing import eventually_async
 from tests.support.fault_proxy import FaultProxy, Mode
 
 pytestmark = pytest.mark.asyncio

@@ -6,10 +6,9 @@ import logging
 
 import pytest
 
-from engine.config import StreamsConfig, load_handler
-from engine.errors import ConfigError
-from engine.ids import TaskId
-from handlers import (
+from streamloop.config import StreamsConfig, load_handler
+from streamloop.errors import ConfigError
+from streamloop.handlers import (
     DeserializationHandlerResponse,
     ErrorContext,
     LogAndContinueExceptionHandler,
@@ -21,6 +20,7 @@ from handlers import (
     ProcessingHandlerResponse,
     dead_letter,
 )
+from streamloop.ids import TaskId
 
 CONTEXT = ErrorContext(TaskId(0, 2), "orders", 2, 41, 1_700_000_000_000, (("trace", b"abc"),), b"k", b"\xff",
                        "KSTREAM-MAPVALUES-0000000001")
@@ -78,7 +78,8 @@ def test_the_default_deserialization_handler_is_log_and_fail() -> None:
 
 
 @pytest.mark.parametrize("value", [LogAndPauseExceptionHandler, LogAndPauseExceptionHandler(),
-                                   "handlers.LogAndPauseExceptionHandler"], ids=["class", "instance", "path"])
+                                   "streamloop.handlers.LogAndPauseExceptionHandler"],
+                         ids=["class", "instance", "path"])
 def test_a_handler_is_given_as_class_instance_or_dotted_path(value: object) -> None:
     assert isinstance(load_handler(config(**{KEY: value}), KEY), LogAndPauseExceptionHandler)
 
@@ -97,7 +98,7 @@ def test_configure_is_called_with_the_config() -> None:
     assert seen == ["a"]
 
 
-@pytest.mark.parametrize("value", ["nope", "handlers.NoSuchHandler", "no_such_module.Handler", 42],
+@pytest.mark.parametrize("value", ["nope", "streamloop.handlers.NoSuchHandler", "no_such_module.Handler", 42],
                          ids=repr)
 def test_an_unusable_handler_is_a_config_error_naming_the_key(value: object) -> None:
     with pytest.raises(ConfigError, match=KEY):
@@ -105,7 +106,7 @@ def test_an_unusable_handler_is_a_config_error_naming_the_key(value: object) -> 
 
 
 def test_an_unloadable_handler_is_a_config_error_when_the_client_is_made() -> None:
-    from engine import KafkaStreams, StreamsBuilder
+    from streamloop import KafkaStreams, StreamsBuilder
 
     builder = StreamsBuilder()
     builder.stream("a").to("b")

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from engine import ClientState, HealthResult, KafkaStreams, StreamsBuilder, TopicPartition, Topology
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.testing import eventually
-from engine.transport.memory import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
-from handlers import StreamThreadExceptionResponse
+from streamloop import ClientState, HealthResult, KafkaStreams, StreamsBuilder, TopicPartition, Topology
+from streamloop.handlers import StreamThreadExceptionResponse
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually
+from streamloop.transport.memory import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
 from tests.support.apps import streams_config
 
 WAIT = 15.0
@@ -197,7 +197,7 @@ def test_a_task_lagging_past_the_bound_makes_the_client_not_ready(broker: Broker
     builder = StreamsBuilder()
     builder.stream("in", value_serde=StringSerde()).to("out", value_serde=StringSerde())
     streams = broker.streams(builder.build(),
-                             default_deserialization_exception_handler="handlers.LogAndPauseExceptionHandler")
+                             default_deserialization_exception_handler="streamloop.handlers.LogAndPauseExceptionHandler")
     streams.start()
     running(streams)
     broker.produce(0, b"\xff not utf-8", *[b"ok"] * 9)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ids import TaskId
+from streamloop.ids import TaskId
 
 
 def test_task_id_prints_as_subtopology_underscore_partition() -> None:

@@ -24,7 +24,7 @@ from aiokafka.protocol.group import (
 )
 from aiokafka.protocol.types import CompactBytes, CompactString, Int16, Int32, String, UnsignedVarInt32
 
-from engine.testing import eventually_async
+from streamloop.testing import eventually_async
 from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.group_record import JOIN, LEAVE, SYNC, GroupCall, GroupRecord

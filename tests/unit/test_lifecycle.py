@@ -9,7 +9,7 @@ from enum import Enum
 
 import pytest
 
-from engine.lifecycle import IllegalTransitionError, StateMachine
+from streamloop.lifecycle import IllegalTransitionError, StateMachine
 
 log = logging.getLogger("tests.lifecycle")
 

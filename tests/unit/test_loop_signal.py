@@ -8,8 +8,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from engine.errors import IllegalStateError
-from engine.loop_signal import LoopSignal
+from streamloop.errors import IllegalStateError
+from streamloop.loop_signal import LoopSignal
 
 
 def test_a_set_from_another_thread_wakes_the_waiter() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.metrics import ProcessMeter, SampledStat, SensorSettings, ThreadSensors
+from streamloop.metrics import ProcessMeter, SampledStat, SensorSettings, ThreadSensors
 
 
 def test_rate_counts_at_least_samples_minus_one_full_windows() -> None:

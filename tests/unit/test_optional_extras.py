@@ -13,25 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.errors import MissingExtraError
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import create_topics, eventually, produce, read
-from engine.transport.memory import MemoryBroker
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.errors import MissingExtraError
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import create_topics, eventually, produce, read
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("module", "hidden", "package", "extra"), [
-    ("engine.prometheus", "prometheus_client", "prometheus-client", "prometheus"),
-    ("engine.console.monitor", "aiomonitor", "aiomonitor", "monitor"),
-    ("engine.web", "aiohttp", "aiohttp", "http"),
-    ("engine.schema_registry.avro", "fastavro", "fastavro", "schema-registry"),
-    ("engine.schema_registry.protobuf", "google.protobuf.message", "protobuf", "schema-registry"),
-    ("engine.schema_registry.json_schema", "jsonschema", "jsonschema", "schema-registry"),
-    ("engine.tasks.tracing", "opentelemetry", "opentelemetry-api", "otel"),
+    ("streamloop.prometheus", "prometheus_client", "prometheus-client", "prometheus"),
+    ("streamloop.console.monitor", "aiomonitor", "aiomonitor", "monitor"),
+    ("streamloop.web", "aiohttp", "aiohttp", "http"),
+    ("streamloop.schema_registry.avro", "fastavro", "fastavro", "schema-registry"),
+    ("streamloop.schema_registry.protobuf", "google.protobuf.message", "protobuf", "schema-registry"),
+    ("streamloop.schema_registry.json_schema", "jsonschema", "jsonschema", "schema-registry"),
+    ("streamloop.tasks.tracing", "opentelemetry", "opentelemetry-api", "otel"),
 ])
 def test_a_missing_extra_is_a_typed_error_naming_the_package(
         monkeypatch: pytest.MonkeyPatch, module: str, hidden: str, package: str, extra: str) -> None:
@@ -45,10 +45,10 @@ def test_a_missing_extra_is_a_typed_error_naming_the_package(
 
 def test_the_http_endpoint_serves_no_metrics_without_the_prometheus_extra(monkeypatch: pytest.MonkeyPatch,
                                                                           bootstrap: str) -> None:
-    from engine.web import make_app
+    from streamloop.web import make_app
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    monkeypatch.delitem(sys.modules, "engine.prometheus", raising=False)
+    monkeypatch.delitem(sys.modules, "streamloop.prometheus", raising=False)
     streams = KafkaStreams(counting().build(), streams_config(bootstrap, "no-metrics"))
     paths = {route.resource.canonical for route in make_app(streams).router.routes() if route.resource is not None}
     assert "/metrics" not in paths and "/health/live" in paths

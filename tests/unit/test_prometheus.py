@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.client import Metric
+from streamloop.client import Metric
 
 pytest.importorskip("prometheus_client")
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.prometheus import families, prometheus_name
+from streamloop.prometheus import families, prometheus_name
 
 
 def test_names_join_group_and_name_with_underscores() -> None:

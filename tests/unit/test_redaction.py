@@ -1,4 +1,4 @@
-"""engine.redaction: registered secrets hidden in every log record, in every form they are written in."""
+"""streamloop.redaction: registered secrets hidden in every log record, in every form they are written in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import redaction
+from streamloop import redaction
 
 JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" '
         'password="p\\"w-é";')
@@ -58,7 +58,7 @@ def test_a_record_without_a_secret_keeps_its_message_and_arguments() -> None:
     owner = object()
     redaction.register(owner, {"hunter2"})
     try:
-        record = logging.getLogger("engine").makeRecord("engine", logging.INFO, "f", 1, "n=%d", (1,), None)
+        record = logging.getLogger("streamloop").makeRecord("streamloop", logging.INFO, "f", 1, "n=%d", (1,), None)
     finally:
         redaction.unregister(owner)
     assert (record.msg, record.args) == ("n=%d", (1,))
@@ -108,7 +108,7 @@ def test_basic_auth_hides_the_pair_the_password_and_the_header_token() -> None:
 def test_a_schema_registry_client_hides_its_basic_auth_while_it_exists() -> None:
     import gc
 
-    from engine.schema_registry import SchemaRegistryClient
+    from streamloop.schema_registry import SchemaRegistryClient
 
     client = SchemaRegistryClient("http://registry.invalid:8081", basic_auth_user_info="bob:s3cret")
     assert redaction.redact_text("Authorization: Basic Ym9iOnMzY3JldA== s3cret") == \

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde, as_serde
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde, as_serde
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

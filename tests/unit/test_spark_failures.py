@@ -1,11 +1,11 @@
-"""``engine.spark.failures.is_transient``: the cluster's failures are retried, the job's are not."""
+"""``streamloop.spark.failures.is_transient``: the cluster's failures are retried, the job's are not."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.spark.failures import SparkBatchTransientError, is_transient
-from engine.tasks.timeouts import is_timeout
+from streamloop.spark.failures import SparkBatchTransientError, is_transient
+from streamloop.tasks.timeouts import is_timeout
 
 
 class JavaSide(Exception):

@@ -1,6 +1,6 @@
 """What an operator reads at INFO: start-up and each rebalance in a few short lines.
 
-The lines are formatted as ``streamloop run`` formats them (``engine.cli.LOG_FORMAT``), with
+The lines are formatted as ``streamloop run`` formats them (``streamloop.cli.LOG_FORMAT``), with
 the thread name, the logger and the message, so their length is the length on the terminal.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.cli import LOG_FORMAT, configure_logging
-from engine.testing import eventually
-from engine.transport.memory import MemoryBroker
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.cli import LOG_FORMAT, configure_logging
+from streamloop.testing import eventually
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
 
 WAIT = 15.0

@@ -1,4 +1,4 @@
-"""``engine.web`` over real HTTP on a ``memory://`` broker: the probes, /metrics and the queries of one
+"""``streamloop.web`` over real HTTP on a ``memory://`` broker: the probes, /metrics and the queries of one
 instance (two instances, forwarding between them, run on a real broker: tests/integration/test_web_queries.py)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from engine import ClientState, KafkaStreams, StreamsBuilder, TimeWindows, TopicPartition
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.testing import eventually_async
-from engine.transport.memory import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
-from engine.web import StreamsHttpServer, parse_key, to_json
+from streamloop import ClientState, KafkaStreams, StreamsBuilder, TimeWindows, TopicPartition
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
+from streamloop.transport.memory import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
+from streamloop.web import StreamsHttpServer, parse_key, to_json
 from tests.support.apps import streams_config
 
 STR = StringSerde()
@@ -128,7 +128,7 @@ async def test_mistakes_are_answered_with_what_was_wrong(instance: Instance) -> 
 
 
 def test_a_key_is_text_for_a_string_serde_and_json_for_others() -> None:
-    from engine.serdes import IntegerSerde, JsonSerde
+    from streamloop.serdes import IntegerSerde, JsonSerde
 
     assert parse_key("42", StringSerde()) == "42"
     assert parse_key("42", IntegerSerde()) == 42
@@ -137,7 +137,7 @@ def test_a_key_is_text_for_a_string_serde_and_json_for_others() -> None:
 
 
 def test_values_json_cannot_hold_go_through_the_serde() -> None:
-    from engine.serdes import BytesSerde
+    from streamloop.serdes import BytesSerde
 
     assert to_json(b'{"n": 1}', BytesSerde()) == {"n": 1}
     assert to_json(b"\xff", BytesSerde()) == {"base64": "/w=="}

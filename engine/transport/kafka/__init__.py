@@ -1,21 +1,21 @@
-"""The Kafka transport: the protocols of :mod:`engine.transport.base` over aiokafka.
+"""The Kafka transport: the protocols of :mod:`streamloop.transport.base` over aiokafka.
 
 How aiokafka behaves matters to the engine; what the transport relies on was checked in
 aiokafka 0.14's source (``consumer/group_coordinator.py``, ``consumer/fetcher.py``,
 ``producer/sender.py``, ``producer/message_accumulator.py``) and is told in the module that
 relies on it. One module per concept, in the order a record meets them:
 
-- :mod:`~engine.transport.kafka.transport`: ``KafkaTransport``, the clients of one cluster.
-- :mod:`~engine.transport.kafka.security`: Kafka's security keys as aiokafka options.
-- :mod:`~engine.transport.kafka.options`: other pass-through keys as aiokafka keyword arguments.
-- :mod:`~engine.transport.kafka.startup`: starting a client; refused credentials told apart.
-- :mod:`~engine.transport.kafka.consumer`: ``KafkaConsumer`` (polling across rebalances, commits).
-- :mod:`~engine.transport.kafka.rebalance`: the engine's assignor and listener as aiokafka's.
-- :mod:`~engine.transport.kafka.leave_group`: leaving the group on close (LeaveGroup v3).
-- :mod:`~engine.transport.kafka.producer`: ``KafkaProducer``, its batches and its transactions.
-- :mod:`~engine.transport.kafka.admin`: ``KafkaAdmin`` (topics).
-- :mod:`~engine.transport.kafka.structs`: partitions and offsets as aiokafka's.
-- :mod:`~engine.transport.kafka.errors`: the one mapping of aiokafka's errors to the engine's,
+- :mod:`~streamloop.transport.kafka.transport`: ``KafkaTransport``, the clients of one cluster.
+- :mod:`~streamloop.transport.kafka.security`: Kafka's security keys as aiokafka options.
+- :mod:`~streamloop.transport.kafka.options`: other pass-through keys as aiokafka keyword arguments.
+- :mod:`~streamloop.transport.kafka.startup`: starting a client; refused credentials told apart.
+- :mod:`~streamloop.transport.kafka.consumer`: ``KafkaConsumer`` (polling across rebalances, commits).
+- :mod:`~streamloop.transport.kafka.rebalance`: the engine's assignor and listener as aiokafka's.
+- :mod:`~streamloop.transport.kafka.leave_group`: leaving the group on close (LeaveGroup v3).
+- :mod:`~streamloop.transport.kafka.producer`: ``KafkaProducer``, its batches and its transactions.
+- :mod:`~streamloop.transport.kafka.admin`: ``KafkaAdmin`` (topics).
+- :mod:`~streamloop.transport.kafka.structs`: partitions and offsets as aiokafka's.
+- :mod:`~streamloop.transport.kafka.errors`: the one mapping of aiokafka's errors to the engine's,
   and :func:`is_retriable`, the engine's one classification of what to retry.
 
 aiokafka is imported nowhere else in the engine. Raw asyncio stays here where aiokafka demands
@@ -28,11 +28,11 @@ own (admin metadata) use anyio.
 
 from __future__ import annotations
 
-from engine.transport.kafka.admin import KafkaAdmin
-from engine.transport.kafka.consumer import KafkaConsumer
-from engine.transport.kafka.errors import is_retriable
-from engine.transport.kafka.producer import KafkaProducer
-from engine.transport.kafka.transport import KafkaTransport
+from streamloop.transport.kafka.admin import KafkaAdmin
+from streamloop.transport.kafka.consumer import KafkaConsumer
+from streamloop.transport.kafka.errors import is_retriable
+from streamloop.transport.kafka.producer import KafkaProducer
+from streamloop.transport.kafka.transport import KafkaTransport
 
 __all__ = [
     "KafkaAdmin",

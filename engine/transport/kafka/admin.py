@@ -15,12 +15,12 @@ import anyio
 from aiokafka import errors as aioerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from engine import redaction
-from engine.errors import IllegalStateError, TransportError
-from engine.transport.kafka.errors import error_name, transport_error
-from engine.transport.kafka.options import client_kwargs
-from engine.transport.kafka.security import client_secrets, security_options
-from engine.transport.kafka.startup import start_or_clean_up
+from streamloop import redaction
+from streamloop.errors import IllegalStateError, TransportError
+from streamloop.transport.kafka.errors import error_name, transport_error
+from streamloop.transport.kafka.options import client_kwargs
+from streamloop.transport.kafka.security import client_secrets, security_options
+from streamloop.transport.kafka.startup import start_or_clean_up
 
 __all__ = ["KafkaAdmin"]
 

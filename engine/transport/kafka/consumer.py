@@ -10,14 +10,14 @@ Polling across a rebalance
     ``on_partitions_assigned`` has finished (records fetched too early are put
     back with a seek and fetched again by a later ``poll``). So ``poll`` must
     not be called from inside ``on_partitions_assigned``. How the callbacks run
-    is told in :mod:`engine.transport.kafka.rebalance`.
+    is told in :mod:`streamloop.transport.kafka.rebalance`.
 
 Heartbeats and ``max_poll_interval_ms``
     Heartbeats are a coroutine on the same loop, so CPU-bound work on the loop
     delays them. If ``poll`` is not called for ``max_poll_interval_ms``, the
     heartbeat task makes the member leave the group.
 
-Leaving the group on close is told in :mod:`engine.transport.kafka.leave_group`.
+Leaving the group on close is told in :mod:`streamloop.transport.kafka.leave_group`.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka import errors as aioerrors
 
-from engine import redaction
-from engine.errors import IllegalStateError, RebalanceInProgressError
-from engine.records import ConsumerRecord, TopicPartition
-from engine.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
-from engine.transport.kafka.errors import commit_failed, illegal_state, transport_error
-from engine.transport.kafka.leave_group import replace_leave_step
-from engine.transport.kafka.options import client_kwargs
-from engine.transport.kafka.prefetch import take_prefetched
-from engine.transport.kafka.rebalance import (
+from streamloop import redaction
+from streamloop.errors import IllegalStateError, RebalanceInProgressError
+from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
+from streamloop.transport.kafka.errors import commit_failed, illegal_state, transport_error
+from streamloop.transport.kafka.leave_group import replace_leave_step
+from streamloop.transport.kafka.options import client_kwargs
+from streamloop.transport.kafka.prefetch import take_prefetched
+from streamloop.transport.kafka.rebalance import (
     JOIN_TIMEOUT_LAPSE_MS,
     AssignorAdapter,
     ListenerAdapter,
     RebalanceState,
     adapt_join_requests,
 )
-from engine.transport.kafka.security import client_secrets, security_options
-from engine.transport.kafka.startup import start_or_clean_up
-from engine.transport.kafka.structs import aio_offsets, aio_tp, our_tps
+from streamloop.transport.kafka.security import client_secrets, security_options
+from streamloop.transport.kafka.startup import start_or_clean_up
+from streamloop.transport.kafka.structs import aio_offsets, aio_tp, our_tps
 
 __all__ = ["KafkaConsumer"]
 

@@ -1,7 +1,7 @@
 """The one mapping of the Kafka client's (aiokafka's) errors to the engine's.
 
 Every aiokafka error that leaves the Kafka transport is turned into an engine error here. What is
-worth retrying under a deadline is :mod:`engine.transport.retriable`'s one classification
+worth retrying under a deadline is :mod:`streamloop.transport.retriable`'s one classification
 (re-exported here as :func:`is_retriable`); this module registers aiokafka's batch expiry with it.
 
 Timeouts and retriable errors
@@ -17,7 +17,7 @@ Timeouts and retriable errors
     only until the batch expires). They reach the engine wrapped
     (``ProduceError``, ``TransportError``) with ``retriable`` set and the
     aiokafka exception as ``__cause__``; :func:`is_retriable` is the one
-    place that classifies them (``engine.transport.retriable``).
+    place that classifies them (``streamloop.transport.retriable``).
 
 Fencing
     Another producer that initialised the same ``transactional.id`` (or a transaction that
@@ -30,15 +30,15 @@ from __future__ import annotations
 
 from aiokafka import errors as aioerrors
 
-from engine.errors import (
+from streamloop.errors import (
     CommitFailedError,
     IllegalStateError,
     ProduceError,
     ProducerFencedError,
     TransportError,
 )
-from engine.transport import lost_connections
-from engine.transport.retriable import is_retriable, register_retriable
+from streamloop.transport import lost_connections
+from streamloop.transport.retriable import is_retriable, register_retriable
 
 __all__ = [
     "commit_failed",

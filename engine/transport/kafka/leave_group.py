@@ -27,7 +27,7 @@ from aiokafka import errors as aioerrors
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
-from engine.transport.kafka.errors import describe, error_name
+from streamloop.transport.kafka.errors import describe, error_name
 
 __all__ = ["replace_leave_step"]
 

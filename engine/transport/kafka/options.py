@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
-from engine.errors import ConfigError
-from engine.transport.kafka.security import is_security_key
+from streamloop.errors import ConfigError
+from streamloop.transport.kafka.security import is_security_key
 
 __all__ = ["client_kwargs"]
 

@@ -32,15 +32,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from engine import redaction
-from engine.errors import IllegalStateError, ProducerFencedError, TransportError
-from engine.records import Headers, TopicPartition
-from engine.transport.base import OffsetAndMetadata, ProducerSettings
-from engine.transport.kafka.errors import describe, produce_error, transaction_error
-from engine.transport.kafka.options import client_kwargs
-from engine.transport.kafka.security import client_secrets, security_options
-from engine.transport.kafka.startup import start_or_clean_up
-from engine.transport.kafka.structs import aio_offsets
+from streamloop import redaction
+from streamloop.errors import IllegalStateError, ProducerFencedError, TransportError
+from streamloop.records import Headers, TopicPartition
+from streamloop.transport.base import OffsetAndMetadata, ProducerSettings
+from streamloop.transport.kafka.errors import describe, produce_error, transaction_error
+from streamloop.transport.kafka.options import client_kwargs
+from streamloop.transport.kafka.security import client_secrets, security_options
+from streamloop.transport.kafka.startup import start_or_clean_up
+from streamloop.transport.kafka.structs import aio_offsets
 
 __all__ = ["KafkaProducer"]
 

@@ -1,5 +1,5 @@
 """One partition's offset range, read outside any event loop of ours: the executors' side of a Spark
-stage that reads Kafka itself (``engine.spark.kafka_reader``, which runs in Spark's Python workers).
+stage that reads Kafka itself (``streamloop.spark.kafka_reader``, which runs in Spark's Python workers).
 
 In the Kafka transport because aiokafka is used only here (``tests/unit/transport/test_kafka_boundaries``).
 """

@@ -19,7 +19,7 @@ Group membership and rebalance callbacks
 Cooperative rebalancing (KIP-429) over aiokafka's eager group client
     aiokafka revokes everything before each JoinGroup and replaces its assignment, positions
     and pause flags included, after SyncGroup. With ``ConsumerSettings.cooperative`` the
-    adapters turn that into the cooperative protocol (``engine.transport.base.RebalanceListener``):
+    adapters turn that into the cooperative protocol (``streamloop.transport.base.RebalanceListener``):
     before the join the engine is told of no revocation, the old assignment is held
     (:attr:`RebalanceState.held`) and aiokafka's "reassignment in progress" flag is cleared, so
     ``getmany`` keeps returning the held partitions' records during the rebalance (aiokafka's
@@ -57,10 +57,10 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from engine.records import TopicPartition
-from engine.transport.base import GroupAssignor, MemberAssignment, MemberSubscription, RebalanceListener
-from engine.transport.kafka.errors import describe
-from engine.transport.kafka.structs import our_tps
+from streamloop.records import TopicPartition
+from streamloop.transport.base import GroupAssignor, MemberAssignment, MemberSubscription, RebalanceListener
+from streamloop.transport.kafka.errors import describe
+from streamloop.transport.kafka.structs import our_tps
 
 __all__ = ["AssignorAdapter", "ListenerAdapter", "RebalanceState", "adapt_join_requests"]
 

@@ -35,9 +35,9 @@ from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
 
-from engine import config as cfg
-from engine import redaction
-from engine.errors import ConfigError
+from streamloop import config as cfg
+from streamloop import redaction
+from streamloop.errors import ConfigError
 
 __all__ = ["CLIENT_KINDS", "client_secrets", "is_security_key", "security_options", "unused_security_keys"]
 
@@ -112,7 +112,7 @@ _SSL_ONLY = (cfg.SSL_TRUSTSTORE_LOCATION, cfg.SSL_KEYSTORE_LOCATION, cfg.SSL_KEY
 def client_secrets(options: Mapping[str, object], *layers: tuple[str, Mapping[str, object]]) -> set[str]:
     """The secrets one client holds: its aiokafka ``options`` (``sasl_plain_password``) and its
     layers' Kafka keys (``ssl.key.password``, the whole ``sasl.jaas.config``), for
-    ``engine.redaction`` to hide in every log line while the client runs."""
+    ``streamloop.redaction`` to hide in every log line while the client runs."""
     found = redaction.config_secrets(options)
     for _prefix, settings in layers:
         found |= redaction.config_secrets(settings)

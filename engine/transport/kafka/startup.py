@@ -3,7 +3,7 @@ from an unreachable broker.
 
 Security
     Kafka's ``security.protocol``, ``sasl.*`` and ``ssl.*`` keys become aiokafka options in
-    :mod:`engine.transport.kafka.security`. aiokafka's bootstrap catches every connection error,
+    :mod:`streamloop.transport.kafka.security`. aiokafka's bootstrap catches every connection error,
     a refused SASL login (``SaslAuthenticationFailed``) and a failed TLS handshake
     (``SSLCertVerificationError``) included, logs it and raises only ``KafkaConnectionError``
     "Unable to bootstrap", which reads as a timeout. So when a secured client cannot
@@ -25,9 +25,9 @@ from typing import Any
 from aiokafka import errors as aioerrors
 from aiokafka.conn import collect_hosts, create_conn
 
-from engine.errors import AuthenticationError
-from engine.transport import lost_connections
-from engine.transport.kafka.errors import describe, transport_error
+from streamloop.errors import AuthenticationError
+from streamloop.transport import lost_connections
+from streamloop.transport.kafka.errors import describe, transport_error
 
 __all__ = ["start_or_clean_up"]
 

@@ -12,8 +12,8 @@ from typing import Any
 from aiokafka.structs import OffsetAndMetadata as AioOffsetAndMetadata
 from aiokafka.structs import TopicPartition as AioTopicPartition
 
-from engine.records import TopicPartition
-from engine.transport.base import OffsetAndMetadata
+from streamloop.records import TopicPartition
+from streamloop.transport.base import OffsetAndMetadata
 
 __all__ = ["aio_offsets", "aio_tp", "our_tps"]
 

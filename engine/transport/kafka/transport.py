@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from engine.transport.base import ConsumerSettings, ProducerSettings
-from engine.transport.kafka.admin import KafkaAdmin
-from engine.transport.kafka.consumer import KafkaConsumer
-from engine.transport.kafka.producer import KafkaProducer
-from engine.transport.kafka.security import CLIENT_KINDS, is_security_key, security_options, unused_security_keys
+from streamloop.transport.base import ConsumerSettings, ProducerSettings
+from streamloop.transport.kafka.admin import KafkaAdmin
+from streamloop.transport.kafka.consumer import KafkaConsumer
+from streamloop.transport.kafka.producer import KafkaProducer
+from streamloop.transport.kafka.security import CLIENT_KINDS, is_security_key, security_options, unused_security_keys
 
 __all__ = ["KafkaTransport"]
 
@@ -24,7 +24,7 @@ class KafkaTransport:
     ``connections_max_idle_ms`` …). Keys may use Kafka's dotted names. Options of one
     client go in ``ConsumerSettings.extra`` / ``ProducerSettings.extra``.
 
-    ``security`` holds Kafka's security keys (:mod:`engine.transport.security`):
+    ``security`` holds Kafka's security keys (:mod:`streamloop.transport.security`):
     unprefixed ones reach every client, and ``consumer.``/``producer.``/``admin.`` ones
     override them for that kind of client (the reader is a consumer); security keys in
     ``extra`` count as unprefixed, and those in ``ConsumerSettings.extra`` /

@@ -6,13 +6,13 @@ rebalance protocol with a join barrier (``group.py`` for the broker's side,
 its own event loop, share one :class:`MemoryBroker` per ``memory://name`` URL.
 """
 
-from engine.transport.memory.admin import MemoryAdmin
-from engine.transport.memory.broker import MemoryBroker
-from engine.transport.memory.consumer import MemoryConsumer
-from engine.transport.memory.group import GroupDescription, GroupState
-from engine.transport.memory.membership import MemberState
-from engine.transport.memory.producer import MemoryProducer
-from engine.transport.memory.transport import MemoryTransport
+from streamloop.transport.memory.admin import MemoryAdmin
+from streamloop.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.consumer import MemoryConsumer
+from streamloop.transport.memory.group import GroupDescription, GroupState
+from streamloop.transport.memory.membership import MemberState
+from streamloop.transport.memory.producer import MemoryProducer
+from streamloop.transport.memory.transport import MemoryTransport
 
 __all__ = [
     "GroupDescription",

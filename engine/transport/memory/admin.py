@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from engine.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.broker import MemoryBroker
 
 
 class MemoryAdmin:
-    """Implements :class:`engine.transport.base.Admin` on a :class:`MemoryBroker`."""
+    """Implements :class:`streamloop.transport.base.Admin` on a :class:`MemoryBroker`."""
 
     def __init__(self, broker: MemoryBroker, client_id: str) -> None:
         self._broker = broker

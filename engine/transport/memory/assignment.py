@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from engine.errors import IllegalStateError
-from engine.records import FetchedRecord, TopicPartition
+from streamloop.errors import IllegalStateError
+from streamloop.records import FetchedRecord, TopicPartition
 
 
 class AssignmentState:

@@ -5,9 +5,9 @@ committed offsets) and the wake-ups of the consumers waiting for records. Client
 of several stream threads, each with its own event loop, call it concurrently:
 every method takes one ``threading.Lock`` for a short, non-blocking critical
 section and never awaits. Wake-ups collected while the lock is held are delivered
-after it is released (:class:`~engine.transport.memory.wakeup.LoopWakeup`).
+after it is released (:class:`~streamloop.transport.memory.wakeup.LoopWakeup`).
 
-Time comes from an injectable :class:`engine.clock.Clock` (liveness deadlines
+Time comes from an injectable :class:`streamloop.clock.Clock` (liveness deadlines
 on ``monotonic_ms()``, record timestamps on ``wall_ms()``), and everything
 random from one seeded
 ``random.Random`` (:attr:`MemoryBroker.random`), so a test can replay a run.
@@ -29,18 +29,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
-from engine.clock import SYSTEM_CLOCK, Clock
-from engine.errors import TransportError
-from engine.records import FetchedRecord, TopicPartition
-from engine.transport.base import MemberAssignment, OffsetAndMetadata
-from engine.transport.memory.group import (
+from streamloop.clock import SYSTEM_CLOCK, Clock
+from streamloop.errors import TransportError
+from streamloop.records import FetchedRecord, TopicPartition
+from streamloop.transport.base import MemberAssignment, OffsetAndMetadata
+from streamloop.transport.memory.group import (
     ConsumerGroup,
     GroupDescription,
     GroupView,
     JoinRequest,
 )
-from engine.transport.memory.log import PartitionLog, ProducedRecord
-from engine.transport.memory.wakeup import LoopWakeup
+from streamloop.transport.memory.log import PartitionLog, ProducedRecord
+from streamloop.transport.memory.wakeup import LoopWakeup
 
 log = logging.getLogger(__name__)
 

@@ -14,19 +14,19 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
-from engine.errors import IllegalStateError, TransportError
-from engine.records import FetchedRecord, TopicPartition
-from engine.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
-from engine.transport.memory.assignment import AssignmentState
-from engine.transport.memory.broker import MemoryBroker
-from engine.transport.memory.membership import GroupMembership, MemberState
-from engine.transport.memory.wakeup import LoopWakeup
+from streamloop.errors import IllegalStateError, TransportError
+from streamloop.records import FetchedRecord, TopicPartition
+from streamloop.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
+from streamloop.transport.memory.assignment import AssignmentState
+from streamloop.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.membership import GroupMembership, MemberState
+from streamloop.transport.memory.wakeup import LoopWakeup
 
 DEFAULT_MAX_POLL_RECORDS = 500
 
 
 class MemoryConsumer:
-    """Implements :class:`engine.transport.base.Consumer` on a :class:`MemoryBroker`."""
+    """Implements :class:`streamloop.transport.base.Consumer` on a :class:`MemoryBroker`."""
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ clock (milliseconds): a member is removed when it has not polled within ``max_po
 ``session_timeout_ms`` passed, or when it did not rejoin a rebalance in time.
 
 Every method runs under the broker's lock and neither blocks nor awaits.
-Caller: :class:`~engine.transport.memory.broker.MemoryBroker`.
+Caller: :class:`~streamloop.transport.memory.broker.MemoryBroker`.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from engine.errors import CommitFailedError, TransportError
-from engine.lifecycle import StateMachine
-from engine.logcontext import LogContext
-from engine.records import TopicPartition
-from engine.transport.base import MemberAssignment, MemberSubscription, OffsetAndMetadata
-from engine.transport.memory.wakeup import LoopWakeup
+from streamloop.errors import CommitFailedError, TransportError
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import LogContext
+from streamloop.records import TopicPartition
+from streamloop.transport.base import MemberAssignment, MemberSubscription, OffsetAndMetadata
+from streamloop.transport.memory.wakeup import LoopWakeup
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engine.records import FetchedRecord, Headers, TopicPartition
+from streamloop.records import FetchedRecord, Headers, TopicPartition
 
 
 class ProducedRecord(NamedTuple):

@@ -37,20 +37,20 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 
-from engine.errors import IllegalStateError, TransportError
-from engine.lifecycle import StateMachine
-from engine.logcontext import LogContext
-from engine.records import TopicPartition
-from engine.transport.base import (
+from streamloop.errors import IllegalStateError, TransportError
+from streamloop.lifecycle import StateMachine
+from streamloop.logcontext import LogContext
+from streamloop.records import TopicPartition
+from streamloop.transport.base import (
     ConsumerSettings,
     MemberAssignment,
     OffsetAndMetadata,
     RebalanceListener,
 )
-from engine.transport.memory.assignment import AssignmentState
-from engine.transport.memory.broker import MemoryBroker
-from engine.transport.memory.group import GroupState, JoinRequest, LeaderTask
-from engine.transport.memory.wakeup import LoopWakeup
+from streamloop.transport.memory.assignment import AssignmentState
+from streamloop.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.group import GroupState, JoinRequest, LeaderTask
+from streamloop.transport.memory.wakeup import LoopWakeup
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,15 @@ partitions of that hand-over are written all the same.
 
 from __future__ import annotations
 
-from engine.errors import IllegalStateError, ProduceError
-from engine.records import Headers, TopicPartition
-from engine.transport.base import ProducerSettings
-from engine.transport.memory.broker import MemoryBroker
-from engine.transport.memory.log import ProducedRecord
+from streamloop.errors import IllegalStateError, ProduceError
+from streamloop.records import Headers, TopicPartition
+from streamloop.transport.base import ProducerSettings
+from streamloop.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.log import ProducedRecord
 
 
 class MemoryProducer:
-    """Implements :class:`engine.transport.base.Producer` on a :class:`MemoryBroker`."""
+    """Implements :class:`streamloop.transport.base.Producer` on a :class:`MemoryBroker`."""
 
     def __init__(self, broker: MemoryBroker, settings: ProducerSettings) -> None:
         self._broker = broker

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from engine.errors import ConfigError
-from engine.transport.base import ConsumerSettings, ProducerSettings
-from engine.transport.memory.admin import MemoryAdmin
-from engine.transport.memory.broker import MemoryBroker
-from engine.transport.memory.consumer import MemoryConsumer
-from engine.transport.memory.producer import MemoryProducer
+from streamloop.errors import ConfigError
+from streamloop.transport.base import ConsumerSettings, ProducerSettings
+from streamloop.transport.memory.admin import MemoryAdmin
+from streamloop.transport.memory.broker import MemoryBroker
+from streamloop.transport.memory.consumer import MemoryConsumer
+from streamloop.transport.memory.producer import MemoryProducer
 
 
 class MemoryTransport:
-    """Implements :class:`engine.transport.base.Transport` on a :class:`MemoryBroker`."""
+    """Implements :class:`streamloop.transport.base.Transport` on a :class:`MemoryBroker`."""
 
     name = "memory"
 

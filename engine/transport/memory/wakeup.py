@@ -4,13 +4,13 @@ This is the memory transport's one crossing of a thread boundary: the broker run
 under a ``threading.Lock`` on whichever stream thread calls it, and when something
 a consumer waits for happens (records appended, a rebalance step) it calls
 :meth:`LoopWakeup.wake`, which only enqueues the wake-up on the consumer's loop
-(``engine.loop_signal``). The consumer's loop is never blocked and never touched
+(``streamloop.loop_signal``). The consumer's loop is never blocked and never touched
 from another thread.
 """
 
 from __future__ import annotations
 
-from engine.loop_signal import LoopSignal
+from streamloop.loop_signal import LoopSignal
 
 
 class LoopWakeup(LoopSignal):

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.console.progress import ProgressSample, format_progress, progress_enabled, sample
-from engine.testing import create_topics, eventually, produce
-from engine.transport.memory import MemoryBroker
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.console.progress import ProgressSample, format_progress, progress_enabled, sample
+from streamloop.testing import create_topics, eventually, produce
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
 
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.ids import TaskId
-from engine.processors.api import BaseProcessor, PunctuationType
-from engine.processors.context import TaskContext
-from engine.processors.punctuation import PunctuationQueue, Schedule
-from engine.records import Record
-from engine.serdes import BytesSerde
-from engine.topology.builder import StreamsBuilder
+from streamloop.clock import ManualClock
+from streamloop.ids import TaskId
+from streamloop.processors.api import BaseProcessor, PunctuationType
+from streamloop.processors.context import TaskContext
+from streamloop.processors.punctuation import PunctuationQueue, Schedule
+from streamloop.records import Record
+from streamloop.serdes import BytesSerde
+from streamloop.topology.builder import StreamsBuilder
 
 
 def noop(_timestamp: int) -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine import Materialized, SessionWindows, StreamsBuilder, TopologyError, Windowed
-from engine.serdes import JsonSerde, LongSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import Materialized, SessionWindows, StreamsBuilder, TopologyError, Windowed
+from streamloop.serdes import JsonSerde, LongSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 STR, LONG, JSON = StringSerde(), LongSerde(), JsonSerde()
 NO_CACHE = {"cache.max.bytes.buffering": 0}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Materialized, SlidingWindows, StreamsBuilder, TopologyError, Windowed
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import Materialized, SlidingWindows, StreamsBuilder, TopologyError, Windowed
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 STR, LONG = StringSerde(), LongSerde()
 NO_CACHE = {"cache.max.bytes.buffering": 0}

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine import JoinWindows, StreamJoined, StreamsBuilder, Topology
-from engine.errors import TopologyError
-from engine.serdes import IntegerSerde, LongSerde, StringSerde
-from engine.state.bytes_stores import InMemoryBytesStore
-from engine.state.join_store import JoinWindowStore
-from engine.testing import TopologyTestDriver
+from streamloop import JoinWindows, StreamJoined, StreamsBuilder, Topology
+from streamloop.errors import TopologyError
+from streamloop.serdes import IntegerSerde, LongSerde, StringSerde
+from streamloop.state.bytes_stores import InMemoryBytesStore
+from streamloop.state.join_store import JoinWindowStore
+from streamloop.testing import TopologyTestDriver
 
 INT, STR, LONG = IntegerSerde(), StringSerde(), LongSerde()
 

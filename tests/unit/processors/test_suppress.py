@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine import (
+from streamloop import (
     BufferConfig,
     BufferFullError,
     SessionWindows,
@@ -17,12 +17,12 @@ from engine import (
     TimeWindows,
     TopologyError,
 )
-from engine.processors.suppress import SuppressProcessor
-from engine.records import Record
-from engine.serdes import BytesSerde, LongSerde, StringSerde
-from engine.state.bytes_stores import InMemoryBytesStore
-from engine.state.store import KeyValueStore
-from engine.testing import TopologyTestDriver
+from streamloop.processors.suppress import SuppressProcessor
+from streamloop.records import Record
+from streamloop.serdes import BytesSerde, LongSerde, StringSerde
+from streamloop.state.bytes_stores import InMemoryBytesStore
+from streamloop.state.store import KeyValueStore
+from streamloop.testing import TopologyTestDriver
 
 STR, LONG = StringSerde(), LongSerde()
 NO_CACHE = {"cache.max.bytes.buffering": 0}

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.schema_registry import SchemaRegistryClient
-from engine.schema_registry.memory import MemoryRegistry
+from streamloop.schema_registry import SchemaRegistryClient
+from streamloop.schema_registry.memory import MemoryRegistry
 from tests.support.schema_registry import HttpSchemaRegistry
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from engine.schema_registry import (
+from streamloop.schema_registry import (
     IncompatibleSchemaError,
     RecordNameStrategy,
     RegistrySchema,
@@ -23,7 +23,7 @@ from engine.schema_registry import (
     TopicRecordNameStrategy,
     UnknownSchemaIdError,
 )
-from engine.schema_registry.memory import MemoryRegistry, RegistryHttpError
+from streamloop.schema_registry.memory import MemoryRegistry, RegistryHttpError
 from tests.support.schema_registry import HttpSchemaRegistry
 
 A = RegistrySchema('{"type":"string"}')

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from engine.schema_registry import (
+from streamloop.schema_registry import (
     AvroSerde,
     JsonSchemaSerde,
     ProtobufSerde,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.errors import DeserializationError
-from engine.schema_registry import AvroSerde, JsonSchemaSerde, SchemaRegistryClient, UnknownMagicByteError
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.testing import TopologyTestDriver
+from streamloop import StreamsBuilder
+from streamloop.errors import DeserializationError
+from streamloop.schema_registry import AvroSerde, JsonSchemaSerde, SchemaRegistryClient, UnknownMagicByteError
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import TopologyTestDriver
 
 STR = StringSerde()
 ORDER = {"type": "record", "name": "Order", "namespace": "shop",

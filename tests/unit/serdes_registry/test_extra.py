@@ -8,15 +8,15 @@ import sys
 
 import pytest
 
-from engine.errors import MissingExtraError
+from streamloop.errors import MissingExtraError
 
 
 def test_the_client_works_without_the_formats_packages(monkeypatch: pytest.MonkeyPatch, mock_url: str) -> None:
     for hidden in ("fastavro", "google.protobuf.message", "jsonschema"):
         monkeypatch.setitem(sys.modules, hidden, None)
-    for module in [m for m in sys.modules if m.startswith("engine.schema_registry")]:
+    for module in [m for m in sys.modules if m.startswith("streamloop.schema_registry")]:
         monkeypatch.delitem(sys.modules, module)
-    registry = importlib.import_module("engine.schema_registry")
+    registry = importlib.import_module("streamloop.schema_registry")
 
     client = registry.SchemaRegistryClient(mock_url)
     assert client.register("s", registry.RegistrySchema('"string"')) == 1

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from engine.schema_registry import (
+from streamloop.schema_registry import (
     AvroSerde,
     JsonSchemaSerde,
     ProtobufSerde,
@@ -22,8 +22,8 @@ from engine.schema_registry import (
     UnknownSchemaIdError,
     WireFormatError,
 )
-from engine.schema_registry.memory import MemoryRegistry
-from engine.schema_registry.wire import frame
+from streamloop.schema_registry.memory import MemoryRegistry
+from streamloop.schema_registry.wire import frame
 from tests.unit.serdes_registry.protos import Money, Order, OrderLine, Refund
 
 USER_V1 = {"type": "record", "name": "User", "namespace": "app",

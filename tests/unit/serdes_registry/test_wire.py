@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.schema_registry import UnknownMagicByteError, WireFormatError
-from engine.schema_registry.wire import decode_message_indexes, encode_message_indexes, frame, unframe
+from streamloop.schema_registry import UnknownMagicByteError, WireFormatError
+from streamloop.schema_registry.wire import decode_message_indexes, encode_message_indexes, frame, unframe
 
 
 def model_varint(value: int) -> bytes:

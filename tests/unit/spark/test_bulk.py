@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.processors.nodes import ProcessorNode, SinkNode
-from engine.records import FetchedRecord, Record
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.spark.frames import decode
-from engine.spark.stage import carrier_of, direct_sink, serialize_for
+from streamloop.processors.nodes import ProcessorNode, SinkNode
+from streamloop.records import FetchedRecord, Record
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.spark.frames import decode
+from streamloop.spark.stage import carrier_of, direct_sink, serialize_for
 
 JSON, STR, INT = JsonSerde(), StringSerde(), IntegerSerde()
 

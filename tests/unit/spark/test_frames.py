@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from engine.records import Record
-from engine.spark.frames import to_frame, to_records, to_rows
-from engine.spark.schema import resolve_schema
+from streamloop.records import Record
+from streamloop.spark.frames import to_frame, to_records, to_rows
+from streamloop.spark.schema import resolve_schema
 
 
 def test_records_round_trip_through_a_dataframe(spark: Any) -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder
-from engine.errors import ConfigError, TopologyError
-from engine.records import FetchedRecord, TopicPartition
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.spark.kafka_source import (
+from streamloop import KafkaStreams, StreamsBuilder
+from streamloop.errors import ConfigError, TopologyError
+from streamloop.records import FetchedRecord, TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.spark.kafka_source import (
     CARRIER,
     COUNT,
     KIND,
@@ -94,7 +94,7 @@ def test_spark_batch_read_is_checked_when_the_client_is_created() -> None:
 def _decode(values: list[bytes | None]) -> list[tuple[Any, ...]]:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from engine.spark.kafka_reader import decode_range
+    from streamloop.spark.kafka_reader import decode_range
 
     schema = StructType([StructField("key", LongType()), StructField("amount", LongType()),
                          StructField("customer", StringType())])

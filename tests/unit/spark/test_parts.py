@@ -1,4 +1,4 @@
-"""One Spark job for several tasks' parts (``engine.spark.parts.run_parts``), with the session's
+"""One Spark job for several tasks' parts (``streamloop.spark.parts.run_parts``), with the session's
 local Spark: the function sees each part alone, the rows come back split by part in order, parts
 of different columns are collected apart, and a write of same-column parts is one write."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.records import Record
-from engine.spark.frames import to_frame
-from engine.spark.parts import PART_COLUMN, run_parts
-from engine.spark.stage import transform_job
+from streamloop.records import Record
+from streamloop.spark.frames import to_frame
+from streamloop.spark.parts import PART_COLUMN, run_parts
+from streamloop.spark.stage import transform_job
 
 
 def frame_of(spark: Any, values: list[dict[str, Any]]) -> Any:
@@ -59,8 +59,8 @@ def test_a_write_of_parts_with_the_same_columns_is_one_write(spark: Any) -> None
 def test_a_row_wise_function_runs_once_over_all_parts_and_each_gets_its_own_rows_in_order(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    from engine.spark.frames import to_arrow
-    from engine.spark.parts import LOCAL_RELATION_KEY, row_wise, run_combined
+    from streamloop.spark.frames import to_arrow
+    from streamloop.spark.parts import LOCAL_RELATION_KEY, row_wise, run_combined
 
     calls: list[int] = []
     customers = spark.createDataFrame([(n, f"tier-{n}") for n in range(10)], "n long, tier string")
@@ -94,8 +94,8 @@ def test_a_row_wise_function_runs_once_over_all_parts_and_each_gets_its_own_rows
 
 
 def test_a_row_wise_function_whose_plan_shuffles_runs_its_parts_alone(spark: Any) -> None:
-    from engine.spark.frames import to_arrow
-    from engine.spark.parts import LOCAL_RELATION_KEY, row_wise, run_combined
+    from streamloop.spark.frames import to_arrow
+    from streamloop.spark.parts import LOCAL_RELATION_KEY, row_wise, run_combined
 
     job = transform_job(row_wise(lambda frame: frame.groupBy("key").count()), "stage")
     tables = [to_arrow([Record(i, {"n": i}, 0) for i in range(3)], "key")[0] for _part in range(2)]

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from engine.spark.schema import SchemaMismatch, align
+from streamloop.spark.schema import SchemaMismatch, align
 
 ORDER = StructType([StructField("key", StringType()), StructField("customer", StringType()),
                     StructField("amount", LongType())])

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder, StreamsConfig
-from engine.errors import SparkUnavailableError
-from engine.spark.session import ARROW_KEY, SparkSessions, require_pyspark, session_settings
+from streamloop import StreamsBuilder, StreamsConfig
+from streamloop.errors import SparkUnavailableError
+from streamloop.spark.session import ARROW_KEY, SparkSessions, require_pyspark, session_settings
 
 
 def config(**extra: Any) -> StreamsConfig:

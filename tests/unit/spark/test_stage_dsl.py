@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import StreamsBuilder, TopologyError
-from engine.spark.stage import BatchSettings
+from streamloop import StreamsBuilder, TopologyError
+from streamloop.spark.stage import BatchSettings
 
 
 def test_batching_comes_from_the_stage_or_else_the_config() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.state.cache import ENTRY_OVERHEAD, CacheEntry, ThreadCache
+from streamloop.state.cache import ENTRY_OVERHEAD, CacheEntry, ThreadCache
 
 
 def entry(value: bytes | None) -> CacheEntry:

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from engine.config import StreamsConfig, default_state_dir
+from streamloop.config import StreamsConfig, default_state_dir
 
 REQUIRED = {"application.id": "orders", "bootstrap.servers": "memory://"}
 

@@ -12,13 +12,13 @@ import threading
 import pytest
 from aiokafka.partitioner import murmur2
 
-from engine.errors import ConfigError
-from engine.records import TopicPartition
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
+from streamloop.errors import ConfigError
+from streamloop.records import TopicPartition
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata, StreamsMetadataState
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
 
 STR = StringSerde()
 ONE, TWO, THREE = HostInfo("host-one", 8080), HostInfo("host-two", 9090), HostInfo("host-three", 7070)
@@ -197,7 +197,7 @@ def test_a_malformed_endpoint_is_a_config_error(endpoint: str) -> None:
 
 
 def test_application_server_is_checked_with_the_config() -> None:
-    from engine.config import StreamsConfig
+    from streamloop.config import StreamsConfig
 
     base = {"application.id": "app", "bootstrap.servers": "memory://x"}
     assert StreamsConfig(base)["application.server"] == ""

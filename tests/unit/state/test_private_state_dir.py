@@ -8,11 +8,11 @@ import stat
 
 import pytest
 
-from engine.errors import ConfigError, StateDirectoryError
-from engine.records import TopicPartition
-from engine.state import checkpoint
-from engine.state.bytes_stores import RocksDBBytesStore
-from engine.state.directory import LOCK_FILE, StateDirectoryLock
+from streamloop.errors import ConfigError, StateDirectoryError
+from streamloop.records import TopicPartition
+from streamloop.state import checkpoint
+from streamloop.state.bytes_stores import RocksDBBytesStore
+from streamloop.state.directory import LOCK_FILE, StateDirectoryLock
 
 OFFSETS = {TopicPartition("app-store-changelog", 0): 42}
 

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from engine.records import ConsumerRecord, FetchedRecord, TopicPartition
-from engine.serdes import LongSerde, StringSerde
-from engine.state.bytes_stores import InMemoryBytesStore
-from engine.state.changelog import encode_source
-from engine.state.restore import ProcessedInput, restore_store
-from engine.state.store import KeyValueStore
+from streamloop.records import ConsumerRecord, FetchedRecord, TopicPartition
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state.bytes_stores import InMemoryBytesStore
+from streamloop.state.changelog import encode_source
+from streamloop.state.restore import ProcessedInput, restore_store
+from streamloop.state.store import KeyValueStore
 
 STR, LONG = StringSerde(), LongSerde()
 CHANGELOG = TopicPartition("app-counts-changelog", 0)
@@ -108,7 +108,7 @@ class TruncatedReader(OneBatchReader):
 
 def test_a_changelog_truncated_by_its_retention_restores_from_its_log_start_and_says_so(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="engine.state.restore")
+    caplog.set_level(logging.DEBUG, logger="streamloop.state.restore")
     store = KeyValueStore("counts", InMemoryBytesStore("counts"), STR, LONG, None, None, "0_0/counts",
                           lambda: 0, lambda: None)
     store.inner.open()

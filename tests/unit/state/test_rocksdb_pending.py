@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("rocksdict")
 
-from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
+from streamloop.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
 
 
 class SmallBatches(RocksDBBytesStore):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
+from streamloop.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
 
 
 class SmallBatches(RocksDBBytesStore):

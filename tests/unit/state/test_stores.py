@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidStateStoreError
-from engine.records import TopicPartition
-from engine.serdes import JsonSerde, LongSerde, StringSerde
-from engine.state import checkpoint
-from engine.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
-from engine.state.cache import ThreadCache
-from engine.state.changelog import Changelogger, decode_source
-from engine.state.store import KeyValueStore, WindowStore
+from streamloop.errors import InvalidStateStoreError
+from streamloop.records import TopicPartition
+from streamloop.serdes import JsonSerde, LongSerde, StringSerde
+from streamloop.state import checkpoint
+from streamloop.state.bytes_stores import InMemoryBytesStore, RocksDBBytesStore
+from streamloop.state.cache import ThreadCache
+from streamloop.state.changelog import Changelogger, decode_source
+from streamloop.state.store import KeyValueStore, WindowStore
 
 STR, LONG = StringSerde(), LongSerde()
 
@@ -194,14 +194,14 @@ def test_checkpoint_round_trip_and_corrupt_file_reads_as_missing(tmp_path) -> No
 
 
 def test_restore_applies_updates_of_records_that_will_not_be_processed_again() -> None:
-    from engine.state.restore import ProcessedInput
+    from streamloop.state.restore import ProcessedInput
 
     committed = ProcessedInput(10, frozenset({12, 15}))
     assert [o for o in range(8, 17) if committed.covers(o)] == [8, 9, 12, 15]
 
 
 def test_the_journal_puts_a_records_updates_back_in_store_cache_and_changelog() -> None:
-    from engine.state.store import Journal
+    from streamloop.state.store import Journal
 
     log = Log()
     cache = ThreadCache(1 << 20)
@@ -240,7 +240,7 @@ class CountingReads(InMemoryBytesStore):
 def test_a_read_then_written_key_is_read_from_the_store_once_and_its_update_undone_exactly(cached: bool) -> None:
     # An aggregation reads each key and writes it back: the journal takes the read value as the
     # pre-image instead of reading the store again.
-    from engine.state.store import Journal
+    from streamloop.state.store import Journal
 
     log = Log()
     inner = CountingReads("counts")

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder, ValueAndTimestamp
-from engine.errors import TopologyError
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import StringSerde
-from engine.state import Stores, TimestampedKeyValueStore
-from engine.state.timestamped import ValueAndTimestampSerde
-from engine.testing import TopologyTestDriver
+from streamloop import StreamsBuilder, ValueAndTimestamp
+from streamloop.errors import TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import StringSerde
+from streamloop.state import Stores, TimestampedKeyValueStore
+from streamloop.state.timestamped import ValueAndTimestampSerde
+from streamloop.testing import TopologyTestDriver
 
 STR = StringSerde()
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import StreamsBuilder, TopologyError
-from engine.errors import StateStoreError
-from engine.processors.api import BaseProcessor
-from engine.serdes import StringSerde
-from engine.state import Materialized, Stores, TimeWindows
-from engine.state.cleaner import StateDirCleaner
+from streamloop import StreamsBuilder, TopologyError
+from streamloop.errors import StateStoreError
+from streamloop.processors.api import BaseProcessor
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized, Stores, TimeWindows
+from streamloop.state.cleaner import StateDirCleaner
 
 
 class Counting(BaseProcessor):
@@ -41,8 +41,8 @@ def test_two_stores_with_one_name_are_an_error_at_build_time() -> None:
 
 
 def test_a_processor_using_a_store_it_did_not_declare_is_an_error() -> None:
-    from engine.ids import TaskId
-    from engine.processors.context import TaskContext
+    from streamloop.ids import TaskId
+    from streamloop.processors.context import TaskContext
 
     builder = StreamsBuilder()
     builder.add_state_store(Stores.key_value_store_builder(Stores.in_memory_key_value_store("s")))
@@ -149,8 +149,8 @@ def test_a_join_after_a_key_change_repartitions_the_stream() -> None:
 
 
 def test_aggregations_ignore_records_without_a_value_and_reduce_keeps_the_grouped_serde() -> None:
-    from engine.serdes import LongSerde
-    from engine.testing import TopologyTestDriver
+    from streamloop.serdes import LongSerde
+    from streamloop.testing import TopologyTestDriver
 
     builder = StreamsBuilder()
     grouped = builder.stream("in", key_serde=StringSerde(), value_serde=StringSerde()).group_by_key()

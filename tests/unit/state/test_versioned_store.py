@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.errors import TopologyError
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import StringSerde
-from engine.state import Stores
-from engine.state.bytes_stores import InMemoryBytesStore
-from engine.state.versioned import (
+from streamloop import StreamsBuilder
+from streamloop.errors import TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import StringSerde
+from streamloop.state import Stores
+from streamloop.state.bytes_stores import InMemoryBytesStore
+from streamloop.state.versioned import (
     PUT_RETURN_CODE_NOT_PUT,
     PUT_RETURN_CODE_VALID_TO_UNDEFINED,
     VersionedKeyValueStore,
     VersionedRecord,
 )
-from engine.testing import TopologyTestDriver
+from streamloop.testing import TopologyTestDriver
 
 STR = StringSerde()
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.tasks.assignor import (
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.tasks.assignor import (
     AssignmentInfo,
     AssignorError,
     ShutdownRequest,
@@ -20,9 +20,9 @@ from engine.tasks.assignor import (
     tasks_for,
     withhold_owned,
 )
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import MemberAssignment, MemberSubscription
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import MemberAssignment, MemberSubscription
 
 
 def t(partition: int, subtopology: int = 0) -> TaskId:

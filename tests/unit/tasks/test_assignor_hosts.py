@@ -11,14 +11,14 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ids import TaskId
-from engine.records import TopicPartition
-from engine.serdes import StringSerde
-from engine.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadataState
-from engine.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import MemberAssignment, MemberSubscription
+from streamloop.ids import TaskId
+from streamloop.records import TopicPartition
+from streamloop.serdes import StringSerde
+from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadataState
+from streamloop.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import MemberAssignment, MemberSubscription
 
 A, B = HostInfo("a.internal", 8080), HostInfo("::1", 9090)
 hosts = st.builds(HostInfo, st.from_regex(r"[a-z0-9.-]{1,20}", fullmatch=True), st.integers(1, 65535))
@@ -103,6 +103,6 @@ def test_two_instances_with_one_endpoint_are_warned_about(caplog) -> None:  # ty
     topo = topology()
     assignors = {m: StreamsAssignor(topo, f"process-{m}", m, A.endpoint) for m in ("x", "y")}
     subscriptions = {m: MemberSubscription(m, ("in",), a.subscription_user_data(["in"])) for m, a in assignors.items()}
-    with caplog.at_level("WARNING", logger="engine.tasks.assignor"):
+    with caplog.at_level("WARNING", logger="streamloop.tasks.assignor"):
         assignors["x"].assign(subscriptions, {"in": 2})
     assert "2 instances set application.server to a.internal:8080" in caplog.text

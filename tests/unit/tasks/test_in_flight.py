@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.completed_offsets import METADATA_MAX_BYTES, decode_completed, encode_completed
-from engine.config import StreamsConfig
-from engine.errors import ConfigError
+from streamloop.completed_offsets import METADATA_MAX_BYTES, decode_completed, encode_completed
+from streamloop.config import StreamsConfig
+from streamloop.errors import ConfigError
 
 BASE = {"application.id": "a", "bootstrap.servers": "memory://"}
 

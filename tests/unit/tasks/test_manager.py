@@ -16,23 +16,23 @@ from dataclasses import dataclass, field
 import pytest
 import pytest_asyncio
 
-from engine.clock import ManualClock
-from engine.collector import RecordCollector
-from engine.commit import Committer
-from engine.errors import CommitFailedError, RebalanceInProgressError
-from engine.ids import TaskId
-from engine.logcontext import thread_log
-from engine.processors.api import BaseProcessor
-from engine.records import FetchedRecord, Headers, Record, TopicPartition
-from engine.serdes import BytesSerde
-from engine.tasks.assignor import StreamsAssignor
-from engine.tasks.manager import ExactlyOnce, TaskManager
-from engine.tasks.task import StreamTask, TaskState
-from engine.testing import eventually_async
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import ConsumerSettings, OffsetAndMetadata, ProducerSettings
-from engine.transport.memory import MemoryBroker, MemoryTransport
+from streamloop.clock import ManualClock
+from streamloop.collector import RecordCollector
+from streamloop.commit import Committer
+from streamloop.errors import CommitFailedError, RebalanceInProgressError
+from streamloop.ids import TaskId
+from streamloop.logcontext import thread_log
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import FetchedRecord, Headers, Record, TopicPartition
+from streamloop.serdes import BytesSerde
+from streamloop.tasks.assignor import StreamsAssignor
+from streamloop.tasks.manager import ExactlyOnce, TaskManager
+from streamloop.tasks.task import StreamTask, TaskState
+from streamloop.testing import eventually_async
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import ConsumerSettings, OffsetAndMetadata, ProducerSettings
+from streamloop.transport.memory import MemoryBroker, MemoryTransport
 
 LOG = thread_log(__name__, "app-StreamThread-1")
 WAIT = 5.0
@@ -573,9 +573,9 @@ async def test_a_task_closed_before_its_restore_leaves_no_checkpoint(tmp_path) -
     """A rebalance at start-up closes a task cleanly before it restored (a wiped state dir): its empty
     stores must not be checkpointed at the changelog's end, or the next owner trusts them and skips
     the restore (counts lower than the input)."""
-    from engine.state import Materialized
-    from engine.state.cache import ThreadCache
-    from engine.state.task_state import StateSettings
+    from streamloop.state import Materialized
+    from streamloop.state.cache import ThreadCache
+    from streamloop.state.task_state import StateSettings
 
     builder = StreamsBuilder()
     builder.stream("a").group_by_key().count(materialized=Materialized("counts", persistent=True))

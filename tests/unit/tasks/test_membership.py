@@ -1,4 +1,4 @@
-"""When a thread's generation is stale because of its own client's threads (engine.tasks.membership),
+"""When a thread's generation is stale because of its own client's threads (streamloop.tasks.membership),
 and the rosters the assignor hands out for it."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
-from engine.tasks.membership import LEFT, Change, GenerationWatch, Membership
-from engine.topology.builder import StreamsBuilder
-from engine.transport.base import MemberAssignment, MemberSubscription
+from streamloop.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
+from streamloop.tasks.membership import LEFT, Change, GenerationWatch, Membership
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.transport.base import MemberAssignment, MemberSubscription
 
 
 def settled(own: Membership, *members: Membership) -> GenerationWatch:

@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.completed_offsets import (
+from streamloop.completed_offsets import (
     METADATA_MAX_BYTES,
     CommitMetadata,
     decode_completed,
     decode_metadata,
     encode_metadata,
 )
-from engine.processors.api import BaseProcessor, ProcessorContext, PunctuationType
-from engine.records import Record, TopicPartition
-from engine.tasks.positions import Positions
-from engine.transport.base import OffsetAndMetadata
+from streamloop.processors.api import BaseProcessor, ProcessorContext, PunctuationType
+from streamloop.records import Record, TopicPartition
+from streamloop.tasks.positions import Positions
+from streamloop.transport.base import OffsetAndMetadata
 
 from .test_task import IN, TaskRig, plain, positions_of
 
@@ -118,7 +118,7 @@ class Punctuated(BaseProcessor):
 
 
 def passing_topology_in() -> Any:
-    from engine.topology.builder import StreamsBuilder
+    from streamloop.topology.builder import StreamsBuilder
 
     builder = StreamsBuilder()
     builder.stream("in").to("out")
@@ -126,7 +126,7 @@ def passing_topology_in() -> Any:
 
 
 def punctuated_topology(processor: Punctuated) -> Any:
-    from engine.topology.builder import StreamsBuilder
+    from streamloop.topology.builder import StreamsBuilder
 
     builder = StreamsBuilder()
     builder.stream("in").process(lambda: processor, name="punctuated")
@@ -183,7 +183,7 @@ class ValueTime:
 
 @pytest.mark.asyncio
 async def test_with_an_extractor_each_partition_restores_and_commits_its_own_time() -> None:
-    from engine.topology.builder import StreamsBuilder
+    from streamloop.topology.builder import StreamsBuilder
 
     from .test_task import A, B
 

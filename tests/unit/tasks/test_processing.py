@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from engine import StreamsBuilder
-from engine.errors import ProcessingError, StreamsError
-from engine.logcontext import thread_log
-from engine.processors.api import BaseProcessor
-from engine.records import FetchedRecord, Record
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.tasks.processing import Outcome, RecordPath
-from engine.tasks.task import TaskState
-from engine.tasks.timeouts import TaskTimer
-from engine.transport import open_transport
-from handlers.responses import Answer
+from streamloop import StreamsBuilder
+from streamloop.errors import ProcessingError, StreamsError
+from streamloop.handlers.responses import Answer
+from streamloop.logcontext import thread_log
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import FetchedRecord, Record
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.tasks.processing import Outcome, RecordPath
+from streamloop.tasks.task import TaskState
+from streamloop.tasks.timeouts import TaskTimer
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 from tests.unit.tasks.test_task import IN, TASK, TaskRig, passing_topology, values_of

@@ -11,16 +11,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ids import TaskId
-from engine.serdes import StringSerde
-from engine.state import Materialized
-from engine.state.metadata import HostInfo, StreamsMetadataState
-from engine.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo, balance
-from engine.tasks.standby import replicated
-from engine.tasks.standby_placement import assign_standbys
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import MemberAssignment, MemberSubscription
+from streamloop.ids import TaskId
+from streamloop.serdes import StringSerde
+from streamloop.state import Materialized
+from streamloop.state.metadata import HostInfo, StreamsMetadataState
+from streamloop.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo, balance
+from streamloop.tasks.standby import replicated
+from streamloop.tasks.standby_placement import assign_standbys
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import MemberAssignment, MemberSubscription
 
 TASKS = [TaskId(0, p) for p in range(6)]
 

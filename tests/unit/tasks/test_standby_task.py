@@ -9,19 +9,19 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.records import TopicPartition
-from engine.serdes import BytesSerde
-from engine.state import checkpoint
-from engine.state.changelog import changelog_topic, encode_source
-from engine.state.stores import Stores
-from engine.state.task_state import TaskStateManager
-from engine.tasks.standby import StandbyTask
-from engine.testing import eventually_async
-from engine.transport import open_transport
-from engine.transport.base import OffsetAndMetadata, ProducerSettings
-from engine.transport.memory import MemoryBroker
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.records import TopicPartition
+from streamloop.serdes import BytesSerde
+from streamloop.state import checkpoint
+from streamloop.state.changelog import changelog_topic, encode_source
+from streamloop.state.stores import Stores
+from streamloop.state.task_state import TaskStateManager
+from streamloop.tasks.standby import StandbyTask
+from streamloop.testing import eventually_async
+from streamloop.transport import open_transport
+from streamloop.transport.base import OffsetAndMetadata, ProducerSettings
+from streamloop.transport.memory import MemoryBroker
 
 pytestmark = pytest.mark.anyio
 INPUT = TopicPartition("in", 0)

@@ -17,22 +17,22 @@ from typing import Any
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.errors import DeserializationError, ProcessingError
-from engine.ids import TaskId
-from engine.lifecycle import IllegalTransitionError
-from engine.logcontext import thread_log
-from engine.processors.api import BaseProcessor, ProcessorContext, PunctuationType
-from engine.processors.context import TaskContext
-from engine.processors.nodes import SinkNode
-from engine.records import FetchedRecord, Headers, Record, TopicPartition
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde
-from engine.tasks.setup import ExactlyOnceTask, TaskSetup
-from engine.tasks.task import StreamTask, TaskState
-from engine.testing import eventually_async
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport.base import OffsetAndMetadata
+from streamloop.clock import ManualClock
+from streamloop.errors import DeserializationError, ProcessingError
+from streamloop.ids import TaskId
+from streamloop.lifecycle import IllegalTransitionError
+from streamloop.logcontext import thread_log
+from streamloop.processors.api import BaseProcessor, ProcessorContext, PunctuationType
+from streamloop.processors.context import TaskContext
+from streamloop.processors.nodes import SinkNode
+from streamloop.records import FetchedRecord, Headers, Record, TopicPartition
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde
+from streamloop.tasks.setup import ExactlyOnceTask, TaskSetup
+from streamloop.tasks.task import StreamTask, TaskState
+from streamloop.testing import eventually_async
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport.base import OffsetAndMetadata
 
 TASK = TaskId(0, 2)
 IN = TopicPartition("in", 2)
@@ -627,8 +627,8 @@ def test_records_failing_together_pause_the_task_at_the_lowest_one() -> None:
 async def test_a_failed_start_under_exactly_once_keeps_its_cause() -> None:
     """A TaskError always has the original exception as ``__cause__`` (engine/errors.py): a fenced
     producer and a timed-out start become TaskMigratedError and TaskCorruptedError from them."""
-    from engine.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
-    from engine.tasks.timeouts import TaskTimer
+    from streamloop.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
+    from streamloop.tasks.timeouts import TaskTimer
 
     builder = StreamsBuilder()
     builder.stream("in").to("out")
@@ -654,7 +654,7 @@ async def test_a_start_that_meets_a_revoked_partition_waits_for_the_close_that_f
     """A cooperative rebalance installs the new assignment before its revocation callback asks the
     task to close: a restore that reads a position in between fails with IllegalStateError. That is
     the close on its way, not a failure of the thread."""
-    from engine.errors import IllegalStateError
+    from streamloop.errors import IllegalStateError
 
     builder = StreamsBuilder()
     builder.stream("in").to("out")

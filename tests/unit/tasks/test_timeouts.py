@@ -7,12 +7,12 @@ import logging
 import pytest
 from aiokafka import errors as kafka_errors
 
-from engine.clock import ManualClock
-from engine.errors import ProduceError, StartupTimeoutError, StreamsTimeoutError, TaskTimeoutError, TransportError
-from engine.ids import TaskId
-from engine.logcontext import LogContext
-from engine.tasks.timeouts import StartupDeadline, TaskTimer, is_timeout
-from engine.transport.kafka import errors as _kafka_transport_errors  # noqa: F401  # registers aiokafka's batch expiry, as the transport does when it loads
+from streamloop.clock import ManualClock
+from streamloop.errors import ProduceError, StartupTimeoutError, StreamsTimeoutError, TaskTimeoutError, TransportError
+from streamloop.ids import TaskId
+from streamloop.logcontext import LogContext
+from streamloop.tasks.timeouts import StartupDeadline, TaskTimer, is_timeout
+from streamloop.transport.kafka import errors as _kafka_transport_errors  # noqa: F401  # registers aiokafka's batch expiry, as the transport does when it loads
 
 TASK = TaskId(0, 1)
 LOG = LogContext(logging.getLogger("test.timeouts"), "task [0_1] ")
@@ -138,7 +138,7 @@ def test_a_transport_error_marked_retriable_counts_without_a_cause() -> None:
 
 
 def test_there_is_one_classification() -> None:
-    from engine.transport.kafka import is_retriable
+    from streamloop.transport.kafka import is_retriable
 
     assert is_timeout is is_retriable
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import IntegerSerde, JsonSerde
-from engine.testing import eventually_async
-from engine.timestamps import ConsumedRecord
-from engine.topology.builder import StreamsBuilder
-from engine.topology.topology import Topology
-from engine.transport import open_transport
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import IntegerSerde, JsonSerde
+from streamloop.testing import eventually_async
+from streamloop.timestamps import ConsumedRecord
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.topology import Topology
+from streamloop.transport import open_transport
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster
 

@@ -1,4 +1,4 @@
-"""Tracing (``tracing.enabled``, engine.tasks.tracing) through the test driver, which builds its tasks
+"""Tracing (``tracing.enabled``, streamloop.tasks.tracing) through the test driver, which builds its tasks
 as a client does: a span per record per task, the W3C ``traceparent`` read from each input record
 and written to its output, through a repartition and a count; and with tracing off, OpenTelemetry
 is never imported."""
@@ -23,12 +23,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from engine import Materialized, StreamsBuilder
-from engine.errors import ConfigError
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import Materialized, StreamsBuilder
+from streamloop.errors import ConfigError
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 ROOT = Path(__file__).resolve().parents[3]
 STR = StringSerde()
@@ -144,7 +144,8 @@ def test_a_record_a_handler_drops_ends_its_span_with_an_error(spans) -> None:
     provider, exporter = spans
     builder = StreamsBuilder()
     builder.stream("in", key_serde=STR, value_serde=STR).process(Failing)
-    settings = traced(provider, processing_exception_handler="handlers.LogAndContinueProcessingExceptionHandler")
+    settings = traced(provider,
+                      processing_exception_handler="streamloop.handlers.LogAndContinueProcessingExceptionHandler")
     with TopologyTestDriver(builder.build(), settings) as driver:
         driver.create_input_topic("in", STR, STR).pipe_input("k", "v")
 
@@ -204,9 +205,9 @@ def test_tracing_on_without_opentelemetry_is_a_config_error(monkeypatch: pytest.
 
 OFF = """
 import sys
-from engine import Materialized, StreamsBuilder
-from engine.serdes import LongSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import Materialized, StreamsBuilder
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 s = StringSerde()
 builder = StreamsBuilder()
 (builder.stream("in", key_serde=s, value_serde=s).group_by_key()
@@ -215,7 +216,7 @@ builder = StreamsBuilder()
 with TopologyTestDriver(builder.build(), {"application.id": "off"}) as driver:
     driver.create_input_topic("in", s, s).pipe_input("k", "v", headers=(("traceparent", b"00-1-2-01"),))
     assert driver.create_output_topic("out", s, LongSerde()).read_records()[0].value == 1
-loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry") or m == "engine.tasks.tracing")
+loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry") or m == "streamloop.tasks.tracing")
 print(loaded)
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.transport.memory import MemoryBroker
+from streamloop.transport.memory import MemoryBroker
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "testing.md"
 

@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engine import BaseProcessor, PunctuationType, Record, StreamsBuilder, TaskId, Topology
-from engine.errors import DeserializationError, IllegalStateError, ProcessingError, TaskTimeoutError, TopologyError
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.testing import (
+from streamloop import BaseProcessor, PunctuationType, Record, StreamsBuilder, TaskId, Topology
+from streamloop.errors import DeserializationError, IllegalStateError, ProcessingError, TaskTimeoutError, TopologyError
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.testing import (
     DriverTimeoutError,
     EmptyTopicError,
     TopologyTestDriver,
@@ -128,7 +128,7 @@ def test_a_bad_record_fails_the_call_with_the_default_handler(driver) -> None:
 
 
 def test_continue_drops_a_bad_record_and_goes_on() -> None:
-    config = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+    config = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
     with TopologyTestDriver(doubling(), config) as driver:
         source = driver.create_input_topic("in", STR, INT)
         out = driver.create_output_topic("out", STR, INT)
@@ -140,7 +140,7 @@ def test_continue_drops_a_bad_record_and_goes_on() -> None:
 
 
 def test_pause_marks_the_task_paused_and_resume_goes_on_from_the_failed_record() -> None:
-    config = {"default.deserialization.exception.handler": "handlers.LogAndPauseExceptionHandler"}
+    config = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndPauseExceptionHandler"}
     with TopologyTestDriver(doubling(), config) as driver:
         source = driver.create_input_topic("in", STR, INT)
         out = driver.create_output_topic("out", STR, INT)
@@ -169,7 +169,7 @@ def test_a_failing_processor_goes_to_the_processing_handler() -> None:
         driver.create_output_topic("out", STR, INT)
         with pytest.raises(ProcessingError, match="KSTREAM-MAPVALUES-0000000001"):
             source.pipe_input("a", 1)
-    config = {"processing.exception.handler": "handlers.LogAndContinueProcessingExceptionHandler"}
+    config = {"processing.exception.handler": "streamloop.handlers.LogAndContinueProcessingExceptionHandler"}
     with TopologyTestDriver(doubling(fn=fails_on_odd), config) as driver:
         source = driver.create_input_topic("in", STR, INT)
         out = driver.create_output_topic("out", STR, INT)
@@ -351,7 +351,7 @@ async def test_calling_the_driver_from_a_running_loop_is_a_clear_error_and_chang
 
 
 def counting_topology():
-    from engine.serdes import LongSerde
+    from streamloop.serdes import LongSerde
     builder = StreamsBuilder()
     (builder.stream("words", key_serde=STR, value_serde=STR)
             .group_by_key()
@@ -362,8 +362,8 @@ def counting_topology():
 
 
 def test_stores_are_queryable_and_survive_a_crash_and_a_rebalance() -> None:
-    from engine.errors import InvalidStateStoreError
-    from engine.serdes import LongSerde
+    from streamloop.errors import InvalidStateStoreError
+    from streamloop.serdes import LongSerde
 
     with TopologyTestDriver(counting_topology(), {"commit.interval.ms": 1_000_000}) as driver:
         words = driver.create_input_topic("words", STR, STR)
@@ -388,8 +388,8 @@ def test_stores_are_queryable_and_survive_a_crash_and_a_rebalance() -> None:
 
 
 def test_in_memory_session_stores_are_queried_and_restored_after_a_rebalance() -> None:
-    from engine import Materialized, SessionWindows, Windowed
-    from engine.errors import InvalidStateStoreError
+    from streamloop import Materialized, SessionWindows, Windowed
+    from streamloop.errors import InvalidStateStoreError
 
     builder = StreamsBuilder()
     (builder.stream("words", key_serde=STR, value_serde=STR).group_by_key()
@@ -435,7 +435,7 @@ def test_a_topic_chosen_per_record_is_created_on_first_use_and_readable() -> Non
 
 
 def test_the_dead_letter_topic_gets_the_bad_record_and_can_be_read() -> None:
-    config = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler",
+    config = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler",
               "errors.dead.letter.queue.topic.name": "in-dlq"}
     with TopologyTestDriver(doubling(), config) as driver:
         driver.create_output_topic("out")
@@ -480,7 +480,8 @@ def test_a_failed_record_names_the_deserialization_handler_setting_and_its_value
         driver.pipe_raw("in", b"k", b"\xff")
 
     message = str(caught.value)
-    assert "default.deserialization.exception.handler is handlers.deserialization.LogAndFailExceptionHandler" in message
+    assert ("default.deserialization.exception.handler is "
+            "streamloop.handlers.deserialization.LogAndFailExceptionHandler") in message
     assert "answered FAIL" in message
     assert caught.value.handler_setting == "default.deserialization.exception.handler"
 
@@ -498,7 +499,8 @@ def test_a_failed_processor_names_the_processing_handler_setting_and_its_value()
             driver.create_input_topic("in", STR, INT).pipe_input("a", 1)
 
     message = str(caught.value)
-    assert "processing.exception.handler is handlers.processing.LogAndFailProcessingExceptionHandler" in message
+    assert ("processing.exception.handler is "
+            "streamloop.handlers.processing.LogAndFailProcessingExceptionHandler") in message
     assert "answered FAIL" in message
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import BaseProcessor, HostInfo, KeyQueryMetadata, StreamsBuilder, StreamsMetadata
-from engine.records import Record, TopicPartition
-from engine.serdes import LongSerde, StringSerde
-from engine.state import Stores
-from engine.testing import TopologyTestDriver
+from streamloop import BaseProcessor, HostInfo, KeyQueryMetadata, StreamsBuilder, StreamsMetadata
+from streamloop.records import Record, TopicPartition
+from streamloop.serdes import LongSerde, StringSerde
+from streamloop.state import Stores
+from streamloop.testing import TopologyTestDriver
 
 STR = StringSerde()
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from engine import PunctuationType, StreamsBuilder
-from engine.clock import ManualClock
-from engine.errors import ConfigError, DeserializationError, TopologyError
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.testing import TopologyTestDriver
-from engine.timestamps import (
+from streamloop import PunctuationType, StreamsBuilder
+from streamloop.clock import ManualClock
+from streamloop.errors import ConfigError, DeserializationError, TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
+from streamloop.timestamps import (
     ConsumedRecord,
     InvalidTimestampError,
     LogAndSkipOnInvalidTimestamp,
@@ -58,7 +58,7 @@ def test_the_default_fails_a_record_with_a_negative_timestamp_through_the_deseri
 
 
 def test_a_continuing_deserialization_handler_skips_a_record_with_a_negative_timestamp() -> None:
-    config = {"default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+    config = {"default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
     with TopologyTestDriver(passing(), config) as driver:
         driver.pipe_raw("in", b"k", INT.serialize(1), timestamp=-1)
         driver.create_input_topic("in", STR, INT).pipe_input("k", 2, timestamp=5)
@@ -79,7 +79,7 @@ def test_log_and_skip_drops_a_record_with_a_negative_timestamp_and_moves_past_it
 def test_use_partition_time_replaces_a_negative_timestamp_by_the_partitions_time() -> None:
     """Kafka Streams ``UsePartitionTimeOnInvalidTimestampTest``: a negative timestamp becomes the
     partition time (the largest so far, not the last); with no partition time yet it fails."""
-    config = {"default.timestamp.extractor": "engine.timestamps.UsePartitionTimeOnInvalidTimestamp"}
+    config = {"default.timestamp.extractor": "streamloop.timestamps.UsePartitionTimeOnInvalidTimestamp"}
     with TopologyTestDriver(passing(), config) as driver:
         source = driver.create_input_topic("in", STR, INT)
         driver.create_output_topic("out", STR, INT)
@@ -144,7 +144,7 @@ def test_a_record_a_processing_handler_drops_still_moves_stream_time() -> None:
 
     builder = StreamsBuilder()
     builder.stream("in", key_serde=STR, value_serde=INT).process(Punctuating)
-    config = {"processing.exception.handler": "handlers.LogAndContinueProcessingExceptionHandler"}
+    config = {"processing.exception.handler": "streamloop.handlers.LogAndContinueProcessingExceptionHandler"}
     with TopologyTestDriver(builder.build(), config) as driver:
         source = driver.create_input_topic("in", STR, INT)
         source.pipe_input("k", 1, timestamp=0)

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from engine import StreamsBuilder, Topology
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import Crash, Input, play_on_memory_broker
+from streamloop import StreamsBuilder, Topology
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import Crash, Input, play_on_memory_broker
 from tests.support.apps import streams_config
 
 STR, INT = StringSerde(), IntegerSerde()

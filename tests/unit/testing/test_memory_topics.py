@@ -1,4 +1,4 @@
-"""``engine.testing.produce``/``read``/``create_topics``: the memory broker's topics from a test or a script."""
+"""``streamloop.testing.produce``/``read``/``create_topics``: the memory broker's topics from a test or a script."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import KafkaStreams, Record, StreamsBuilder
-from engine.errors import TransportError
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.testing import create_topics, eventually, produce, read
-from engine.transport.memory import MemoryBroker
+from streamloop import KafkaStreams, Record, StreamsBuilder
+from streamloop.errors import TransportError
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.testing import create_topics, eventually, produce, read
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
 
 

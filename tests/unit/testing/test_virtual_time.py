@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.testing.virtual_time import VirtualTimeLoop
+from streamloop.testing.virtual_time import VirtualTimeLoop
 
 
 @pytest.fixture

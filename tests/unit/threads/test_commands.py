@@ -16,7 +16,7 @@ import pytest
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from engine.threads.commands import CommandChannel, CommandRejected
+from streamloop.threads.commands import CommandChannel, CommandRejected
 
 DEADLINE_S = 10.0
 

@@ -8,18 +8,18 @@ from typing import Any
 import anyio.to_thread
 import pytest
 
-from engine import StreamsBuilder
-from engine.config import StreamsConfig
-from engine.errors import DeserializationError
-from engine.serdes import BytesSerde, IntegerSerde, StringSerde
-from engine.state import Materialized, checkpoint
-from engine.state.global_store import GlobalStoreSpec, open_global_stores
-from engine.state.global_updates import GlobalUpdates
-from engine.state.stores import StoreBuilder, StoreSupplier
-from engine.testing import eventually_async
-from engine.threads.global_thread import GlobalStreamThread, GlobalTables
-from engine.transport import open_transport
-from handlers import LogAndFailExceptionHandler
+from streamloop import StreamsBuilder
+from streamloop.config import StreamsConfig
+from streamloop.errors import DeserializationError
+from streamloop.handlers import LogAndFailExceptionHandler
+from streamloop.serdes import BytesSerde, IntegerSerde, StringSerde
+from streamloop.state import Materialized, checkpoint
+from streamloop.state.global_store import GlobalStoreSpec, open_global_stores
+from streamloop.state.global_updates import GlobalUpdates
+from streamloop.state.stores import StoreBuilder, StoreSupplier
+from streamloop.testing import eventually_async
+from streamloop.threads.global_thread import GlobalStreamThread, GlobalTables
+from streamloop.transport import open_transport
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.asyncio

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.testing import eventually
-from engine.transport import lost_connections
-from engine.transport.memory import MemoryBroker
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.testing import eventually
+from streamloop.transport import lost_connections
+from streamloop.transport.memory import MemoryBroker
 from tests.support.apps import streams_config
 
 WAIT = 15.0

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from engine.client_states import ClientState
-from engine.logcontext import LogContext
-from engine.threads.rebalances import RebalanceWatch, ThreadRebalances
+from streamloop.client_states import ClientState
+from streamloop.logcontext import LogContext
+from streamloop.threads.rebalances import RebalanceWatch, ThreadRebalances
 
 
 class Clock:

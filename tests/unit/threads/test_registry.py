@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from engine.threads.registry import ThreadRegistry
-from engine.threads.stream_thread import StreamThreadState
+from streamloop.threads.registry import ThreadRegistry
+from streamloop.threads.stream_thread import StreamThreadState
 
 S = StreamThreadState
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.threads.supervisor import ReplacementBackoff, Supervisor
-from handlers import StreamThreadExceptionResponse as Response
+from streamloop.handlers import StreamThreadExceptionResponse as Response
+from streamloop.threads.supervisor import ReplacementBackoff, Supervisor
 
 
 @dataclass
@@ -147,7 +147,7 @@ def test_handler_that_raises_shuts_the_client_down_and_is_logged(caplog: pytest.
     def broken(exc: BaseException) -> Response:
         raise KeyError("handler bug")
 
-    with caplog.at_level(logging.ERROR, logger="engine.threads.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="streamloop.threads.supervisor"):
         response = make_supervisor(broken).decide(FakeThread(), FAILURE)  # type: ignore[arg-type]
 
     assert response is Response.SHUTDOWN_CLIENT
@@ -162,7 +162,7 @@ def test_handler_that_raises_shuts_the_client_down_and_is_logged(caplog: pytest.
 def test_handler_answer_that_is_not_a_response_shuts_the_client_down_and_is_logged(
     answer: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="engine.threads.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="streamloop.threads.supervisor"):
         response = make_supervisor(lambda exc: answer).decide(FakeThread(), FAILURE)  # type: ignore[arg-type]
 
     assert response is Response.SHUTDOWN_CLIENT

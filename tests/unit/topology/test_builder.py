@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from engine.errors import TopologyError
-from engine.processors.api import BaseProcessor
-from engine.processors.nodes import Node
-from engine.records import Record
-from engine.serdes import StringSerde
-from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.copartition import check_copartitioning
-from engine.topology.topology import Topology
+from streamloop.errors import TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.processors.nodes import Node
+from streamloop.records import Record
+from streamloop.serdes import StringSerde
+from streamloop.topology.builder import KStream, StreamsBuilder
+from streamloop.topology.copartition import check_copartitioning
+from streamloop.topology.topology import Topology
 
 
 def keep_all(_key: Any, _value: Any) -> bool:
@@ -411,7 +411,7 @@ def test_non_callable_function_is_rejected_before_the_topology_runs() -> None:
 
 @pytest.mark.parametrize(("concurrency", "ordering"), [(0, None), (2.5, None), (True, None), (4, "random")])
 def test_a_bad_per_processor_concurrency_is_a_topology_error_naming_the_processor(concurrency, ordering) -> None:
-    from engine.errors import TopologyError
+    from streamloop.errors import TopologyError
 
     builder = StreamsBuilder()
     with pytest.raises(TopologyError, match="step"):

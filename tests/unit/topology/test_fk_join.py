@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine.errors import TopologyError
-from engine.processors.fk_join import Instruction, Response, Subscription, prefix_end, subscription_key
-from engine.serdes import IntegerSerde, JsonSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import TopologyTestDriver
-from engine.topology.builder import StreamsBuilder
+from streamloop.errors import TopologyError
+from streamloop.processors.fk_join import Instruction, Response, Subscription, prefix_end, subscription_key
+from streamloop.serdes import IntegerSerde, JsonSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import TopologyTestDriver
+from streamloop.topology.builder import StreamsBuilder
 
 STR, JSON, INT = StringSerde(), JsonSerde(), IntegerSerde()
 CONFIG = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": STR}

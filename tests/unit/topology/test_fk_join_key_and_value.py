@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from engine.errors import TopologyError
-from engine.serdes import StringSerde
-from engine.testing import TopologyTestDriver
-from engine.topology.builder import StreamsBuilder
-from engine.topology.fk_join import key_value_extractor
+from streamloop.errors import TopologyError
+from streamloop.serdes import StringSerde
+from streamloop.testing import TopologyTestDriver
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.fk_join import key_value_extractor
 
 STR = StringSerde()
 CONFIG = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": STR}

@@ -19,15 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.clock import ManualClock
-from engine.ids import TaskId
-from engine.processors.api import BaseProcessor, ProcessorContext
-from engine.processors.context import TaskContext
-from engine.processors.nodes import SinkNode
-from engine.records import Record
-from engine.serdes import BytesSerde, Serde, StringSerde
-from engine.topology.builder import KStream, StreamsBuilder
-from engine.topology.topology import Topology
+from streamloop.clock import ManualClock
+from streamloop.ids import TaskId
+from streamloop.processors.api import BaseProcessor, ProcessorContext
+from streamloop.processors.context import TaskContext
+from streamloop.processors.nodes import SinkNode
+from streamloop.records import Record
+from streamloop.serdes import BytesSerde, Serde, StringSerde
+from streamloop.topology.builder import KStream, StreamsBuilder
+from streamloop.topology.topology import Topology
 
 TASK = TaskId(0, 3)
 

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from engine import ClientState, KafkaStreams, StreamsBuilder
-from engine.errors import DeserializationError, InvalidStateStoreError, TopologyError
-from engine.serdes import IntegerSerde, StringSerde
-from engine.state import Materialized
-from engine.testing import TopologyTestDriver, eventually
-from engine.topology.global_tables import GlobalKTable
-from engine.transport.memory import MemoryBroker
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.errors import DeserializationError, InvalidStateStoreError, TopologyError
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.state import Materialized
+from streamloop.testing import TopologyTestDriver, eventually
+from streamloop.topology.global_tables import GlobalKTable
+from streamloop.transport.memory import MemoryBroker
 
 STR, INT = StringSerde(), IntegerSerde()
 
@@ -203,7 +203,7 @@ def test_a_record_the_serdes_cannot_read_goes_to_the_deserialization_handler() -
           pytest.raises(DeserializationError, match="value of the record at global-0 offset 0")):
         driver.pipe_raw("global", b"k", b"not four bytes")
     config = {"default.dsl.store": "in_memory",
-              "default.deserialization.exception.handler": "handlers.LogAndContinueExceptionHandler"}
+              "default.deserialization.exception.handler": "streamloop.handlers.LogAndContinueExceptionHandler"}
     with TopologyTestDriver(_ints_topology(), config) as driver:
         driver.create_input_topic("global", STR, INT).pipe_input("k", 1)
         driver.pipe_raw("global", b"k", b"not four bytes")

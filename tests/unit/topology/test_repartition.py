@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from engine import JoinWindows, Repartitioned, StreamsBuilder
-from engine.errors import TopologyError
-from engine.processors.api import BaseProcessor
-from engine.records import Record
-from engine.serdes import IntegerSerde, StringSerde
-from engine.testing import TopologyTestDriver
+from streamloop import JoinWindows, Repartitioned, StreamsBuilder
+from streamloop.errors import TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.records import Record
+from streamloop.serdes import IntegerSerde, StringSerde
+from streamloop.testing import TopologyTestDriver
 
 STR, INT = StringSerde(), IntegerSerde()
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine import KafkaStreams, StreamsBuilder, TimeWindows, Topology
-from engine.errors import MissingSerdeError, ProcessingError, SerializationError
-from engine.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
-from engine.testing import TopologyTestDriver
-from engine.topology.builder import KStream
-from handlers import LogAndContinueProcessingExceptionHandler
+from streamloop import KafkaStreams, StreamsBuilder, TimeWindows, Topology
+from streamloop.errors import MissingSerdeError, ProcessingError, SerializationError
+from streamloop.handlers import LogAndContinueProcessingExceptionHandler
+from streamloop.serdes import BytesSerde, IntegerSerde, JsonSerde, LongSerde, Serde, StringSerde
+from streamloop.testing import TopologyTestDriver
+from streamloop.topology.builder import KStream
 
 STR, INT, JSON = StringSerde(), IntegerSerde(), JsonSerde()
 

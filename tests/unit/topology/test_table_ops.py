@@ -9,16 +9,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-from engine.errors import TopologyError
-from engine.processors.api import BaseProcessor
-from engine.processors.change import ChangeSerde, TableChange, old_value_of
-from engine.records import Record
-from engine.serdes import JsonSerde, LongSerde, StringSerde
-from engine.state import Materialized, TimeWindows
-from engine.testing import TopologyTestDriver
-from engine.topology.builder import StreamsBuilder
-from engine.topology.copartition import check_copartition_groups
-from engine.topology.tables import KTable
+from streamloop.errors import TopologyError
+from streamloop.processors.api import BaseProcessor
+from streamloop.processors.change import ChangeSerde, TableChange, old_value_of
+from streamloop.records import Record
+from streamloop.serdes import JsonSerde, LongSerde, StringSerde
+from streamloop.state import Materialized, TimeWindows
+from streamloop.testing import TopologyTestDriver
+from streamloop.topology.builder import StreamsBuilder
+from streamloop.topology.copartition import check_copartition_groups
+from streamloop.topology.tables import KTable
 
 STR, JSON, LONG = StringSerde(), JsonSerde(), LongSerde()
 NO_CACHE = {"cache.max.bytes.buffering": 0, "default.key.serde": STR, "default.value.serde": JSON}

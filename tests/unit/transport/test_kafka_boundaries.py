@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 KAFKA_PACKAGE = ("engine", "transport", "kafka")
-MACHINERY = ("engine.tasks", "engine.threads", "engine.client")
+MACHINERY = ("streamloop.tasks", "streamloop.threads", "streamloop.client")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -60,9 +60,9 @@ def test_the_checks_see_an_offending_import(tmp_path: Path) -> None:
     (tmp_path / "handlers").mkdir()
     (tmp_path / "engine" / "transport" / "kafka" / "consumer.py").write_text("import aiokafka\n")
     (tmp_path / "engine" / "collector.py").write_text("def f():\n    from aiokafka.partitioner import murmur2\n")
-    (tmp_path / "engine" / "transport" / "memory.py").write_text("from engine.tasks.task import StreamTask\n")
+    (tmp_path / "engine" / "transport" / "memory.py").write_text("from streamloop.tasks.task import StreamTask\n")
     assert aiokafka_outside_transport(tmp_path) == ["engine/collector.py"]
-    assert transport_imports_of_machinery(tmp_path) == ["engine/transport/memory.py: engine.tasks.task"]
+    assert transport_imports_of_machinery(tmp_path) == ["engine/transport/memory.py: streamloop.tasks.task"]
 
 
 def _kafka_client_modules_after(code: str) -> list[str]:
@@ -79,12 +79,12 @@ def test_an_application_on_the_memory_broker_never_loads_the_kafka_client() -> N
     """The core (collector, commits, timeouts, partitioning) is transport-neutral: only a Kafka
     ``bootstrap.servers`` loads aiokafka."""
     loaded = _kafka_client_modules_after(
-        "from engine import KafkaStreams, StreamsBuilder\n"
-        "from engine.transport.memory import MemoryBroker\n"
+        "from streamloop import KafkaStreams, StreamsBuilder\n"
+        "from streamloop.transport.memory import MemoryBroker\n"
         "MemoryBroker.for_url('memory://boundary').create_topics({'in': 2, 'out': 2})\n"
         "builder = StreamsBuilder()\n"
         "builder.stream('in').group_by_key().count().to_stream().to('out')\n"
         "with KafkaStreams(builder.build(), {'application.id': 'boundary', 'default.dsl.store': 'in_memory',\n"
         "                                    'bootstrap.servers': 'memory://boundary'}) as streams:\n"
-        "    streams.wait_for_state(__import__('engine').ClientState.RUNNING, timeout=30)\n")
+        "    streams.wait_for_state(__import__('streamloop').ClientState.RUNNING, timeout=30)\n")
     assert loaded == ["[]"]

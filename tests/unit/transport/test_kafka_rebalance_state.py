@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from engine.transport.kafka.rebalance import RebalanceState
+from streamloop.transport.kafka.rebalance import RebalanceState
 
 
 @pytest.mark.asyncio

@@ -16,12 +16,12 @@ import pytest
 from aiokafka import errors as aioerrors
 from aiokafka.abc import AbstractTokenProvider
 
-from engine import KafkaStreams, StreamsBuilder, StreamsConfig
-from engine.errors import AuthenticationError, ConfigError
-from engine.tasks.timeouts import is_timeout as task_is_timeout
-from engine.transport import open_transport
-from engine.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription, ProducerSettings
-from engine.transport.kafka import KafkaTransport, is_retriable
+from streamloop import KafkaStreams, StreamsBuilder, StreamsConfig
+from streamloop.errors import AuthenticationError, ConfigError
+from streamloop.tasks.timeouts import is_timeout as task_is_timeout
+from streamloop.transport import open_transport
+from streamloop.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription, ProducerSettings
+from streamloop.transport.kafka import KafkaTransport, is_retriable
 from tests.support.secure_broker import (
     CLIENT_KEY_PASSWORD,
     SERVER_KEY_PASSWORD,
@@ -368,7 +368,7 @@ def test_an_authentication_error_raised_from_a_lost_connection_is_not_retried() 
 
 def test_sasl_and_ssl_keys_that_the_protocol_does_not_use_warn_without_their_values(
         certificates: Certificates, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.transport.kafka"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.transport.kafka"):
         transport({"sasl.mechanism": "PLAIN", "sasl.jaas.config": PLAIN_JAAS,
                    "producer.ssl.truststore.location": str(certificates.ca)})
 
@@ -378,7 +378,7 @@ def test_sasl_and_ssl_keys_that_the_protocol_does_not_use_warn_without_their_val
 
 
 def test_keys_the_protocol_uses_do_not_warn(certificates: Certificates, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine.transport.kafka"):
+    with caplog.at_level(logging.WARNING, logger="streamloop.transport.kafka"):
         transport({**SASL_PLAIN, "security.protocol": "SASL_SSL", "ssl.truststore.location": str(certificates.ca)})
 
     assert "not used" not in caplog.text

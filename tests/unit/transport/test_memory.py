@@ -19,18 +19,18 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.clock import ManualClock
-from engine.errors import CommitFailedError, IllegalStateError, ProduceError, TransportError
-from engine.records import FetchedRecord, TopicPartition
-from engine.testing import eventually_async
-from engine.transport.base import (
+from streamloop.clock import ManualClock
+from streamloop.errors import CommitFailedError, IllegalStateError, ProduceError, TransportError
+from streamloop.records import FetchedRecord, TopicPartition
+from streamloop.testing import eventually_async
+from streamloop.transport.base import (
     ConsumerSettings,
     MemberAssignment,
     MemberSubscription,
     OffsetAndMetadata,
     ProducerSettings,
 )
-from engine.transport.memory import (
+from streamloop.transport.memory import (
     GroupState,
     MemoryBroker,
     MemoryConsumer,

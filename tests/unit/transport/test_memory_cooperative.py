@@ -13,10 +13,10 @@ from collections.abc import Mapping
 import pytest
 import pytest_asyncio
 
-from engine.errors import TransportError
-from engine.records import TopicPartition
-from engine.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription
-from engine.transport.memory import GroupState, MemoryBroker, MemoryTransport
+from streamloop.errors import TransportError
+from streamloop.records import TopicPartition
+from streamloop.transport.base import ConsumerSettings, MemberAssignment, MemberSubscription
+from streamloop.transport.memory import GroupState, MemoryBroker, MemoryTransport
 from tests.unit.transport.test_memory import (  # the fixtures and helpers of the eager tests
     GROUP,
     TOPIC,

@@ -6,7 +6,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.transport.partitioner import key_hash, murmur2
+from streamloop.transport.partitioner import key_hash, murmur2
 
 
 @given(st.binary(max_size=64))
