@@ -79,3 +79,15 @@ def test_the_wheel_runs_beside_a_services_own_engine_and_handlers_packages(tmp_p
     installed, module = done.stdout.split()
     assert Path(installed).is_relative_to(site), installed
     assert module.startswith("streamloop.")
+
+
+def test_the_package_list_names_every_package_of_the_repository() -> None:
+    """``[tool.setuptools] packages`` is written out (the folders install under another name): a
+    new subpackage missing from it would be missing from the wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"streamloop.handlers"} | {
+        ".".join(("streamloop", *init.parent.relative_to(ROOT / "engine").parts))
+        for init in (ROOT / "engine").rglob("__init__.py")}
+    assert listed == found
