@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from streamloop.errors import SparkBatchError, SparkSchemaError, StreamsError
+from streamloop.errors import SparkBatchError, SparkSchemaError
 from streamloop.processors.nodes import Node, ProcessorNode, SourceNode
 from streamloop.records import ConsumerRecord, TopicPartition
 from streamloop.spark.failures import SparkBatchTransientError, is_transient
@@ -47,7 +47,7 @@ from streamloop.spark.schema import SchemaMismatch
 from streamloop.spark.stage import FetchedResult, SparkBatchStage, direct_sink
 
 from .bulk_jobs import JobPart, StageJobs
-from .processing import RecordPath, failed_node
+from .processing import RecordPath
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
@@ -331,18 +331,5 @@ class BatchWindow:
                 if pending is not None:
                     await pending
             return
-        forwarder, node, children = ctx.forwarder, self._node, self._node.children
-        for record in out:
-            try:
-                forwarder.node = node
-                forwarder.forward(children, record)
-                if forwarder.pending:
-                    await forwarder.drain()
-            except Exception as exc:
-                failed = failed_node(forwarder, node.name)
-                if isinstance(exc, StreamsError):
-                    raise
-                # The rest of the rows go with the record: CONTINUE drops them, PAUSE re-reads it.
-                await self._path.processing_failed(carrier, failed, record, exc)
-                return
+        await self._path.forward_rows(self._node, carrier, out)
 

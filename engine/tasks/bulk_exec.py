@@ -35,7 +35,7 @@ import anyio
 import anyio.to_thread
 
 from streamloop import config as cfg
-from streamloop.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError, StreamsError
+from streamloop.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError
 from streamloop.processors.nodes import ProcessorNode, SourceNode
 from streamloop.records import FetchedRecord, Record, TopicPartition
 from streamloop.spark.failures import SparkBatchTransientError, is_transient
@@ -59,7 +59,7 @@ from streamloop.spark.kafka_source import (
 )
 from streamloop.spark.stage import SparkBatchStage
 
-from .processing import RecordPath, failed_node
+from .processing import RecordPath
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
@@ -391,16 +391,4 @@ class ExecutorWindow:
         ctx.topic, ctx.partition, ctx.offset = tp.topic, tp.partition, offset
         ctx.timestamp, ctx.headers = timestamp, ()
         carrier = FetchedRecord(tp.topic, tp.partition, offset, timestamp, None, None)
-        forwarder, node, children = ctx.forwarder, self._node, self._node.children
-        for record in out:
-            try:
-                forwarder.node = node
-                forwarder.forward(children, record)
-                if forwarder.pending:
-                    await forwarder.drain()
-            except Exception as exc:
-                failed = failed_node(forwarder, node.name)
-                if isinstance(exc, StreamsError):
-                    raise
-                await self._path.processing_failed(carrier, failed, record, exc)
-                return
+        await self._path.forward_rows(self._node, carrier, out)

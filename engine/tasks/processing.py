@@ -28,7 +28,7 @@ What an outcome means for the committable position is the loop's to apply.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from streamloop.errors import DeserializationError, ProcessingError, StreamsErro
 from streamloop.handlers.responses import Answer
 from streamloop.ids import TaskId
 from streamloop.processors.context import CURRENT
-from streamloop.processors.nodes import Forwarder, SourceNode
+from streamloop.processors.nodes import Forwarder, Node, SourceNode
 from streamloop.records import ConsumerRecord, Record
 from streamloop.timestamps import ConsumedRecord, InvalidTimestampError
 
@@ -283,6 +283,24 @@ class RecordPath:
         if self._journal is not None:
             self._journal.end_record()
         return Outcome.SKIPPED
+
+    async def forward_rows(self, node: Node, carrier: ConsumerRecord, out: Sequence[Record]) -> None:
+        """A Spark batch's output records downstream of its stage ``node``, in the context of the
+        ``carrier`` record they leave with (the caller set it). A failure downstream is the
+        carrier's, and the rest of the rows go with it: CONTINUE drops them, PAUSE reads it again."""
+        forwarder, children = self._forwarder, node.children
+        for record in out:
+            try:
+                forwarder.node = node
+                forwarder.forward(children, record)
+                if forwarder.pending:
+                    await forwarder.drain()
+            except Exception as exc:
+                failed = failed_node(forwarder, node.name)
+                if isinstance(exc, StreamsError):
+                    raise
+                await self.processing_failed(carrier, failed, record, exc)
+                return
 
     async def processing_failed(self, raw: ConsumerRecord, node: str, record: Record, exc: Exception) -> Outcome:
         """Ask the processing handler about ``raw``: FAIL raises, PAUSE pauses the task (PAUSED),
