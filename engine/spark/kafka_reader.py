@@ -9,6 +9,8 @@ stage's serdes (shipped pickled in the ``spec`` option) and ``streamloop.spark.s
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,14 +38,25 @@ from .kafka_source import (
 )
 from .schema import SchemaMismatch, align
 
-_registered: set[int] = set()
+# Sessions the data source is registered with. Tasks of several stream threads start their first
+# range at once, on worker threads: registering twice fails (DATA_SOURCE_ALREADY_EXISTS), so the
+# check and the registration are one step.
+_registered: weakref.WeakSet[Any] = weakref.WeakSet()
+_registering = threading.Lock()
 
 
 def register(session: Any) -> None:
-    """Register the data source with ``session`` (once per session)."""
-    if id(session) not in _registered:
-        session.dataSource.register(KafkaRangeSource)
-        _registered.add(id(session))
+    """Register the data source with ``session`` (once per session; safe from any thread)."""
+    with _registering:
+        if session in _registered:
+            return
+        try:
+            session.dataSource.register(KafkaRangeSource)
+        except Exception as exc:
+            # Another wrapper of the same JVM session registered it already: that is what is wanted.
+            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        _registered.add(session)
 
 
 class RangePartition(InputPartition):
