@@ -69,6 +69,12 @@ async def instance(tmp_path: Any) -> AsyncIterator[Instance]:
 async def test_the_probes_answer_200_when_ok_and_503_with_the_reason_otherwise(instance: Instance) -> None:
     await eventually_async(lambda: instance.streams.state is ClientState.RUNNING, WAIT, "running")
     assert await instance.get("/health/live") == (200, {"state": "RUNNING"})
+
+    # RUNNING comes with the assignment; ready also waits for the tasks' stores to be restored.
+    async def ready() -> bool:
+        return (await instance.get("/health/ready"))[0] == 200
+
+    await eventually_async(ready, WAIT, "ready")
     assert await instance.get("/health/ready") == (200, {"state": "RUNNING"})
     assert (await instance.get("/health/ready?max_lag=x"))[0] == 400
     assert (await instance.get("/health/ready?max_lag=-1"))[0] == 400
