@@ -32,6 +32,7 @@ Failures, as in Kafka Streams:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -111,15 +112,21 @@ class ExactlyOnce(CommitProtocol):
             if not offsets and not producer.in_transaction and not collector.buffered():
                 return 0
             started = self._monotonic_ms()
+            # Records in flight that pass while the transaction commits hold their output for the
+            # next one (``InFlightWindow.committing``) instead of waiting for this lock.
+            committing = getattr(task.loop, "committing", None)
             try:
-                # Flush, send the offsets and commit: one call, inside the task's transaction.
-                await producer.commit_transaction(offsets, self.group_id)
+                with committing() if committing is not None else contextlib.nullcontext():
+                    # Flush, send the offsets and commit: one call, inside the task's transaction.
+                    await producer.commit_transaction(offsets, self.group_id)
             except Exception as exc:
                 if is_timeout(exc) and not task.is_paused:
                     # Charged like any timeout; past task.timeout.ms this raises TaskTimeoutError.
                     task.timer.on_timeout(exc, "Commit", started, cleared_by_processing=False)
                 raise
             self.finish(task, offsets)
+            if committing is not None:
+                await task.loop.release_held()  # type: ignore[union-attr]  # the window that has ``committing``
         self._log.debug("Committed the transaction of task %s: %s", task.id,
                         {str(tp): om.offset for tp, om in offsets.items()})
         return len(offsets)

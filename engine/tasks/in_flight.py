@@ -25,7 +25,10 @@ Exactly-once: a transaction must hold exactly the output of the offsets it commi
 record's output (sink records, changelog updates, dead letters) is held in its slot until the
 watermark passes the record, under every ordering, and released with its position in one step
 that a commit cannot split (the task's ``processing`` lock); nothing is completed above the
-watermark in a commit's eyes, so a restart runs those records again.
+watermark in a commit's eyes, so a restart runs those records again. While a transaction commits
+(the commit holds the lock for its round trips to the broker), records that complete are passed at
+once and free their slots, and their output waits for the next transaction (``committing``): the
+workers go on instead of each stopping at its first done record.
 
 A record retried after a timeout undoes its own store updates first (its slot's journal), so
 they are applied once. Records of different keys in flight at once must not write the same
@@ -39,9 +42,10 @@ fetching of its partitions (back-pressure).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -229,10 +233,35 @@ class InFlightWindow:
         # Offsets a previous owner finished above its committed watermark: not redone.
         self._skip = {tp: set(skips.get(tp, ())) for tp in task.partitions}
         self._path = RecordPath(task, journal=True)
+        # Exactly-once, while the task's transaction commits: records passed meanwhile, in offset
+        # order, whose output and stream time wait for the next transaction (``committing``).
+        self._committing = False
+        self._held: list[RecordSlot] = []
 
     # -- what the task asks of its run loop ---------------------------------------------
     def metadata(self, tp: TopicPartition, watermark: int) -> str:
         return encode_completed(watermark, {o for o in self._completed[tp] if o >= watermark})
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """Exactly-once: while the task's transaction commits (the commit holds the task's lock for
+        its round trips to the broker), a record that completes is passed at once and frees its
+        slot, so that the workers go on; its output and its stream time are held for the next
+        transaction (``release_held``). The commit took its offsets before: it holds none of theirs."""
+        self._committing = True
+        try:
+            yield
+        finally:
+            self._committing = False
+
+    async def release_held(self) -> None:
+        """What was passed while the transaction committed goes into the next one, in offset order.
+        Caller: the commit, still holding the task's lock, once the transaction committed (a failed
+        one closes the task dirty, and the held output with it)."""
+        held, self._held = self._held, []
+        for slot in held:
+            await self._collector.emit(slot)
+            await self._passed(slot.timestamp)
 
     def lowest_in_flight(self, tp: TopicPartition) -> int | None:
         """The lowest offset of ``tp`` in flight or holding output (None: none)."""
@@ -351,7 +380,9 @@ class InFlightWindow:
         if self.ordering == "key":
             self._busy_keys.discard((tp.topic, slot.raw.key))
         if self._in_order:
-            if task.exactly_once:
+            if task.exactly_once and self._committing:
+                self._pass_done_prefix_holding_output(tp)
+            elif task.exactly_once:
                 # Output and position go together: a commit (which holds the lock) sees both or neither.
                 async with task.processing:
                     await self._release_done_prefix(tp)
@@ -381,6 +412,18 @@ class InFlightWindow:
             self.count -= 1
             task.positions.advance_past(tp, head.raw.offset, self._bounds(tp), task.paused_offset(tp))
             await self._passed(head.timestamp)
+
+    def _pass_done_prefix_holding_output(self, tp: TopicPartition) -> None:
+        """``_release_done_prefix`` while the transaction commits: pass the done records at the head
+        of ``tp`` and free their slots; their output and stream time wait (``committing``)."""
+        task, slots = self._task, self.slots[tp]
+        while slots and slots[0].done:
+            head = slots.pop(0)
+            if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
+                head.outputs.clear()  # after the record that paused the task: read again on resume
+            self.count -= 1
+            task.positions.advance_past(tp, head.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            self._held.append(head)
 
     async def _passed(self, timestamp: int) -> None:
         punctuating = self._path.passed(timestamp)

@@ -9,6 +9,7 @@ never be seen, and each input's effect must be there exactly once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections import Counter
 from pathlib import Path
@@ -302,3 +303,49 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     assert per_key == {k: list(range(1, n + 1)) for k, n in expected.items()}
     # The killed process left RocksDB stores and no checkpoint: the restart restored from the changelog.
     assert any("Restored store 'counts'" in r.getMessage() for r in caplog.records)
+
+
+async def test_records_in_flight_go_on_while_the_transaction_commits(kafka: Cluster, names, tmp_path,
+                                                                    monkeypatch) -> None:
+    """A commit holds the task's lock for its round trips to the broker. Records in flight that
+    complete meanwhile are passed and free their slots, their output held for the next transaction,
+    so the workers go on: before, each worker stopped at its first completed record until the
+    commit ended (at most ``num.threads.per.task`` records per commit). Output stays exactly once."""
+    from streamloop.transport.kafka.producer import KafkaProducer
+
+    commit = KafkaProducer.commit_transaction
+    current: list[int] = []  # the number of the commit under way, if any
+    commits = itertools.count(1)
+    done_during: Counter[int] = Counter()
+
+    async def slow_commit(self: KafkaProducer, offsets: Any, group_id: str) -> None:
+        current.append(next(commits))
+        try:
+            await asyncio.sleep(0.5)  # a broker far away
+            await commit(self, offsets, group_id)
+        finally:
+            current.clear()
+
+    monkeypatch.setattr(KafkaProducer, "commit_transaction", slow_commit)
+
+    async def io(value: dict[str, int]) -> dict[str, int]:
+        await asyncio.sleep(0.005)
+        if current:
+            done_during[current[0]] += 1
+        return value
+
+    source, sink, total, limit = names("input"), names("out"), 600, 8
+    await kafka.create_topics({source: 1, sink: 1})
+    await kafka.produce(source, [(i, {"n": i}) for i in range(total)], INT, JSON, partitions=1)
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(io).to(sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), kafka.bootstrap, names.app, state_dir=str(tmp_path),
+                           num_threads_per_task=limit, **EOS)
+    async with streams:
+        async def all_out() -> bool:
+            return len(await read_committed(kafka, sink)) >= total
+        await eventually_async(all_out, 90, f"{total} records out")
+    assert max(done_during.values(), default=0) > 3 * limit, done_during
+    seen = Counter(JSON.deserialize(r.value)["n"] for r in await read_committed(kafka, sink))
+    assert set(seen) == set(range(total))
+    assert [n for n, c in seen.items() if c > 1] == []
