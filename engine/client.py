@@ -399,6 +399,10 @@ class KafkaStreams:
         # times out, so a restart within session.timeout.ms gets its tasks back
         # without a rebalance (as in Kafka Streams). remove_stream_thread() does leave.
         leave_group = not self.config[cfg.GROUP_INSTANCE_ID]
+        # Every thread is asked now, before this call returns: when a failed thread's handler
+        # answered SHUTDOWN_CLIENT, that thread leaves the group next, and a sibling not yet asked
+        # could take its tasks over in the rebalance and process the failed record again.
+        self._threads.request_shutdown_all(leave_group)
 
         def shut_down() -> None:
             self._threads.shut_down_all(leave_group, limit)

@@ -224,12 +224,17 @@ class ClientThreads:
         return victim.name
 
     # -- shut down ----------------------------------------------------------------------
-    def shut_down_all(self, leave_group: bool, limit: float | None) -> None:
-        """Ask every thread to stop, then wait for each (at most ``limit`` s in all)."""
-        deadline = None if limit is None else time.monotonic() + limit
+    def request_shutdown_all(self, leave_group: bool) -> list[StreamThread]:
+        """Ask every thread to stop (never waits); the threads asked."""
         threads = self._registry.snapshot()
         for thread in threads:
             thread.shutdown(leave_group=leave_group)
+        return threads
+
+    def shut_down_all(self, leave_group: bool, limit: float | None) -> None:
+        """Ask every thread to stop, then wait for each (at most ``limit`` s in all)."""
+        deadline = None if limit is None else time.monotonic() + limit
+        threads = self.request_shutdown_all(leave_group)
         for thread in threads:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not thread.join(remaining) and not thread.is_current:
