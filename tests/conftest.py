@@ -5,7 +5,7 @@ Under pytest-xdist (``make test`` runs ``-n``) the controller starts the one ses
 before the workers and hands its address to them (``pytest_configure_node``), so every worker
 shares it and none stops it under another. Tests that share something only one process can hold
 run on one worker (``xdist_group``, with ``--dist loadgroup``): the late broker, whose delays a
-test sets for the whole broker, and Spark, one session per process.
+test sets for the whole broker, Spark, one session per process, and the secure brokers.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("late-broker"))
         elif "spark" in names or "spark" in item.nodeid or "test_demo" in item.nodeid:
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "secure_broker" in names:
+            # Its modules each start a secure broker (module scope): one worker starts them one at a
+            # time. Two SASL tests failed to bootstrap once while both ran at once on two workers.
+            item.add_marker(pytest.mark.xdist_group("secure-broker"))
 
 
 @pytest.fixture(scope="session", autouse=True)
