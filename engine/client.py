@@ -219,6 +219,14 @@ class KafkaStreams:
         if not self.state.is_running_or_rebalancing():
             raise IllegalStateError(f"KafkaStreams is not running. State is {self.state.name}.")
 
+    def store_instances(self, name: str) -> list[StateStore]:
+        """This client's instances of store ``name``: the global copy of a global store, else one
+        per task of this client's alive threads that has it (what a view of ``store`` reads; its
+        serdes and window size are what an endpoint that serves it needs)."""
+        if name in self.topology.global_stores:
+            return list(self._global.instances(name))
+        return self._local_stores(name)
+
     def _local_stores(self, name: str) -> list[StateStore]:
         return [s for t in self._threads.snapshot() if t.is_alive for s in t.local_stores(name)]
 

@@ -325,10 +325,7 @@ class _Handlers:
             raise QueryError(503, str(exc)) from None
 
     def _instances(self, name: str) -> list[StateStore]:
-        topology = self.streams.topology
-        if name in topology.global_stores:
-            return list(self.streams._global.instances(name))
-        return self.streams._local_stores(name)
+        return self.streams.store_instances(name)
 
     def _serdes(self, name: str) -> tuple[Serde, Serde]:
         """The store's serdes: a local instance's (what the topology gave it), else its builder's,

@@ -150,3 +150,13 @@ def test_values_json_cannot_hold_go_through_the_serde() -> None:
     assert to_json({"n": [1, 2]}) == {"n": [1, 2]}
 
 
+
+
+@pytest.mark.asyncio
+async def test_a_stores_instances_are_public_with_their_serdes(instance: Instance) -> None:
+    """What the endpoint needs of a store (its serdes, a window size) is the client's public API,
+    for a service that serves its stores from a framework of its own."""
+    await eventually_async(lambda: instance.streams.state is ClientState.RUNNING, WAIT, "running")
+    await eventually_async(lambda: len(instance.streams.store_instances("counts")) == 2, WAIT, "both tasks' stores")
+    assert {type(store.key_serde).__name__ for store in instance.streams.store_instances("counts")} == {"StringSerde"}
+    assert instance.streams.store_instances("no-such-store") == []
