@@ -41,7 +41,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
 
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["FORWARDED", "SERVED_BY", "StreamsHttpServer", "make_app"]
 
 log = logging.getLogger(__name__)
+V = TypeVar("V")  # a store view: ReadOnlyKeyValueStore or ReadOnlyWindowStore
 
 FORWARDED = "X-Streamloop-Forwarded"
 SERVED_BY = "X-Streamloop-Served-By"
@@ -170,14 +171,10 @@ class _Handlers:
             if self._kind(name) != "key_value":
                 raise QueryError(400, f"store {name!r} is a {self._kind(name)} store: ask /stores/{name}/windows/"
                                  "{key}?from=MS&to=MS for a window store")
-            key_serde, value_serde = self._serdes(name)
-            key = parse_key(request.match_info["key"], key_serde)
-            forwarded = await self._forward_to_owner(request, name, key, key_serde)
-            if forwarded is not None:
-                return forwarded
-            store = self._store(name)
-            if not isinstance(store, ReadOnlyKeyValueStore):
-                raise QueryError(400, f"store {name!r} is not a key-value store")
+            owned = await self._owned_store(request, name, ReadOnlyKeyValueStore, "a key-value")
+            if isinstance(owned, web.Response):
+                return owned
+            key, key_serde, value_serde, store = owned
             value = await anyio.to_thread.run_sync(store.get, key)
         except QueryError as exc:
             return _error(exc)
@@ -187,6 +184,20 @@ class _Handlers:
         return web.json_response({"store": name, "key": to_json(key, key_serde), "value": to_json(value, value_serde)},
                                  headers=self._served_by())
 
+    async def _owned_store(self, request: web.Request, name: str, view: type[V],
+                           what: str) -> tuple[Any, Serde, Serde, V] | web.Response:
+        """The request's key, the store's serdes and this instance's ``view`` of store ``name``; or,
+        when another instance owns the key, that instance's answer."""
+        key_serde, value_serde = self._serdes(name)
+        key = parse_key(request.match_info["key"], key_serde)
+        forwarded = await self._forward_to_owner(request, name, key, key_serde)
+        if forwarded is not None:
+            return forwarded
+        store = self._store(name)
+        if not isinstance(store, view):
+            raise QueryError(400, f"store {name!r} is not {what} store")
+        return key, key_serde, value_serde, store
+
     async def windows(self, request: web.Request) -> web.Response:
         name = request.match_info["store"]
         try:
@@ -195,14 +206,10 @@ class _Handlers:
                                  f"/stores/{name}/keys/{{key}}")
             time_from = _int_param(request, "from", 0)
             time_to = _int_param(request, "to", 2**63 - 1)
-            key_serde, value_serde = self._serdes(name)
-            key = parse_key(request.match_info["key"], key_serde)
-            forwarded = await self._forward_to_owner(request, name, key, key_serde)
-            if forwarded is not None:
-                return forwarded
-            store = self._store(name)
-            if not isinstance(store, ReadOnlyWindowStore):
-                raise QueryError(400, f"store {name!r} is not a window store")
+            owned = await self._owned_store(request, name, ReadOnlyWindowStore, "a window")
+            if isinstance(owned, web.Response):
+                return owned
+            key, key_serde, value_serde, store = owned
             found = await anyio.to_thread.run_sync(store.fetch_range, key, time_from, time_to)
         except QueryError as exc:
             return _error(exc)
