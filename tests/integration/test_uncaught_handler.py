@@ -626,18 +626,22 @@ async def test_siblings_are_asked_to_stop_before_the_failed_thread_leaves_the_gr
         cluster: Cluster, names, monkeypatch: pytest.MonkeyPatch) -> None:
     """SHUTDOWN_CLIENT: the failed thread leaves the group right after its handler. A sibling not
     yet asked to stop then took its task over in that rebalance and processed the failed record
-    again (seen once in make test); the close's own thread is slowed here to make that certain."""
+    again (seen once in make test). Here the close's own thread waits until every thread was asked
+    to stop some other way, or until the failed record was processed again, to make that certain."""
     from streamloop.threads.client_threads import ClientThreads
 
     shut_down_all = ClientThreads.shut_down_all
+    poison = Poison()
+    stopping = (StreamThreadState.PENDING_SHUTDOWN, StreamThreadState.DEAD)
 
     def late(self: ClientThreads, leave_group: bool, limit: float | None) -> None:
-        time.sleep(1.0)
+        with contextlib.suppress(TimeoutError):
+            eventually(lambda: poison.count(1) >= 2 or all(t.state.state in stopping for t in self.snapshot()),
+                       DEADLINE, "every thread asked to stop, or the failed record processed again")
         shut_down_all(self, leave_group, limit)
 
     monkeypatch.setattr(ClientThreads, "shut_down_all", late)
     source, sink = await topics(cluster, names, partitions=2)
-    poison = Poison()
     handler = Handler(Response.SHUTDOWN_CLIENT)
     streams = handler.install(app(cluster, names, source, sink, poison, num_stream_threads=2))
     await start(streams)
