@@ -95,11 +95,20 @@ class RecordCollector:
 
     async def _send_after_lookup(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
                                  value_bytes: bytes | None) -> None:
-        count = await self._lookup(topic)
-        if count is None:
-            raise MissingSinkTopicError([topic])
-        self._partitions[topic] = count
+        await self.partition_count(topic)
         self.send_serialized(topic, record, sink, key_bytes, value_bytes)
+
+    async def partition_count(self, topic: str) -> int:
+        """``topic``'s partition count, looked up once; ``MissingSinkTopicError`` if it does not exist.
+        Caller: ``send`` and the executors' writes (``streamloop.tasks.bulk_exec``), which partition
+        by this count as ``default_partition`` does."""
+        count = self._partitions.get(topic)
+        if count is None:
+            count = await self._lookup(topic)
+            if count is None:
+                raise MissingSinkTopicError([topic])
+            self._partitions[topic] = count
+        return count
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
                        headers: Headers) -> None:

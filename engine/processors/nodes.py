@@ -28,6 +28,8 @@ class Collector(Protocol):
 
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None: ...
 
+    async def partition_count(self, topic: str) -> int: ...
+
 Partitioner = Callable[[str, Any, Any, int], "int | None"]
 
 

@@ -184,18 +184,52 @@ def run_range_job(session: Any, job: Any, spec: ReadSpec, stage: str) -> RangeOu
     the executors read each range from Kafka once; a lost executor's blocks are read again from
     the same fixed offsets, which give the same records."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        names = list(spec.schema.fieldNames())
-        good = frame.where(F.col(KIND).isNull()).select(*[F.col(f"`{name}`") for name in names])
-        rows = job(good)
-        side = [row.asDict(recursive=True) for row in
-                frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS).collect()]
+        rows = job(good_rows(frame, spec))
+        side = side_rows(frame)
     finally:
         frame.unpersist()
     return RangeOutcome(rows, side)
+
+
+def good_rows(frame: Any, spec: ReadSpec) -> Any:
+    """The records of a range's frame that decoded and fit: the stage function's input."""
+    from pyspark.sql import functions as F
+
+    return frame.where(F.col(KIND).isNull()).select(*[F.col(f"`{name}`") for name in spec.schema.fieldNames()])
+
+
+def side_rows(frame: Any) -> list[dict[str, Any]]:
+    from pyspark.sql import functions as F
+
+    return [row.asDict(recursive=True) for row in frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS).collect()]
+
+
+def read_range(session: Any, spec: ReadSpec) -> tuple[Any, RangeOutcome]:
+    """The first of a direct write's two jobs (call on a worker thread): the range read into a
+    persisted frame, and its side rows back, so that the handlers are asked about the failed
+    records before anything is written (as the driver path asks before it forwards). The caller
+    writes with ``write_range`` and unpersists the frame."""
+    from pyspark import StorageLevel
+
+    frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return frame, RangeOutcome(None, side_rows(frame))
+    except BaseException:
+        frame.unpersist()
+        raise
+
+
+def write_range(session: Any, frame: Any, fn: Any, spec: ReadSpec, write: Any) -> RangeOutcome:
+    """The second job (call on a worker thread): the stage's function over the persisted range,
+    written to the sink topic by the executors (``kafka_writer.write_frame``); returns once every
+    record is acknowledged."""
+    from .kafka_writer import write_frame
+
+    write_frame(session, fn(good_rows(frame, spec)), write)
+    return RangeOutcome(None, [])
 
 
 def run_raw_job(session: Any, spec: ReadSpec) -> RangeOutcome:

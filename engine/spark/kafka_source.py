@@ -97,16 +97,26 @@ class ReadSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def encode(self) -> str:
-        from pyspark import cloudpickle  # serdes defined in __main__ travel by value
-
-        _picklable_structs()
-        return base64.b64encode(cloudpickle.dumps(self)).decode("ascii")  # type: ignore[no-untyped-call]  # pyspark's vendored cloudpickle is untyped
+        return encode_option(self)
 
     @staticmethod
     def decode(text: str) -> ReadSpec:
-        spec = pickle.loads(base64.b64decode(text))
+        spec = decode_option(text)
         assert isinstance(spec, ReadSpec)
         return spec
+
+
+def encode_option(spec: object) -> str:
+    """``spec`` as a data source option's text: cloudpickled, so that serdes defined in
+    ``__main__`` travel by value."""
+    from pyspark import cloudpickle
+
+    _picklable_structs()
+    return base64.b64encode(cloudpickle.dumps(spec)).decode("ascii")  # type: ignore[no-untyped-call]  # pyspark's vendored cloudpickle is untyped
+
+
+def decode_option(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))
 
 
 def _picklable_structs() -> None:

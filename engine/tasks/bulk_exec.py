@@ -10,7 +10,11 @@ the stage's function (``kafka_source.run_range_job``), and then, in this order:
    fit the schema to the processing handler (``SparkSchemaError``), in offset order; a PAUSE
    stops there (the rest of the range is read again on resume);
 2. forwards the function's rows downstream, in the context of the range's carrier record (the
-   driver path's rule), unless the task paused at or below it;
+   driver path's rule), unless the task paused at or below it; when the stage's only child is a
+   direct sink (one topic, built-in serdes, no partitioner: ``stage.direct_sink``), the executors
+   write the rows to its topic themselves instead (``streamloop.spark.kafka_writer``), in a second
+   job over the range's persisted frame that runs only after step 1, so nothing of the range
+   passes through this process and the handlers are still asked before anything is written;
 3. moves the task's position to the range's end (never past a PAUSE): the commit takes it from
    there, after the producer's flush, as for every other loop. A ``to_spark`` write is done when
    the job returns, so its range is safe then.
@@ -23,20 +27,21 @@ processing handler as on the driver path. Timeouts and lost executors are retrie
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from streamloop import config as cfg
 from streamloop.errors import ConfigError, SparkBatchError, SparkBatchTimeoutError, SparkSchemaError
-from streamloop.processors.nodes import ProcessorNode, SourceNode
+from streamloop.processors.nodes import ProcessorNode, SinkNode, SourceNode
 from streamloop.records import FetchedRecord, Record, TopicPartition
 from streamloop.spark.failures import SparkBatchTransientError, is_transient
 from streamloop.spark.kafka_source import (
@@ -57,7 +62,8 @@ from streamloop.spark.kafka_source import (
     pick_range,
     unpack_error,
 )
-from streamloop.spark.stage import SparkBatchStage
+from streamloop.spark.parts import TransformJob
+from streamloop.spark.stage import SparkBatchStage, direct_sink
 
 from .processing import RecordPath
 from .timeouts import is_timeout
@@ -69,6 +75,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _tags = itertools.count()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -116,20 +123,23 @@ def executor_window(task: StreamTask, reads: ExecutorReads | None) -> ExecutorWi
                           f"give it read='driver' or set {cfg.SPARK_BATCH_READ}=driver")
     assert source is not None and reads is not None
     (tp,) = task.partitions
-    return ExecutorWindow(task, TopicPartition(*tp), source, stage_node, stage, reads)
+    sink = direct_sink(stage_node) if isinstance(stage.executor_job()[0], TransformJob) else None
+    return ExecutorWindow(task, TopicPartition(*tp), source, stage_node, stage, reads, sink)
 
 
 class ExecutorWindow:
     """Caller: ``StreamTask.run`` (the loop) and the task (``lowest_in_flight``, ``metadata``)."""
 
     def __init__(self, task: StreamTask, tp: TopicPartition, source: SourceNode, node: ProcessorNode,
-                 stage: SparkBatchStage, reads: ExecutorReads) -> None:
+                 stage: SparkBatchStage, reads: ExecutorReads, sink: SinkNode | None = None) -> None:
         self._task = task
         self._tp = tp
         self._source = source
         self._node = node
         self._stage = stage
         self._reads = reads
+        # The sink the executors write to themselves; None: the rows come back and go downstream.
+        self.sink = sink
         self._max_records, self._max_wait_s, _in_flight = stage.batching()
         self._running: KafkaRange | None = None
         self._path = RecordPath(task, journal=False)
@@ -205,17 +215,22 @@ class ExecutorWindow:
         self._running = kafka_range
         began = time.perf_counter_ns()
         try:
-            outcome = await self._settle(kafka_range)
-            if outcome is None:
-                return  # the task closed during a back-off: the range is read again by the next owner
-            if isinstance(outcome, Exception):
-                await self._fail_each(kafka_range, outcome)
-                summary: dict[str, Any] | None = None
+            if self.sink is not None:
+                done, summary = await self._run_direct(kafka_range, self.sink)
+                if not done:
+                    return  # the task closed during a back-off: the range is read again by the next owner
             else:
-                await self._report_failures(outcome)
-                summary = outcome.summary()
-                if outcome.rows is not None and summary is not None:
-                    await self._forward(outcome.rows, summary)
+                outcome = await self._settle(functools.partial(self._on_worker, kafka_range), kafka_range)
+                if outcome is None:
+                    return  # as above
+                if isinstance(outcome, Exception):
+                    await self._fail_each(kafka_range, outcome)
+                    summary = None
+                else:
+                    await self._report_failures(outcome)
+                    summary = outcome.summary()
+                    if outcome.rows is not None and summary is not None:
+                        await self._forward(outcome.rows, summary)
         finally:
             self._running = None
         tp = self._tp
@@ -230,15 +245,55 @@ class ExecutorWindow:
             if punctuating is not None:
                 await punctuating
 
-    async def _settle(self, kafka_range: KafkaRange) -> RangeOutcome | Exception | None:
-        """The range's outcome, retrying timeouts and lost executors under ``task.timeout.ms``;
-        an exception when the job raised otherwise; None when the task closed meanwhile."""
+    async def _run_direct(self, kafka_range: KafkaRange, sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
+        """A range whose output the executors write to ``sink``'s topic: read (and persist) it,
+        ask the handlers about its failed records, then write. (False, None) when the task closed
+        during a back-off; else True and the range's summary (None after a job that raised)."""
+        read = await self._settle(functools.partial(self._on_worker_read, kafka_range), kafka_range)
+        if read is None:
+            return False, None
+        if isinstance(read, Exception):
+            await self._fail_each(kafka_range, read)
+            return True, None
+        frame, outcome = read
+        try:
+            await self._report_failures(outcome)
+            summary = outcome.summary()
+            if summary is None or not self._passes_pause(summary):
+                return True, summary
+            assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
+            partitions = await sink.collector.partition_count(sink.topic)
+            write = functools.partial(self._on_worker_write, frame, kafka_range, sink, partitions, summary[TIMESTAMP])
+            written = await self._settle(write, kafka_range)
+            if written is None:
+                return False, None
+            if isinstance(written, Exception):
+                await self._fail_each(kafka_range, written)
+                return True, None
+            return True, summary
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(frame.unpersist)
+
+    def _passes_pause(self, summary: Mapping[str, Any]) -> bool:
+        """Whether the range's output may leave: it has a carrier record (a record that decoded)
+        and the task did not pause at or below it (the driver path's rule, ``_forward``)."""
+        offset = summary[OFFSET]
+        if offset is None or offset < 0:
+            return False
+        paused = self._task.paused_at
+        return not (paused is not None and paused[0] == self._tp and offset >= paused[1])
+
+    async def _settle(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T | Exception | None:
+        """The outcome of ``work`` (a job over the range), retrying timeouts and lost executors
+        under ``task.timeout.ms``; an exception when the job raised otherwise; None when the task
+        closed meanwhile."""
         task, stage = self._task, self._stage
         timer = task.timer
         while True:
             started = task.monotonic_ms()
             try:
-                outcome = await self._off_loop(functools.partial(self._on_worker, kafka_range), kafka_range)
+                outcome = await self._off_loop(work, kafka_range)
             except Exception as exc:
                 if is_transient(exc) and not is_timeout(exc):
                     transient = SparkBatchTransientError(stage.name, kafka_range.size, exc)
@@ -276,27 +331,40 @@ class ExecutorWindow:
         from streamloop.spark.kafka_reader import run_range_job
 
         session = self._sessions().get()
-        context = session.sparkContext
-        context.addJobTag(tag)
-        context.setInterruptOnCancel(True)
-        try:
+        with _tagged(session, tag):
             job = self._stage.executor_job()[0]
             return run_range_job(session, job, self._spec(session, kafka_range), self._stage.name)
-        finally:
-            context.removeJobTag(tag)
+
+    def _on_worker_read(self, kafka_range: KafkaRange, tag: str) -> tuple[Any, RangeOutcome]:
+        from streamloop.spark.kafka_reader import read_range
+
+        session = self._sessions().get()
+        with _tagged(session, tag):
+            return read_range(session, self._spec(session, kafka_range))
+
+    def _on_worker_write(self, frame: Any, kafka_range: KafkaRange, sink: SinkNode, partitions: int,
+                         timestamp: int, tag: str) -> RangeOutcome:
+        from streamloop.spark.kafka_reader import write_range
+        from streamloop.spark.kafka_writer import WriteSpec
+
+        session = self._sessions().get()
+        job, key_column, value_columns, _schema = self._stage.executor_job()
+        assert isinstance(job, TransformJob) and isinstance(sink.topic, str)
+        assert self._reads.options is not None
+        spec = WriteSpec(dict(self._reads.options), sink.topic, partitions, key_column,
+                         None if value_columns is None else tuple(value_columns), sink.key_serde, sink.value_serde,
+                         timestamp)
+        with _tagged(session, tag):
+            return write_range(session, frame, job.fn, self._spec(session, kafka_range), spec)
 
     def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
         from streamloop.spark.kafka_reader import run_raw_job
 
         session = self._sessions().get()
-        context = session.sparkContext
-        context.addJobTag(tag)
-        try:
+        with _tagged(session, tag):
             return run_raw_job(session, self._spec(session, kafka_range))
-        finally:
-            context.removeJobTag(tag)
 
-    async def _off_loop(self, work: Callable[[str], RangeOutcome], kafka_range: KafkaRange) -> RangeOutcome:
+    async def _off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
         """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
         by its tag (the thread is left to end with it)."""
         stage = self._stage
@@ -392,3 +460,16 @@ class ExecutorWindow:
         ctx.timestamp, ctx.headers = timestamp, ()
         carrier = FetchedRecord(tp.topic, tp.partition, offset, timestamp, None, None)
         await self._path.forward_rows(self._node, carrier, out)
+
+
+@contextlib.contextmanager
+def _tagged(session: Any, tag: str) -> Iterator[None]:
+    """The jobs this worker thread starts meanwhile carry ``tag`` (cancelled by it on a timeout or
+    a close) and are interrupted on cancel."""
+    context = session.sparkContext
+    context.addJobTag(tag)
+    context.setInterruptOnCancel(True)
+    try:
+        yield
+    finally:
+        context.removeJobTag(tag)

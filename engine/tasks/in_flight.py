@@ -179,6 +179,9 @@ class HeldCollector:
         slot.outputs.append((topic, record, sink, key_bytes, value_bytes))
         return None
 
+    async def partition_count(self, topic: str) -> int:
+        return await self._collector.partition_count(topic)
+
     def append_raw(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int,
                    headers: Headers) -> None:
         slot = CURRENT.get() if self._hold_all else None

@@ -236,6 +236,9 @@ class TracedCollector:
             record = Record(record.key, record.value, record.timestamp, headers)
         return self._inner.send(topic, record, sink)
 
+    async def partition_count(self, topic: str) -> int:
+        return await self._inner.partition_count(topic)
+
 
 def _end(span: Span, outcome: Outcome | None, exc: BaseException | None = None) -> None:
     if outcome is not None:

@@ -1,8 +1,9 @@
 """``read="executors"`` (``streamloop.tasks.bulk_exec``, ``streamloop.spark.kafka_source``) on Kafka with the
 session's local Spark: the executors read each task's offset ranges themselves and the output is
 what the driver path gives for the same input; records that do not decode or fit reach the
-handlers; the input is committed to its end only once the output was handed on, and the records
-never pass through this process."""
+handlers; the input is committed to its end only once the output was handed on (or, for a
+direct sink, written and acknowledged by the executors themselves), and the records never pass
+through this process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from streamloop import ClientState, KafkaStreams, StreamsBuilder
+from streamloop.collector import RecordCollector
 from streamloop.errors import SparkSchemaError
 from streamloop.handlers import DeserializationHandlerResponse, ProcessingHandlerResponse, StreamThreadExceptionResponse
 from streamloop.records import TopicPartition
@@ -67,11 +69,14 @@ def executor_windows(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 async def run_pipeline(cluster: Cluster, app: str, source: str, sink: str, read: str, expected: int,
-                       partitions: int, end: int, **settings: Any) -> list[tuple[int, dict[str, Any]]]:
+                       partitions: int, end: int, rows_back: bool = False,
+                       **settings: Any) -> list[tuple[int, dict[str, Any]]]:
     builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(big_spenders, schema=SCHEMA, max_records=40, read=read)
-            .to(sink, key_serde=INT, value_serde=JSON))
+    stage = (builder.stream(source, key_serde=INT, value_serde=JSON)
+                    .spark_batch(big_spenders, schema=SCHEMA, max_records=40, read=read))
+    if rows_back:  # a processor between the stage and its sink: the rows come back to this process
+        stage = stage.map_values(lambda value: value)
+    stage.to(sink, key_serde=INT, value_serde=JSON)
     async with make_client(builder, cluster, app, **settings):
         await eventually_async(lambda: _committed_to(cluster, app, source, partitions, end), WAIT,
                                f"{source} committed to its end by {read}")
@@ -94,14 +99,52 @@ async def test_the_executors_give_the_driver_paths_output_and_no_record_passes_t
 
     monkeypatch.setattr(SparkBatchStage, "run_fetched", no_driver_batches)
     monkeypatch.setattr(SparkBatchStage, "run_parts", no_driver_batches)
-    executors = await run_pipeline(cluster, names.app + "-e", source, by_executors, "executors", expected, 2, 75)
+    executors = await run_pipeline(cluster, names.app + "-e", source, by_executors, "executors", expected, 2, 75,
+                                   rows_back=True)
     assert len(executor_windows) == 2 and sum(w.ranges for w in executor_windows) >= 4  # 75 records, 40 a range
     assert all(not w._task.input.buffered() for w in executor_windows)
+    assert all(w.sink is None for w in executor_windows)  # a processor after the stage: the rows came back
     # Same rows; per partition in offset order on both paths (partitions interleave differently).
     for p in range(2):
         assert [v for k, v in executors if k % 2 == p] == [v for k, v in driver if k % 2 == p]
     assert sorted(v["amount"] for _k, v in executors) == [i for i in range(150) if i % 3]
     assert executors[0][1]["tier"].startswith("t-") and "extra" not in executors[0][1]
+
+
+async def test_a_direct_sink_is_written_by_the_executors_as_the_driver_would_write_it(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage's only child is a sink: the executors write the topic themselves, with the
+    driver path's partitions (murmur2 of the key bytes), timestamps, keys and values, and the
+    input is committed to its end only after those writes; no row comes back to this process."""
+    source, by_driver, by_executors = names("in"), names("driver"), names("executors")
+    await cluster.create_topics({source: 2, by_driver: 3, by_executors: 3})
+    await cluster.produce(source, [(i, {"amount": i, "customer": f"c{i % 7}"}) for i in range(150)], INT, JSON,
+                          partitions=2)
+    expected = sum(1 for i in range(150) if i % 3)
+    await run_pipeline(cluster, names.app + "-d", source, by_driver, "driver", expected, 2, 75)
+    driver = _written(await cluster.read_all(by_driver))
+    monkeypatch.setattr(RecordCollector, "send_serialized", _refused)
+    await run_pipeline(cluster, names.app + "-e", source, by_executors, "executors", expected, 2, 75)
+    assert len(executor_windows) == 2 and all(w.sink is not None for w in executor_windows)
+    executors = _written(await cluster.read_all(by_executors))
+    assert sorted(executors) == sorted(driver) == [0, 1, 2]
+    for p, records in driver.items():
+        # A key comes from one source partition, so each key's records keep their order on both
+        # paths; the two source partitions' ranges interleave differently.
+        assert sorted(executors[p]) == sorted(records)
+        for key in {k for _t, k, _v in records}:
+            assert [v for _t, k, v in executors[p] if k == key] == [v for _t, k, v in records if k == key]
+
+
+def _written(records: list[Any]) -> dict[int, list[tuple[int, bytes | None, bytes | None]]]:
+    by_partition: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {}
+    for r in records:
+        by_partition.setdefault(r.partition, []).append((r.timestamp, r.key, r.value))
+    return by_partition
+
+
+def _refused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a row of a direct sink's output came back to this process")
 
 
 class Asked:
@@ -147,7 +190,7 @@ async def test_records_that_do_not_decode_or_fit_reach_the_handlers_in_offset_or
     assert isinstance(Asked.asked[0][2], ValueError)  # the serde's own error, brought back from the executor
     misfit = Asked.asked[1][2]
     assert isinstance(misfit, SparkSchemaError) and (misfit.field, misfit.found) == ("amount", "str")
-    assert len(executor_windows) == 1
+    assert len(executor_windows) == 1 and executor_windows[0].sink is not None  # the executors wrote it
 
 
 async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
@@ -169,5 +212,8 @@ async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
         assert await client.wait_for_state_async(ClientState.ERROR, timeout=WAIT)
     finally:
         await client.close_async()
-    # Ranges [0, 20) and [20, 40) were handed on and committed; the one holding the bad record not.
+    # Ranges [0, 20) and [20, 40) were written and committed; the one holding the bad record was
+    # not written at all (the handler is asked before the executors write) nor committed.
     assert await committed_offset(cluster, names.app, TopicPartition(source, 0)) == 40
+    assert len(await cluster.read_all(sink)) == 40
+    assert executor_windows[0].sink is not None

@@ -1,0 +1,129 @@
+"""The executors write a stage's output to its sink topic themselves (``read="executors"`` with a
+direct sink): a PySpark Python data source whose writer, on each executor, turns the rows of its
+Spark partition into records exactly as the driver path does (``frames.to_records``: the key
+column as key, the value columns as a dict, the range's carrier timestamp), serializes them with
+the sink's serdes, picks each one's partition by Kafka's default rule (``key_hash`` of the key
+bytes, as the record collector does; records without key round-robin) and produces them with
+``acks=all`` (``streamloop.transport.kafka.range_write``).
+
+Spark's ``save()`` returns only after every writer returned, and a writer returns only after the
+broker acknowledged each of its records: when the driver's job returns, the range's output is
+safe and its offsets may be committed. A writer that fails is run again by Spark (its records
+may then be written twice: at-least-once, which is all the executors' path promises).
+
+Runs inside Spark's Python workers (imported there by the data source's class path), so it
+imports pyspark at the top, as ``kafka_reader`` does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from streamloop.serdes import Serde
+from streamloop.transport.kafka.range_write import write_records
+from streamloop.transport.partitioner import key_hash
+
+from .frames import to_records
+from .kafka_source import decode_option, encode_option
+
+WRITE_SOURCE_NAME = "streamloop_kafka_write"
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """What the executors need to write a range's output (picklable, shipped as an option).
+    ``kafka``: aiokafka client keyword arguments; ``partitions``: the sink topic's partition count."""
+
+    kafka: Mapping[str, Any]
+    topic: str
+    partitions: int
+    key_column: str
+    value_columns: Sequence[str] | None
+    key_serde: Serde
+    value_serde: Serde
+    timestamp: int
+
+    def encode(self) -> str:
+        return encode_option(self)
+
+    @staticmethod
+    def decode(text: str) -> WriteSpec:
+        spec = decode_option(text)
+        assert isinstance(spec, WriteSpec)
+        return spec
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    records: int
+
+
+_registered: weakref.WeakSet[Any] = weakref.WeakSet()
+_registering = threading.Lock()
+
+
+def register(session: Any) -> None:
+    """Register the data source with ``session`` (once per session; safe from any thread: tasks
+    of several stream threads write their first range at once)."""
+    with _registering:
+        if session in _registered:
+            return
+        try:
+            session.dataSource.register(KafkaTopicSink)
+        except Exception as exc:
+            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        _registered.add(session)
+
+
+class KafkaTopicSink(DataSource):
+    """``frame.write.format("streamloop_kafka_write").option("spec", WriteSpec.encode()).mode("append").save()``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return WRITE_SOURCE_NAME
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return KafkaTopicWriter(self.options["spec"])
+
+
+class KafkaTopicWriter(DataSourceWriter):
+    def __init__(self, spec: str) -> None:
+        self.spec = spec  # kept encoded: Spark pickles the writer with its own pickler
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        spec = WriteSpec.decode(self.spec)
+        return Written(write_records(spec.kafka, spec.topic, keyed(spec, iterator)))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # each writer's records were acknowledged before it returned
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # nothing to undo: the range is not committed, so it is read (and written) again
+
+
+def keyed(spec: WriteSpec, rows: Iterator[Any]) -> Iterator[tuple[int, bytes | None, bytes | None, int]]:
+    """``(partition, key bytes, value bytes, timestamp)`` of each row, as the driver path's
+    collector would send the row's record."""
+    key_serde, value_serde, count = spec.key_serde, spec.value_serde, spec.partitions
+    round_robin = itertools.count()
+    for record in to_records([row.asDict(recursive=True) for row in rows], spec.key_column, spec.value_columns,
+                             spec.timestamp):
+        key = key_serde.serialize(record.key)
+        partition = next(round_robin) % count if key is None else key_hash(key) % count
+        yield partition, key, value_serde.serialize(record.value), record.timestamp
+
+
+def write_frame(session: Any, frame: Any, spec: WriteSpec) -> None:
+    """Write ``frame`` (a stage's output) to ``spec.topic`` on the executors; returns once every
+    record is acknowledged (call on a worker thread)."""
+    register(session)
+    frame.write.format(WRITE_SOURCE_NAME).option("spec", spec.encode()).mode("append").save()
