@@ -6,6 +6,8 @@ broadcast join with a 100-row customer table, JSON out) on the same pre-filled t
   ``spark-sql-kafka-0-10`` jars of that version fetched with Maven
   (``benchmarks/peers/spark_structured_pom.xml``), made by this script when missing;
 - **streamloop ``spark_batch``**: the engine's Spark stage (``tests/support/spark_enrichment.py``);
+- **streamloop ``spark_batch``, ``read="executors"``** (``spark_exec``): the same stage with Spark's
+  executors reading each task's offset ranges and writing the output topic themselves;
 - **streamloop per-record**: the same join as a ``map_values`` in Python.
 
 Each runs in its own process (one SparkContext each) on ``local[*]``; its clock starts when its
@@ -55,9 +57,11 @@ SSS_JARS = ROOT / ".cache" / "spark-sss" / SSS_PYSPARK / "jars"
 SSS_POM = ROOT / "benchmarks" / "peers" / "spark_structured_pom.xml"
 PARTITIONS = 4
 KEY, JSON = StringSerde(), JsonSerde()
-SYSTEMS = ("structured", "spark_batch", "per_record")
+SYSTEMS = ("structured", "spark_batch", "spark_exec", "per_record")
 LABELS = {"structured": "Spark Structured Streaming", "spark_batch": "streamloop spark_batch",
-          "per_record": "streamloop per-record Python"}
+          "spark_exec": "streamloop spark_batch, read=executors", "per_record": "streamloop per-record Python"}
+# The spark_batch stage with its executors reading the ranges and writing the sink (no row in this process).
+EXECUTORS = {"spark.batch.read": "executors"}
 
 
 @dataclass
@@ -172,8 +176,8 @@ class Bench:
                 "spark.sql.shuffle.partitions": "4", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1", "num.stream.threads": 1, "commit.interval.ms": 1000,
                 "max.poll.records": 5000, "buffered.records.per.partition": 5000, "poll.ms": 20}
-        if system == "spark_batch":
-            settings = {**self.batch, **(settings or {})}
+        if system in ("spark_batch", "spark_exec"):
+            settings = {**self.batch, **(EXECUTORS if system == "spark_exec" else {}), **(settings or {})}
         mode = "python" if system == "per_record" else "spark"
         return Child([sys.executable, "-m", "tests.support.spark_enrichment", "--bootstrap", self.bootstrap,
                       "--application-id", f"spark-bulk-{system}-{run}", "--source", source, "--sink", sink,
