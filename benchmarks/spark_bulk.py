@@ -104,7 +104,9 @@ class Child:
         self._out = open(out, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=self._out,
                                      stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     # Spark's Python workers (the executors' reads and writes) import
+                                     # this checkout's engine and its dependencies.
+                                     env={**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable})
 
     def event(self, kind: str, **match: Any) -> dict[str, Any] | None:
         for line in self.out_path.read_bytes().splitlines():

@@ -6,7 +6,6 @@ In the Kafka transport because aiokafka is used only here (``tests/unit/transpor
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -14,44 +13,45 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from .executor_clients import borrowed, run
+
 __all__ = ["fetch_range"]
 
 
 def fetch_range(kafka: Mapping[str, Any], topic: str, partition: int, start_offset: int, end: int,
                 stall_ms: int) -> Iterator[Any]:
     """The records of ``topic``-``partition`` from ``start_offset`` up to ``end`` (exclusive) in
-    offset order, fetched by a consumer of no group on a private event loop (this is a Spark task's
-    thread, not a loop of ours). Raises ``TimeoutError`` when no offset of the range arrives for
+    offset order, fetched by a consumer of no group (the worker's, kept across ranges:
+    ``executor_clients``). Raises ``TimeoutError`` when no offset of the range arrives for
     ``stall_ms``: the Spark task fails and Spark runs it again (its retries, then the job's error,
     which the engine retries)."""
     tp = TopicPartition(topic, partition)
-    loop = asyncio.new_event_loop()
+    options = {**kafka, "enable_auto_commit": False, "group_id": None, "auto_offset_reset": "none"}
 
     async def start() -> Any:
-        consumer = AIOKafkaConsumer(**{**kafka, "enable_auto_commit": False, "group_id": None,
-                                       "auto_offset_reset": "none"})
+        consumer = AIOKafkaConsumer(**options)
         await consumer.start()
-        consumer.assign([tp])
-        consumer.seek(tp, start_offset)
         return consumer
 
-    consumer = loop.run_until_complete(start())
-    try:
+    async def assign(consumer: Any) -> None:
+        # aiokafka's assignment makes futures of the running loop: inside it, not beside it.
+        consumer.assign([tp])
+        consumer.seek(tp, start_offset)
+
+    with borrowed("consumer", options, start) as consumer:
+        run(assign(consumer))
         position = start_offset
         progress = time.monotonic()
         while position < end:
-            fetched = loop.run_until_complete(consumer.getmany(tp, timeout_ms=500))
+            fetched = run(consumer.getmany(tp, timeout_ms=500))
             for raw in fetched.get(tp, ()):
                 if raw.offset >= end:
                     break
                 yield raw
             # Transaction markers and aborted records move the position without a record.
-            moved = loop.run_until_complete(consumer.position(tp))
+            moved = run(consumer.position(tp))
             if moved > position:
                 position, progress = moved, time.monotonic()
             elif time.monotonic() - progress > stall_ms / 1000.0:
                 raise TimeoutError(f"reading {topic}-{partition} offsets {start_offset}..{end - 1}: "
                                    f"no progress at {position} for {stall_ms} ms")
-    finally:
-        loop.run_until_complete(consumer.stop())
-        loop.close()

@@ -7,11 +7,12 @@ In the Kafka transport because aiokafka is used only here (``tests/unit/transpor
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+
+from .executor_clients import borrowed, run
 
 __all__ = ["PRODUCER_OPTIONS", "write_records"]
 
@@ -28,28 +29,25 @@ def write_records(kafka: Mapping[str, Any], topic: str,
                   records: Iterable[tuple[int, bytes | None, bytes | None, int]]) -> int:
     """Produce ``(partition, key, value, timestamp)`` records to ``topic`` and wait until the
     broker acknowledged every one of them (``acks=all``), on a private event loop (this is a Spark
-    task's thread, not a loop of ours). Returns how many were written; raises the first send's
+    task's thread, not a loop of ours; the worker's producer, kept across ranges:
+    ``executor_clients``). Returns how many were written; raises the first send's
     error, which fails the Spark task: Spark runs it again, and the engine's job error after that
     (a record written twice is at-least-once; none is committed past before its write returned)."""
-    loop = asyncio.new_event_loop()
+    options = {key: value for key, value in kafka.items() if key in PRODUCER_OPTIONS}
 
-    async def write() -> int:
-        producer = AIOKafkaProducer(**{key: value for key, value in kafka.items() if key in PRODUCER_OPTIONS},
-                                    acks="all", linger_ms=5, max_batch_size=256 * 1024)
+    async def start() -> Any:
+        producer = AIOKafkaProducer(**options, acks="all", linger_ms=5, max_batch_size=256 * 1024)
         await producer.start()
-        try:
-            pending = []
-            for partition, key, value, timestamp in records:
-                pending.append(await producer.send(topic, value, key=key, partition=partition,
-                                                   timestamp_ms=timestamp))
-            await producer.flush()
-            for delivered in pending:
-                delivered.result()  # raises a failed send's error
-            return len(pending)
-        finally:
-            await producer.stop()
+        return producer
 
-    try:
-        return loop.run_until_complete(write())
-    finally:
-        loop.close()
+    async def write(producer: Any) -> int:
+        pending = []
+        for partition, key, value, timestamp in records:
+            pending.append(await producer.send(topic, value, key=key, partition=partition, timestamp_ms=timestamp))
+        await producer.flush()
+        for delivered in pending:
+            delivered.result()  # raises a failed send's error
+        return len(pending)
+
+    with borrowed("producer", options, start) as producer:
+        return run(write(producer))
