@@ -131,6 +131,10 @@ class StreamTask:
         self.timeouts = 0
         self.processed = 0
         self.dropped = 0
+        # RETRY answers of the processing handler that ran a record again, and those that could not
+        # (its attempts ran out: processing.retry.exhausted.answer applied).
+        self.retries = 0
+        self.retries_exhausted = 0
         # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
         self.record_time = -1
         # The group's committed offsets as read when the task started (and by the lag metric), for
@@ -333,7 +337,18 @@ class StreamTask:
             # The record may have sent part of its output into the open transaction: retrying it
             # would send that part twice. The transaction is aborted and the task revived instead.
             raise TaskCorruptedError(self.id, f"{what} timed out") from exc
-        with anyio.move_on_after(backoff):
+        await self._set_aside(backoff)
+
+    async def wait_for_retry(self, raw: ConsumerRecord) -> None:
+        """``raw``, answered RETRY, waits out what is left of its back-off (nothing when it has none):
+        the caller (the whole task one record at a time, or the record's slot in flight) waits, the
+        thread's other tasks and the loop go on, and a close ends the wait."""
+        wait_ms = self.timer.records.wait_ms(raw, self.monotonic_ms())
+        if wait_ms > 0:
+            await self._set_aside(wait_ms / 1000.0)
+
+    async def _set_aside(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
             await self._stop.wait()
 
     # -- output, state stores, punctuation ------------------------------------------------

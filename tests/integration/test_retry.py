@@ -1,0 +1,153 @@
+"""RETRY, a processing handler's answer, on both transports: under ``processing.ordering=key`` only
+the failing key waits; one record at a time the task waits; nothing commits past a waiting record;
+a crash while it waits loses nothing and applies its store update once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from streamloop import ClientState, StreamsBuilder
+from streamloop.handlers import Answer, ErrorContext, StreamThreadExceptionResponse
+from streamloop.records import TopicPartition
+from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde
+from streamloop.state import Materialized
+from streamloop.testing import eventually_async
+from tests.support.apps import make_streams
+from tests.support.cluster import Cluster, committed_offset
+
+pytestmark = pytest.mark.asyncio
+
+INT, JSON = IntegerSerde(), JsonSerde()
+
+
+class Unavailable(RuntimeError):
+    """The service a processor calls is down for now: worth a retry."""
+
+
+class RetryUnavailable:
+    """RETRY for ``Unavailable``, FAIL for anything else."""
+
+    def configure(self, config: Any) -> None:
+        """Nothing to configure."""
+
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> Answer:
+        return Answer.RETRY if isinstance(exception, Unavailable) else Answer.FAIL
+
+
+def task_metric(streams: Any, name: str, task: str) -> float:
+    return sum(m.value for m in streams.metrics()
+               if m.group == "stream-task-metrics" and m.name == name and m.tags.get("task-id") == task)
+
+
+async def test_under_key_ordering_only_the_failing_key_waits_and_no_commit_passes_it(
+        cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    # Key 0 at offsets 0 and 20 (a key's waiting records stop the window's look-ahead, 2 x
+    # num.threads.per.task records, once they fill it); keys 1-3 around them.
+    keys = [0 if i in (0, 20) else 1 + i % 3 for i in range(40)]
+    records = [(keys[i], {"i": i}) for i in range(40)]
+    await cluster.produce(source, records, INT, JSON, partitions=1)
+    up = threading.Event()
+    calls: Counter[int] = Counter()
+
+    def call_service(value: dict) -> dict:
+        calls[value["i"]] += 1
+        if value["i"] == 0 and not up.is_set():
+            raise Unavailable("service down for record 0")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(call_service, name="call-service")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                           processing_ordering="key", processing_exception_handler=RetryUnavailable(),
+                           processing_retry_backoff_ms=20, processing_retry_backoff_max_ms=50,
+                           processing_retry_max_attempts=1_000_000, commit_interval_ms=50)
+    async with streams:
+        # Keys 1-3 go through while key 0's first record (offset 0) keeps failing.
+        others = await cluster.read(sink, 38, timeout=30)
+        assert {INT.deserialize(r.key) for r in others} == {1, 2, 3}
+        await eventually_async(lambda: calls[0] >= 3, 30, "record 0 retried")
+        assert task_metric(streams, "record-retries-total", "0_0") >= 2
+        assert not any(INT.deserialize(r.key) == 0 for r in await cluster.read_all(sink))
+        tp = TopicPartition(source, 0)
+        assert (await committed_offset(cluster, names.app, tp) or 0) == 0  # never past the waiting record
+        up.set()
+        output = await cluster.read(sink, 40, timeout=30)
+        await eventually_async(lambda: _committed_at(cluster, names.app, tp, 40), 30, "everything committed")
+        assert streams.state is ClientState.RUNNING
+    # Each record once, each key in offset order; the retried record after the other keys' records.
+    values = [JSON.deserialize(r.value)["i"] for r in sorted(output, key=lambda r: r.offset)]
+    assert sorted(values) == list(range(40))
+    for key in range(4):
+        assert [i for i in values if keys[i] == key] == [i for i in range(40) if keys[i] == key]
+    assert values.index(0) > values.index(39)
+
+
+async def _committed_at(cluster: Cluster, group: str, tp: TopicPartition, offset: int) -> bool:
+    return await committed_offset(cluster, group, tp) == offset
+
+
+def counting_then_calling(source: str, sink: str, store: str, call: Any) -> Any:
+    """Counts per key, then calls the service with the count: a failed call comes after the
+    record's store update, which a retry (or a crash) must not leave applied twice."""
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .group_by_key(key_serde=INT)
+            .count(materialized=Materialized(store))
+            .to_stream()
+            .map_values(call, name="call-service")
+            .to(sink, key_serde=INT, value_serde=LongSerde()))
+    return builder.build()
+
+
+async def test_a_crash_while_a_record_waits_loses_nothing_and_counts_it_once(cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 2, sink: 1})
+    # Key 0 five times, all on partition 0; its fourth record (count 4) meets the service down.
+    await cluster.produce(source, [(0, {"n": n}) for n in range(5)], INT, JSON, partitions=2)
+    store = "counts"
+    crash = threading.Event()
+    calls: Counter[int] = Counter()
+
+    def down_at_four(count: int) -> int:
+        calls[count] += 1
+        if count == 4:
+            if crash.is_set():
+                raise ValueError("the thread dies while record 3 waits (FAIL, SHUTDOWN_CLIENT)")
+            raise Unavailable("service down")
+        return count
+
+    common = dict(processing_exception_handler=RetryUnavailable(), processing_retry_backoff_ms=50,
+                  processing_retry_backoff_max_ms=100, processing_retry_max_attempts=1_000_000,
+                  commit_interval_ms=50, cache_max_bytes_buffering=0)
+    first = make_streams(counting_then_calling(source, sink, store, down_at_four), cluster.bootstrap,
+                         names.app, **common)
+    first.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+    await first.start_async()
+    tp = TopicPartition(source, 0)
+    try:
+        # Records 0-2 are committed; record 3 keeps failing and waits: nothing commits past it.
+        await eventually_async(lambda: calls[4] >= 3, 30, "record 3 retried")
+        await eventually_async(lambda: _committed_at(cluster, names.app, tp, 3), 30, "a commit at offset 3")
+        assert task_metric(first, "record-retries-total", "0_0") >= 2
+        crash.set()  # its next attempt fails the thread: the client dies while the record waits
+        await eventually_async(lambda: first.state is ClientState.ERROR, 30, "the client died")
+        assert await committed_offset(cluster, names.app, tp) == 3
+    finally:
+        await first.close_async()
+    crash.clear()
+    calls.clear()
+    second = make_streams(counting_then_calling(source, sink, store, lambda count: count), cluster.bootstrap,
+                          names.app, **common)
+    async with second:
+        await eventually_async(lambda: _committed_at(cluster, names.app, tp, 5), 30, "the rest committed")
+    counts = [LongSerde().deserialize(r.value) for r in await cluster.read_all(sink)]
+    # The waiting record's failed attempts left no count behind: after the crash it counted 4, once.
+    assert counts == [1, 2, 3, 4, 5]
