@@ -151,3 +151,43 @@ async def test_a_crash_while_a_record_waits_loses_nothing_and_counts_it_once(clu
     counts = [LongSerde().deserialize(r.value) for r in await cluster.read_all(sink)]
     # The waiting record's failed attempts left no count behind: after the crash it counted 4, once.
     assert counts == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("threads_per_task", [1, 4])
+async def test_under_exactly_once_a_retried_records_output_is_committed_once(
+        kafka_bootstrap: str, names, threads_per_task: int) -> None:
+    """One record at a time the failed attempt's output went into the open transaction, so the
+    transaction is aborted and the task revived (its attempts go on counting); in flight the
+    output was held in the record's slot and is dropped. Either way a read_committed reader sees
+    each record's output once, in the side topic written before the failing call too."""
+    from streamloop.transport import open_transport
+
+    cluster = Cluster(open_transport({"bootstrap.servers": kafka_bootstrap}), kafka_bootstrap)
+    source, side, sink = names("in"), names("side"), names("out")
+    await cluster.create_topics({source: 1, side: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": i}) for i in range(10)], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+
+    def flaky(value: dict) -> dict:
+        calls[value["i"]] += 1
+        if value["i"] == 4 and calls[4] <= 3:
+            raise Unavailable("service down for record 4")
+        return value
+
+    builder = StreamsBuilder()
+    stream = builder.stream(source, key_serde=INT, value_serde=JSON)
+    stream.to(side, key_serde=INT, value_serde=JSON)  # before the failing call: in the transaction already
+    stream.map_values(flaky, name="call-service").to(sink, key_serde=INT, value_serde=JSON)
+    streams = make_streams(builder.build(), kafka_bootstrap, names.app, processing_guarantee="exactly_once_v2",
+                           num_threads_per_task=threads_per_task, processing_exception_handler=RetryUnavailable(),
+                           processing_retry_backoff_ms=20, processing_retry_backoff_max_ms=50,
+                           processing_retry_max_attempts=10)
+    tp = TopicPartition(source, 0)
+    async with streams:
+        await eventually_async(lambda: _committed_at(cluster, names.app, tp, 10), 60, "everything committed")
+        assert streams.state is ClientState.RUNNING
+    assert calls[4] == 4
+    for topic in (side, sink):
+        committed = await cluster.read_all(topic, read_committed=True)
+        assert sorted(JSON.deserialize(r.value)["i"] for r in committed) == list(range(10)), topic
