@@ -339,13 +339,22 @@ class StreamTask:
             raise TaskCorruptedError(self.id, f"{what} timed out") from exc
         await self._set_aside(backoff)
 
-    async def wait_for_retry(self, raw: ConsumerRecord) -> None:
+    async def wait_for_retry(self, raw: ConsumerRecord, punctuate: bool = False) -> None:
         """``raw``, answered RETRY, waits out what is left of its back-off (nothing when it has none):
         the caller (the whole task one record at a time, or the record's slot in flight) waits, the
-        thread's other tasks and the loop go on, and a close ends the wait."""
-        wait_ms = self.timer.records.wait_ms(raw, self.monotonic_ms())
-        if wait_ms > 0:
+        thread's other tasks and the loop go on, and a close ends the wait. ``punctuate``: the
+        wall-clock punctuations due meanwhile run (the caller is the task's only coroutine)."""
+        records = self.timer.records
+        while not self.closing:
+            wait_ms = records.wait_ms(raw, self.monotonic_ms())
+            if wait_ms <= 0:
+                return
+            due = self.context.wall_clock_schedules.next_due() if punctuate else None
+            if due is not None:
+                wait_ms = min(wait_ms, max(0, due - self._clock_ms()))
             await self._set_aside(wait_ms / 1000.0)
+            if punctuate:
+                await self.punctuate_wall_clock()
 
     async def _set_aside(self, seconds: float) -> None:
         with anyio.move_on_after(seconds):

@@ -94,6 +94,46 @@ async def _committed_at(cluster: Cluster, group: str, tp: TopicPartition, offset
     return await committed_offset(cluster, group, tp) == offset
 
 
+async def test_one_record_at_a_time_the_task_waits_and_the_threads_other_task_goes_on(
+        cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 2, sink: 2})
+    await cluster.produce(source, [(i % 2, {"i": i, "p": i % 2}) for i in range(40)], INT, JSON, partitions=2)
+    up = threading.Event()
+    calls: Counter[int] = Counter()
+
+    def call_service(value: dict) -> dict:
+        calls[value["i"]] += 1
+        if value["i"] == 4 and not up.is_set():
+            raise Unavailable("service down for record 4")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .map_values(call_service, name="call-service")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app,
+                           processing_exception_handler=RetryUnavailable(), processing_retry_backoff_ms=20,
+                           processing_retry_backoff_max_ms=50, processing_retry_max_attempts=1_000_000,
+                           commit_interval_ms=50)
+    p0, p1 = TopicPartition(source, 0), TopicPartition(source, 1)
+    async with streams:
+        # Partition 1's task (on the same thread) gets through and commits its 20 records; partition
+        # 0's task stops at record 4 (its offset 2), whose predecessors it commits.
+        await eventually_async(lambda: _committed_at(cluster, names.app, p1, 20), 30, "partition 1 committed")
+        await eventually_async(lambda: _committed_at(cluster, names.app, p0, 2), 30, "partition 0 up to record 4")
+        await eventually_async(lambda: calls[4] >= 3, 30, "record 4 retried")
+        assert task_metric(streams, "record-retries-total", "0_0") >= 2
+        assert task_metric(streams, "record-retries-total", "0_1") == 0
+        assert await committed_offset(cluster, names.app, p0) == 2
+        up.set()
+        output = await cluster.read(sink, 40, timeout=30)
+        await eventually_async(lambda: _committed_at(cluster, names.app, p0, 20), 30, "partition 0 committed")
+    from_zero = [JSON.deserialize(r.value)["i"] for r in sorted(output, key=lambda r: (r.partition, r.offset))
+                 if JSON.deserialize(r.value)["p"] == 0]
+    assert from_zero == list(range(0, 40, 2))  # in offset order, each once
+
+
 def counting_then_calling(source: str, sink: str, store: str, call: Any) -> Any:
     """Counts per key, then calls the service with the count: a failed call comes after the
     record's store update, which a retry (or a crash) must not leave applied twice."""
