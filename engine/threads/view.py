@@ -41,7 +41,8 @@ class TaskRunState(Enum):
     RUNNING = "running"
     PAUSED = "paused"
     RETRYING = "retrying"
-    """Set aside by a timeout (KIP-572), retrying until its deadline."""
+    """Set aside by a timeout (KIP-572), retrying until its deadline, or with records answered
+    RETRY by the processing handler waiting out their back-off."""
     RESTORING = "restoring"
     """Rebuilding its state stores from their changelogs before it processes."""
 
@@ -168,7 +169,7 @@ class ThreadView:
                 state = TaskRunState.PAUSED
             elif task.state.state in (TaskState.CREATED, TaskState.RESTORING) and task.state_manager is not None:
                 state = TaskRunState.RESTORING
-            elif deadline is not None:
+            elif deadline is not None or task.timer.records.waiting:
                 state = TaskRunState.RETRYING
             else:
                 state = TaskRunState.RUNNING

@@ -12,10 +12,12 @@ import pytest
 
 from streamloop import ClientState, StreamsBuilder
 from streamloop.handlers import Answer, ErrorContext, StreamThreadExceptionResponse
+from streamloop.ids import TaskId
 from streamloop.records import TopicPartition
 from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde
 from streamloop.state import Materialized
 from streamloop.testing import eventually_async
+from streamloop.threads.view import TaskRunState
 from tests.support.apps import make_streams
 from tests.support.cluster import Cluster, committed_offset
 
@@ -125,6 +127,8 @@ async def test_one_record_at_a_time_the_task_waits_and_the_threads_other_task_go
         await eventually_async(lambda: calls[4] >= 3, 30, "record 4 retried")
         assert task_metric(streams, "record-retries-total", "0_0") >= 2
         assert task_metric(streams, "record-retries-total", "0_1") == 0
+        states = {d.task_id: d.state for d in streams.local_task_details()}
+        assert (states[TaskId(0, 0)], states[TaskId(0, 1)]) == (TaskRunState.RETRYING, TaskRunState.RUNNING)
         assert await committed_offset(cluster, names.app, p0) == 2
         up.set()
         output = await cluster.read(sink, 40, timeout=30)
