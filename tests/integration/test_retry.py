@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streamloop import ClientState, StreamsBuilder
+from streamloop import BaseProcessor, ClientState, PunctuationType, Record, StreamsBuilder
 from streamloop.handlers import Answer, ErrorContext, StreamThreadExceptionResponse
 from streamloop.ids import TaskId
 from streamloop.records import TopicPartition
@@ -136,6 +136,50 @@ async def test_one_record_at_a_time_the_task_waits_and_the_threads_other_task_go
     from_zero = [JSON.deserialize(r.value)["i"] for r in sorted(output, key=lambda r: (r.partition, r.offset))
                  if JSON.deserialize(r.value)["p"] == 0]
     assert from_zero == list(range(0, 40, 2))  # in offset order, each once
+
+
+class Ticking(BaseProcessor):
+    """Counts its wall-clock punctuations (every 20 ms); passes records on."""
+
+    def __init__(self, ticks: list[int]) -> None:
+        self.ticks = ticks
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        context.schedule(20, PunctuationType.WALL_CLOCK_TIME, self.ticks.append)
+
+    def process(self, record: Record) -> None:
+        self.context.forward(record)
+
+
+async def test_wall_clock_punctuations_run_while_the_task_waits_out_a_retry(cluster: Cluster, names) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(0, {"i": 0})], INT, JSON, partitions=1)
+    up = threading.Event()
+    ticks: list[int] = []
+
+    def call_service(value: dict) -> dict:
+        if not up.is_set():
+            raise Unavailable("service down")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .process(lambda: Ticking(ticks))
+            .map_values(call_service, name="call-service")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app,
+                           processing_exception_handler=RetryUnavailable(), processing_retry_backoff_ms=1_000,
+                           processing_retry_backoff_max_ms=1_000, processing_retry_max_attempts=1_000_000)
+    async with streams:
+        await eventually_async(lambda: task_metric(streams, "record-retries-total", "0_0") >= 1, 30, "a retry")
+        before = len(ticks)
+        # The 20 ms punctuation keeps firing through the 1 s back-offs (were it run only between
+        # two attempts, 3 s would see about 3 of them).
+        await eventually_async(lambda: len(ticks) >= before + 20, 3, "wall-clock punctuations during the wait")
+        up.set()
+        await cluster.read(sink, 1, timeout=30)
 
 
 def counting_then_calling(source: str, sink: str, store: str, call: Any) -> Any:
