@@ -61,6 +61,7 @@ from streamloop.records import ConsumerRecord, Headers, Record, TopicPartition
 from streamloop.state.store import Journal
 
 from .processing import Outcome, RecordPath
+from .retries import wait_for_retry
 
 if TYPE_CHECKING:
     from streamloop.collector import RecordCollector
@@ -365,7 +366,7 @@ class InFlightWindow:
                 slot.outputs.clear()  # this attempt's output was never released: no duplicate
                 # A handler's RETRY waits out its back-off in its slot: under processing.ordering=key
                 # only its key waits (it stays busy), the task's other keys go on.
-                await task.wait_for_retry(slot.raw)
+                await wait_for_retry(task, slot.raw)
                 if task.closing:
                     return  # never completed: the commit stays below it, the next owner runs it
         finally:

@@ -25,9 +25,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from streamloop.handlers.responses import Answer
 from streamloop.records import ConsumerRecord
+
+if TYPE_CHECKING:
+    from .task import StreamTask
 
 # Kafka's clients jitter their retry back-off by ±20 % (CommonClientConfigs.RETRY_BACKOFF_JITTER):
 # records retried together spread out instead of hitting a recovering service at once.
@@ -92,3 +96,22 @@ class RecordRetries:
         """How long ``raw`` must still wait before it runs again (0: it may run)."""
         entry = self.waiting.get(key_of(raw))
         return 0 if entry is None else max(0, entry[1] - now_ms)
+
+
+async def wait_for_retry(task: StreamTask, raw: ConsumerRecord, punctuate: bool = False) -> None:
+    """``raw``, answered RETRY, waits out what is left of its back-off (nothing when it has none):
+    the caller (the whole task one record at a time, or the record's slot in flight) waits, the
+    thread's other tasks and the loop go on, and a close ends the wait. ``punctuate``: the
+    wall-clock punctuations due meanwhile run (the caller is the task's only coroutine)."""
+    records = task.timer.records
+    schedules = task.context.wall_clock_schedules
+    while not task.closing:
+        wait_ms = records.wait_ms(raw, task.monotonic_ms())
+        if wait_ms <= 0:
+            return
+        due = schedules.next_due() if punctuate else None
+        if due is not None:
+            wait_ms = min(wait_ms, max(0, due - task.clock_ms()))
+        await task.set_aside(wait_ms / 1000.0)
+        if punctuate:
+            await task.punctuate_wall_clock()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import anyio.lowlevel
 
 from .processing import Outcome, RecordPath
+from .retries import wait_for_retry
 
 if TYPE_CHECKING:
     from streamloop.records import ConsumerRecord
@@ -60,7 +61,7 @@ class SequentialLoop:
                 # A record answered RETRY heads its queue: the task waits out its back-off here,
                 # outside the lock, so that a commit (of the records before it) can run meanwhile,
                 # and so do the wall-clock punctuations due.
-                await task.wait_for_retry(waiting, punctuate=True)
+                await wait_for_retry(task, waiting, punctuate=True)
             await anyio.lowlevel.checkpoint()
 
     async def drain(self) -> None:
@@ -71,7 +72,7 @@ class SequentialLoop:
                 waiting = await self._chunk()
             await task.flush_output()
             if waiting is not None:
-                await task.wait_for_retry(waiting, punctuate=True)
+                await wait_for_retry(task, waiting, punctuate=True)
 
     def lowest_in_flight(self, _tp: object) -> int | None:
         return None  # a record is never in flight here: it is done before the next one starts

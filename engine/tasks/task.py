@@ -114,7 +114,7 @@ class StreamTask:
         self.log = logger.child(f"task [{task_id}] ")
         self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log, logging.DEBUG)
         self._send_buffered = send_buffered
-        self._clock_ms = clock_ms
+        self.clock_ms = clock_ms
         self.monotonic_ms = monotonic_ms or clock_ms
         # Replaced only when the task is revived (its predecessor's timer carries over).
         self.timer = setup.timer or _no_retry_timer(task_id, self.log)
@@ -322,7 +322,7 @@ class StreamTask:
         if due is None:
             await wakeup.wait()
             return
-        with anyio.move_on_after(max(0.0, (due - self._clock_ms()) / 1000.0)):
+        with anyio.move_on_after(max(0.0, (due - self.clock_ms()) / 1000.0)):
             await wakeup.wait()
 
     def wake(self) -> None:
@@ -337,26 +337,10 @@ class StreamTask:
             # The record may have sent part of its output into the open transaction: retrying it
             # would send that part twice. The transaction is aborted and the task revived instead.
             raise TaskCorruptedError(self.id, f"{what} timed out") from exc
-        await self._set_aside(backoff)
+        await self.set_aside(backoff)
 
-    async def wait_for_retry(self, raw: ConsumerRecord, punctuate: bool = False) -> None:
-        """``raw``, answered RETRY, waits out what is left of its back-off (nothing when it has none):
-        the caller (the whole task one record at a time, or the record's slot in flight) waits, the
-        thread's other tasks and the loop go on, and a close ends the wait. ``punctuate``: the
-        wall-clock punctuations due meanwhile run (the caller is the task's only coroutine)."""
-        records = self.timer.records
-        while not self.closing:
-            wait_ms = records.wait_ms(raw, self.monotonic_ms())
-            if wait_ms <= 0:
-                return
-            due = self.context.wall_clock_schedules.next_due() if punctuate else None
-            if due is not None:
-                wait_ms = min(wait_ms, max(0, due - self._clock_ms()))
-            await self._set_aside(wait_ms / 1000.0)
-            if punctuate:
-                await self.punctuate_wall_clock()
-
-    async def _set_aside(self, seconds: float) -> None:
+    async def set_aside(self, seconds: float) -> None:
+        """Wait ``seconds`` (a back-off), or until a close is requested."""
         with anyio.move_on_after(seconds):
             await self._stop.wait()
 
