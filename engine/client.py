@@ -506,7 +506,7 @@ class KafkaStreams:
         ``client-state`` (1.0, the state name in its ``state`` tag). ``stream-thread-metrics``:
         totals, the windowed ``process-rate``, ``process-latency-avg``/``-max`` (ms per record),
         ``poll-rate``, ``commit-rate`` and the cache share. ``stream-task-metrics``: records
-        processed and dropped, ``records-lag``, ``paused``, timeout retries.
+        processed and dropped, ``records-lag``, ``paused``, timeout retries, RETRY answers run and exhausted.
         """
         return client_metrics(self.client_id, self.state, self._threads.snapshot(), self._threads.failed_threads)
 

@@ -239,6 +239,10 @@ NUM_THREADS_PER_TASK = "num.threads.per.task"
 PROCESSING_ORDERING = "processing.ordering"
 DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER = "default.deserialization.exception.handler"
 PROCESSING_EXCEPTION_HANDLER = "processing.exception.handler"
+PROCESSING_RETRY_BACKOFF_MS = "processing.retry.backoff.ms"
+PROCESSING_RETRY_BACKOFF_MAX_MS = "processing.retry.backoff.max.ms"
+PROCESSING_RETRY_MAX_ATTEMPTS = "processing.retry.max.attempts"
+PROCESSING_RETRY_EXHAUSTED_ANSWER = "processing.retry.exhausted.answer"
 DEFAULT_TIMESTAMP_EXTRACTOR = "default.timestamp.extractor"
 ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME = "errors.dead.letter.queue.topic.name"
 DEFAULT_DSL_STORE = "default.dsl.store"
@@ -400,6 +404,19 @@ KEYS: tuple[ConfigKey, ...] = (
               "What to do with a record whose bytes cannot be read: a handler class, instance or dotted path."),
     ConfigKey(PROCESSING_EXCEPTION_HANDLER, object, "streamloop.handlers.LogAndFailProcessingExceptionHandler",
               "What to do when a processor raises: a handler class, instance or dotted path."),
+    ConfigKey(PROCESSING_RETRY_BACKOFF_MS, int, 100,
+              "Back-off before a record whose processing handler answered RETRY runs again; it doubles with "
+              "each attempt, with +-20% jitter.", _at_least(1)),
+    ConfigKey(PROCESSING_RETRY_BACKOFF_MAX_MS, int, 10_000,
+              "The longest back-off between two attempts of a record answered RETRY; must be >= "
+              "processing.retry.backoff.ms.", _at_least(1)),
+    ConfigKey(PROCESSING_RETRY_MAX_ATTEMPTS, int, 5,
+              "Attempts of one record, its first run included, before a RETRY answer gives way to "
+              "processing.retry.exhausted.answer (1: RETRY never runs a record again).", _at_least(1)),
+    ConfigKey(PROCESSING_RETRY_EXHAUSTED_ANSWER, str, "fail",
+              "The answer that applies when the processing handler answers RETRY on a record's last attempt: "
+              "'fail', 'continue' (with errors.dead.letter.queue.topic.name set, the record goes there) or "
+              "'pause'.", _one_of("fail", "continue", "pause")),
     ConfigKey(DEFAULT_TIMESTAMP_EXTRACTOR, object, "streamloop.timestamps.FailOnInvalidTimestamp",
               "The event time of each consumed record where its source names no extractor: an extractor "
               "(extract(record, partition_time) -> ms) class, instance or dotted path."),
@@ -549,6 +566,11 @@ class StreamsConfig(Mapping[str, Any]):
                 values[name] = value
         if values[PROCESSING_GUARANTEE] == EXACTLY_ONCE_V2:
             self._check_exactly_once(values, settings)
+        if values[PROCESSING_RETRY_BACKOFF_MAX_MS] < values[PROCESSING_RETRY_BACKOFF_MS]:
+            raise ConfigError(PROCESSING_RETRY_BACKOFF_MAX_MS,
+                              f"must be >= {PROCESSING_RETRY_BACKOFF_MS} ({values[PROCESSING_RETRY_BACKOFF_MS]}), "
+                              f"got {values[PROCESSING_RETRY_BACKOFF_MAX_MS]}; raise it or lower "
+                              f"{PROCESSING_RETRY_BACKOFF_MS}")
         self._values = values
 
     @staticmethod

@@ -13,6 +13,7 @@ from streamloop.handlers.processing import (
     LogAndContinueProcessingExceptionHandler,
     LogAndFailProcessingExceptionHandler,
     LogAndPauseProcessingExceptionHandler,
+    LogAndRetryProcessingExceptionHandler,
     ProcessingExceptionHandler,
     ProcessingHandlerResponse,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "LogAndFailProcessingExceptionHandler",
     "LogAndPauseExceptionHandler",
     "LogAndPauseProcessingExceptionHandler",
+    "LogAndRetryProcessingExceptionHandler",
     "ProcessingExceptionHandler",
     "ProcessingHandlerResponse",
     "StreamThreadExceptionResponse",

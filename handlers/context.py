@@ -9,7 +9,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ErrorContext:
-    """The failing record's origin. ``raw_key``/``raw_value`` are the bytes as fetched."""
+    """The failing record's origin. ``raw_key``/``raw_value`` are the bytes as fetched.
+
+    ``attempt``: which run of the record failed (1: its first). A processing handler that answered
+    ``RETRY`` before is asked again with the next attempt, so it may answer otherwise then.
+    """
 
     task_id: Any  # engine.TaskId; typed loosely so handlers need not import the engine
     topic: str | None
@@ -20,3 +24,4 @@ class ErrorContext:
     raw_key: bytes | None
     raw_value: bytes | None
     processor_node: str | None = None
+    attempt: int = 1

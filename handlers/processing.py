@@ -3,7 +3,11 @@
 The answers mean what they mean for deserialization errors (``FAIL``,
 ``CONTINUE``, ``PAUSE``). ``CONTINUE`` drops the record from the failing
 processor on; what was already forwarded downstream stays (as in KIP-1033).
-Timeouts never reach these handlers: ``task.timeout.ms`` retries them.
+``RETRY``, for processing only, runs the record again from its source after a
+back-off, up to ``processing.retry.max.attempts`` attempts; then
+``processing.retry.exhausted.answer`` applies (``ErrorContext.attempt`` tells a
+handler which attempt failed). Timeouts never reach these handlers:
+``task.timeout.ms`` retries them.
 """
 
 from __future__ import annotations
@@ -56,3 +60,14 @@ class LogAndPauseProcessingExceptionHandler(_Configurable):
                   context.processor_node, context.task_id, context.topic, context.partition, context.offset,
                   exc_info=exception)
         return ProcessingHandlerResponse.PAUSE
+
+
+class LogAndRetryProcessingExceptionHandler(_Configurable):
+    """Run every failed record again (a transient failure: a service down for a while); once
+    ``processing.retry.max.attempts`` ran, ``processing.retry.exhausted.answer`` applies."""
+
+    def handle(self, context: ErrorContext, record: Any, exception: BaseException) -> ProcessingHandlerResponse:
+        log.warning("Processor %s failed, task %s, topic %s, partition %s, offset %s, attempt %d; retrying: %s: %s",
+                    context.processor_node, context.task_id, context.topic, context.partition, context.offset,
+                    context.attempt, type(exception).__name__, exception)
+        return ProcessingHandlerResponse.RETRY

@@ -18,6 +18,11 @@ class Answer(Enum):
     """Fail the stream thread; its uncaught-exception handler decides next."""
     PAUSE = "pause"
     """Pause only the failing task until ``KafkaStreams.resume(task_id)``."""
+    RETRY = "retry"
+    """Processing only: run the record again after an exponential back-off with jitter
+    (``processing.retry.backoff.ms``, ``processing.retry.backoff.max.ms``). Nothing commits past
+    it while it waits. Once ``processing.retry.max.attempts`` ran, ``processing.retry.exhausted.answer``
+    applies instead (with ``errors.dead.letter.queue.topic.name`` set, the record goes there then)."""
 
 
 # The names Kafka Streams users know; each is the one enum above.

@@ -30,9 +30,12 @@ watermark in a commit's eyes, so a restart runs those records again. While a tra
 once and free their slots, and their output waits for the next transaction (``committing``): the
 workers go on instead of each stopping at its first done record.
 
-A record retried after a timeout undoes its own store updates first (its slot's journal), so
-they are applied once. Records of different keys in flight at once must not write the same
-store keys (``processing.ordering=key`` keeps one record per key in flight).
+A record retried (after a timeout, or a processing handler's RETRY: then its slot waits out the
+back-off, and under ``processing.ordering=key`` its key stays busy while the others go on) undoes
+its own store updates first (its slot's journal), so they are applied once; its held output is
+dropped, so under exactly-once the transaction never holds a failed attempt's output. Records of
+different keys in flight at once must not write the same store keys (``processing.ordering=key``
+keeps one record per key in flight).
 
 The window is bounded: at most ``num.threads.per.task`` slots exist per task (in flight or
 waiting to be passed), so a stuck record stops new ones and, once the task's buffer fills,
@@ -58,6 +61,7 @@ from streamloop.records import ConsumerRecord, Headers, Record, TopicPartition
 from streamloop.state.store import Journal
 
 from .processing import Outcome, RecordPath
+from .retries import wait_for_retry
 
 if TYPE_CHECKING:
     from streamloop.collector import RecordCollector
@@ -363,10 +367,16 @@ class InFlightWindow:
                 if outcome is not Outcome.RETRY:
                     break
                 slot.outputs.clear()  # this attempt's output was never released: no duplicate
+                # A handler's RETRY waits out its back-off in its slot: under processing.ordering=key
+                # only its key waits (it stays busy), the task's other keys go on.
+                await wait_for_retry(task, slot.raw)
                 if task.closing:
                     return  # never completed: the commit stays below it, the next owner runs it
         finally:
             CURRENT.reset(token)
+        retries = task.timer.records
+        if retries.waiting:
+            retries.forget(slot.raw)
         if outcome is Outcome.ABANDONED:
             return
         if outcome is not Outcome.PAUSED:

@@ -4,8 +4,9 @@ A record goes one way::
 
     deserialize ──> extract its timestamp ──> run the graph (``Forwarder.start``; ``drain`` when a
     processor is async) ──> one ``Outcome``: DONE / SKIPPED (a handler said CONTINUE) / PAUSED (a
-    handler said PAUSE) / RETRY (a timeout: backed off under task.timeout.ms, run it again) /
-    ABANDONED (the task was closed dirty meanwhile)
+    handler said PAUSE) / RETRY (a timeout: backed off under task.timeout.ms, run it again; or the
+    processing handler said RETRY: the loop waits out its back-off, ``streamloop.tasks.retries``,
+    then runs it again) / ABANDONED (the task was closed dirty meanwhile)
 
 with the task's store journal begun before the graph and ended (or undone, when the record runs
 again) by the outcome, and the task's KIP-572 timer cleared by a record that gets through. Once
@@ -32,7 +33,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from streamloop.errors import DeserializationError, ProcessingError, StreamsError, TaskError
+from streamloop.config import PROCESSING_RETRY_MAX_ATTEMPTS
+from streamloop.errors import DeserializationError, ProcessingError, StreamsError, TaskCorruptedError, TaskError
 from streamloop.handlers.responses import Answer
 from streamloop.ids import TaskId
 from streamloop.processors.context import CURRENT
@@ -277,9 +279,17 @@ class RecordPath:
             # the pause are read again on resume, and asked about then if they fail again.
             self._undo()
             return Outcome.PAUSED
-        if await self.processing_failed(raw, node, record, exc) is Outcome.PAUSED:
-            self._undo()  # resume() runs the record again
-            return Outcome.PAUSED
+        outcome = await self.processing_failed(raw, node, record, exc, retry=True)
+        if outcome is Outcome.PAUSED or outcome is Outcome.RETRY:
+            self._undo()  # resume() or the retry runs the record again: its updates apply once
+            if outcome is Outcome.RETRY and task.exactly_once and CURRENT.get() is None:
+                # One record at a time, the failed attempt's output went into the open transaction:
+                # running the record again would send it twice. As for a timeout, the transaction is
+                # aborted and the task revived from its last commit; it keeps its timer, and with it
+                # the record's attempts and back-off (``streamloop.tasks.retries``).
+                raise TaskCorruptedError(task.id, f"the processing handler answered RETRY for {raw.topic}-"
+                                         f"{raw.partition} offset {raw.offset}") from exc
+            return outcome
         if self._journal is not None:
             self._journal.end_record()
         return Outcome.SKIPPED
@@ -302,15 +312,40 @@ class RecordPath:
                 await self.processing_failed(carrier, failed, record, exc)
                 return
 
-    async def processing_failed(self, raw: ConsumerRecord, node: str, record: Record, exc: Exception) -> Outcome:
+    async def processing_failed(self, raw: ConsumerRecord, node: str, record: Record, exc: Exception,
+                                retry: bool = False) -> Outcome:
         """Ask the processing handler about ``raw``: FAIL raises, PAUSE pauses the task (PAUSED),
-        CONTINUE drops the record (SKIPPED). Also the bulk Spark path's way to ask, record by record."""
+        CONTINUE drops the record (SKIPPED), RETRY schedules it to run again after its back-off
+        (RETRY; only where the caller can run it again, ``retry``, and while attempts are left:
+        else ``processing.retry.exhausted.answer`` applies). Also the bulk Spark path's way to ask,
+        record by record."""
         task = self._task
         error = ProcessingError(task.id, node, raw.topic, raw.partition, raw.offset, exc)
         error.__cause__ = exc
-        if task.errors is None:
+        errors = task.errors
+        if errors is None:
             raise error from exc
-        action = await task.errors.on_processing_error(task.id, raw, node, record, error)
+        retries = task.timer.records
+        attempt = retries.failed_attempts(raw) + 1
+        action = await errors.on_processing_error(task.id, raw, node, record, error, attempt)
+        if action is Answer.RETRY:
+            policy = errors.retry
+            if not retry:
+                why = "the records of a Spark stage are not run again one by one"
+            elif attempt >= policy.max_attempts:
+                why = f"{PROCESSING_RETRY_MAX_ATTEMPTS} is {policy.max_attempts}"
+            else:
+                delay_ms = policy.delay_ms(attempt)
+                retries.schedule(raw, attempt, task.monotonic_ms() + delay_ms)
+                task.retries += 1
+                task.log.info("Processor %s failed on %s-%s offset %s (attempt %d of %d): %s: %s; the handler "
+                              "answered RETRY, running it again in %d ms", node, raw.topic, raw.partition,
+                              raw.offset, attempt, policy.max_attempts, type(exc).__name__, exc, delay_ms)
+                return Outcome.RETRY
+            task.retries_exhausted += 1
+            action = await errors.retries_exhausted(task.id, raw, node, error, attempt, why)
+        if retries.waiting:
+            retries.forget(raw)
         return self._act_on(action, raw, error, exc)
 
     async def deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING
 import anyio.lowlevel
 
 from .processing import Outcome, RecordPath
+from .retries import wait_for_retry
 
 if TYPE_CHECKING:
+    from streamloop.records import ConsumerRecord
+
     from .task import StreamTask
 
 # Records processed before the task yields to the loop's other coroutines.
@@ -23,7 +26,7 @@ CHUNK = 512
 
 # Module constants: the hot path compares against them per record, and an Enum's class attribute
 # lookup costs several times a global's.
-_DONE, _SKIPPED, _ABANDONED = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED
+_DONE, _SKIPPED, _ABANDONED, _RETRY = Outcome.DONE, Outcome.SKIPPED, Outcome.ABANDONED, Outcome.RETRY
 
 
 class SequentialLoop:
@@ -49,11 +52,16 @@ class SequentialLoop:
                 await task.flush_output()
                 continue
             async with task.processing:
-                await self._chunk()
+                waiting = await self._chunk()
                 if caching and task.flush_requested:
                     await task.flush_state()
             # Output of this chunk goes to the network together: one batch per partition.
             await task.flush_output()
+            if waiting is not None:
+                # A record answered RETRY heads its queue: the task waits out its back-off here,
+                # outside the lock, so that a commit (of the records before it) can run meanwhile,
+                # and so do the wall-clock punctuations due.
+                await wait_for_retry(task, waiting, punctuate=True)
             await anyio.lowlevel.checkpoint()
 
     async def drain(self) -> None:
@@ -61,13 +69,17 @@ class SequentialLoop:
         task = self._task
         while task.buffered() and task.is_running and not task.closing:
             async with task.processing:
-                await self._chunk()
+                waiting = await self._chunk()
             await task.flush_output()
+            if waiting is not None:
+                await wait_for_retry(task, waiting, punctuate=True)
 
     def lowest_in_flight(self, _tp: object) -> int | None:
         return None  # a record is never in flight here: it is done before the next one starts
 
-    async def _chunk(self) -> None:
+    async def _chunk(self) -> ConsumerRecord | None:
+        """Up to ``CHUNK`` records; returns the record answered RETRY that stopped it (it heads its
+        queue and must wait out its back-off), else None."""
         task = self._task
         path = self._path
         process, passed = path.process, path.passed
@@ -80,23 +92,35 @@ class SequentialLoop:
         done = 0
         # Taking ``processing`` may have waited (a commit held it), and a close may have come meanwhile.
         stop = task.closing
+        # Records answered RETRY (empty but for a task that retries): the hot path tests it for truth.
+        retries = task.timer.records
+        waiting = retries.waiting
+        held: ConsumerRecord | None = None
         began = time.perf_counter_ns()
         while queue and done < CHUNK and not stop:
             raw = queue[0]
+            if waiting and retries.wait_ms(raw, task.monotonic_ms()) > 0:
+                held = raw  # its back-off is not over (a task revived under exactly-once meets it here)
+                break
             outcome = process(raw)
             if outcome is not _DONE and not isinstance(outcome, Outcome):
                 outcome = await outcome
                 if outcome is _ABANDONED:
-                    return
+                    return None
                 # Only an await lets the loop's other coroutines run, so only then can a close
                 # have been requested: the check costs the synchronous hot path nothing.
                 stop = task.closing
             if outcome is not _DONE and outcome is not _SKIPPED:
-                break  # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue
+                # PAUSED: nothing more runs; RETRY: the record stays at the head of its queue (a
+                # handler's RETRY waits out its back-off once the chunk ends; a timeout's is over).
+                held = raw if outcome is _RETRY else None
+                break
             # Done or dropped by a handler: the position moves past it, stream time with it.
             queue.popleft()
             next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
             done += 1
+            if waiting:
+                retries.forget(raw)
             punctuating = passed(task.record_time)
             if punctuating is not None:
                 await punctuating
@@ -106,3 +130,4 @@ class SequentialLoop:
         task.processed += done
         task.meter.add(done, time.perf_counter_ns() - began)
         await task.punctuate_wall_clock(locked=True)
+        return held

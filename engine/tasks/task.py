@@ -114,7 +114,7 @@ class StreamTask:
         self.log = logger.child(f"task [{task_id}] ")
         self.state = StateMachine(f"task {task_id}", TaskState.CREATED, TASK_TRANSITIONS, self.log, logging.DEBUG)
         self._send_buffered = send_buffered
-        self._clock_ms = clock_ms
+        self.clock_ms = clock_ms
         self.monotonic_ms = monotonic_ms or clock_ms
         # Replaced only when the task is revived (its predecessor's timer carries over).
         self.timer = setup.timer or _no_retry_timer(task_id, self.log)
@@ -131,6 +131,10 @@ class StreamTask:
         self.timeouts = 0
         self.processed = 0
         self.dropped = 0
+        # RETRY answers of the processing handler that ran a record again, and those that could not
+        # (its attempts ran out: processing.retry.exhausted.answer applied).
+        self.retries = 0
+        self.retries_exhausted = 0
         # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
         self.record_time = -1
         # The group's committed offsets as read when the task started (and by the lag metric), for
@@ -318,7 +322,7 @@ class StreamTask:
         if due is None:
             await wakeup.wait()
             return
-        with anyio.move_on_after(max(0.0, (due - self._clock_ms()) / 1000.0)):
+        with anyio.move_on_after(max(0.0, (due - self.clock_ms()) / 1000.0)):
             await wakeup.wait()
 
     def wake(self) -> None:
@@ -333,7 +337,11 @@ class StreamTask:
             # The record may have sent part of its output into the open transaction: retrying it
             # would send that part twice. The transaction is aborted and the task revived instead.
             raise TaskCorruptedError(self.id, f"{what} timed out") from exc
-        with anyio.move_on_after(backoff):
+        await self.set_aside(backoff)
+
+    async def set_aside(self, seconds: float) -> None:
+        """Wait ``seconds`` (a back-off), or until a close is requested."""
+        with anyio.move_on_after(seconds):
             await self._stop.wait()
 
     # -- output, state stores, punctuation ------------------------------------------------

@@ -28,8 +28,11 @@ from streamloop.ids import TaskId
 from streamloop.logcontext import LogContext
 from streamloop.transport.retriable import is_retriable
 
+from .retries import RecordRetries, exponential_backoff_ms
+
 # Re-exported under the name the task machinery reads; the one list of errors is the transport's.
 is_timeout = is_retriable
+
 
 
 class TaskTimer:
@@ -55,6 +58,9 @@ class TaskTimer:
         # A timeout of a commit or a produce is over only when a commit succeeds; one of
         # the task's own processing is over when a record gets through.
         self.cleared_by_processing = True
+        # The task's records answered RETRY: kept with the timer, so that a task revived under
+        # exactly-once (which keeps its timer) goes on counting their attempts.
+        self.records = RecordRetries()
 
     @property
     def running(self) -> bool:
@@ -84,8 +90,7 @@ class TaskTimer:
             raise TaskTimeoutError(self.task_id, self._timeout_ms, what) from cause
         self.cleared_by_processing = self.cleared_by_processing and cleared_by_processing
         self.retries += 1
-        doubling: int = 2 ** (self.retries - 1)  # int ** int is Any to mypy (a negative power is a float)
-        backoff = min(self._max_backoff_ms, self._backoff_ms * doubling)
+        backoff = exponential_backoff_ms(self._backoff_ms, self._max_backoff_ms, self.retries)
         left = self.deadline_ms - now
         if left > 0:
             self._log.warning("%s timed out (%s); will retry in %d ms, %d ms left of task.timeout.ms",

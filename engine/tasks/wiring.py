@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from streamloop import config as cfg
 from streamloop.config import StreamsConfig, load_handler
+from streamloop.handlers.responses import Answer
 from streamloop.serdes import BytesSerde, Serde, as_serde
 from streamloop.state.task_state import StateSettings
 from streamloop.timestamps import load_timestamp_extractor
 
 from .error_handling import ErrorHandling
 from .manager import TaskManager
+from .retries import RetryPolicy
 from .timeouts import TaskTimer
 
 if TYPE_CHECKING:
@@ -50,6 +52,8 @@ def error_handling(config: StreamsConfig, collector: RecordCollector) -> ErrorHa
         load_handler(config, cfg.PROCESSING_EXCEPTION_HANDLER),
         config[cfg.ERRORS_DEAD_LETTER_QUEUE_TOPIC_NAME],
         collector,
+        RetryPolicy(config[cfg.PROCESSING_RETRY_BACKOFF_MS], config[cfg.PROCESSING_RETRY_BACKOFF_MAX_MS],
+                    config[cfg.PROCESSING_RETRY_MAX_ATTEMPTS], Answer(config[cfg.PROCESSING_RETRY_EXHAUSTED_ANSWER])),
     )
 
 

@@ -65,6 +65,7 @@ from streamloop.testing.driver_loop import DriverLoop
 from streamloop.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
 from streamloop.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from streamloop.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
+from streamloop.threads.view import task_counters
 from streamloop.timestamps import load_timestamp_extractor
 from streamloop.topology.topology import Topology
 
@@ -254,6 +255,10 @@ class TopologyTestDriver:
     def paused_tasks(self) -> set[TaskId]:
         """Tasks an error handler answered PAUSE for."""
         return {t.id for t in self._manager.tasks.values() if t.is_paused}
+
+    def task_metrics(self, task_id: TaskId | str) -> dict[str, float]:
+        """``task_id``'s ``stream-task-metrics`` counters, as ``KafkaStreams.metrics`` has them."""
+        return task_counters(self._task(task_id))
 
     def resume(self, task_id: TaskId | str, skip: bool = False) -> bool:
         """Run a PAUSED task again from the failed record (past it with ``skip``), as

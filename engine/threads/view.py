@@ -41,7 +41,8 @@ class TaskRunState(Enum):
     RUNNING = "running"
     PAUSED = "paused"
     RETRYING = "retrying"
-    """Set aside by a timeout (KIP-572), retrying until its deadline."""
+    """Set aside by a timeout (KIP-572), retrying until its deadline, or with records answered
+    RETRY by the processing handler waiting out their back-off."""
     RESTORING = "restoring"
     """Rebuilding its state stores from their changelogs before it processes."""
 
@@ -138,12 +139,7 @@ class ThreadView:
         }
 
     def task_counters(self) -> list[tuple[TaskId, dict[str, float]]]:
-        return [(t.id, {"records-processed-total": float(t.processed),
-                        "dropped-records-total": float(t.dropped),
-                        "timeout-retries-total": float(t.timeouts),
-                        "paused": float(t.is_paused),
-                        "restore-records-total": float(t.state_manager.restored if t.state_manager else 0)})
-                for t in self.tasks]
+        return [(t.id, task_counters(t)) for t in self.tasks]
 
     def task_lags(self) -> dict[TaskId, int]:
         """Each task's lag: last known log end minus the next offset to process, summed over its
@@ -173,7 +169,7 @@ class ThreadView:
                 state = TaskRunState.PAUSED
             elif task.state.state in (TaskState.CREATED, TaskState.RESTORING) and task.state_manager is not None:
                 state = TaskRunState.RESTORING
-            elif deadline is not None:
+            elif deadline is not None or task.timer.records.waiting:
                 state = TaskRunState.RETRYING
             else:
                 state = TaskRunState.RUNNING
@@ -182,3 +178,14 @@ class ThreadView:
                 None if deadline is None else deadline - now_ms, task.paused_at, task.processed, task.dropped,
                 task.timeouts))
         return sorted(result, key=lambda d: d.task_id)
+
+
+def task_counters(task: StreamTask) -> dict[str, float]:
+    """One task's ``stream-task-metrics`` counters (``KafkaStreams.metrics``, the test driver's ``task_metrics``)."""
+    return {"records-processed-total": float(task.processed),
+            "dropped-records-total": float(task.dropped),
+            "timeout-retries-total": float(task.timeouts),
+            "record-retries-total": float(task.retries),
+            "record-retries-exhausted-total": float(task.retries_exhausted),
+            "paused": float(task.is_paused),
+            "restore-records-total": float(task.state_manager.restored if task.state_manager else 0)}

@@ -17,6 +17,7 @@ from streamloop.handlers import (
     LogAndFailProcessingExceptionHandler,
     LogAndPauseExceptionHandler,
     LogAndPauseProcessingExceptionHandler,
+    LogAndRetryProcessingExceptionHandler,
     ProcessingHandlerResponse,
     dead_letter,
 )
@@ -43,6 +44,7 @@ def test_deserialization_handlers_answer_and_log_task_topic_partition_offset(
     (LogAndFailProcessingExceptionHandler(), ProcessingHandlerResponse.FAIL),
     (LogAndContinueProcessingExceptionHandler(), ProcessingHandlerResponse.CONTINUE),
     (LogAndPauseProcessingExceptionHandler(), ProcessingHandlerResponse.PAUSE),
+    (LogAndRetryProcessingExceptionHandler(), ProcessingHandlerResponse.RETRY),
 ], ids=lambda x: type(x).__name__)
 def test_processing_handlers_answer_and_name_the_processor(handler, answer, caplog) -> None:
     with caplog.at_level(logging.WARNING):
