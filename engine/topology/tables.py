@@ -26,6 +26,7 @@ from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from streamloop.state.windows import TimeWindows
+from streamloop.topology.cogroup import CogroupedKStream, cogroup
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.suppressed import Suppressed, suppress_table
@@ -73,6 +74,11 @@ class KGroupedStream:
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """``aggregator(key, value, aggregate)`` over each key's values, starting from ``initializer()``."""
         return self._aggregate("aggregate", initializer, aggregator, materialized, name, None)
+
+    def cogroup(self, aggregator: Callable[[Any, Any, Any], Any]) -> CogroupedKStream:
+        """Start aggregating this grouped stream together with others (``.cogroup(other, aggregator)``,
+        then ``.aggregate(initializer)``) into one table, with one store (streamloop.topology.cogroup)."""
+        return cogroup(self, aggregator)
 
     @overload
     def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream: ...
