@@ -63,7 +63,7 @@ from streamloop.timestamps import (
 )
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.builder import KStream, StreamsBuilder
-from streamloop.topology.cogroup import CogroupedKStream, TimeWindowedCogroupedKStream
+from streamloop.topology.cogroup import CogroupedKStream, SessionWindowedCogroupedKStream, TimeWindowedCogroupedKStream
 from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
@@ -125,6 +125,7 @@ __all__ = [
     "Record",
     "Repartitioned",
     "SerializationError",
+    "SessionWindowedCogroupedKStream",
     "SessionWindowedKStream",
     "SessionWindows",
     "SlidingWindowedKStream",

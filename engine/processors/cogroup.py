@@ -1,23 +1,25 @@
 """The processors of a windowed cogroup (``streamloop.topology.cogroup``): one per grouped input,
-all updating one window store, and sharing one stream time per task.
+all updating one window (or session) store, and sharing one stream time per task.
 
 A plain cogroup needs nothing of its own (each input's processor is an ``AggregateProcessor``
-on the shared store). A windowed one does: a window is closed once stream time passes its end
-plus grace, and stream time is the largest timestamp ANY input brought to the aggregate. Each
-input's processor is built separately when a task is made, so they find their common stream
-time through the one thing they share: the task's instance of the store.
+on the shared store). A windowed one does: a window (or session) is closed once stream time
+passes its end plus grace, and stream time is the largest timestamp ANY input brought to the
+aggregate. Each kind of window keeps its own processor (time, session, sliding windows), given
+the shared stream time by ``_SharesStreamTime``. Each input's processor is built separately when
+a task is made, so they find their common stream time through the one thing they share: the
+task's instance of the store.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 from weakref import WeakKeyDictionary
 
 from streamloop.processors.api import ProcessorContext
-from streamloop.processors.stateful import WindowedAggregateProcessor
-from streamloop.state.windows import TimeWindows
+from streamloop.processors.session_aggregate import SessionWindowAggregateProcessor
+from streamloop.processors.sliding_aggregate import SlidingWindowAggregateProcessor
+from streamloop.processors.stateful import WindowedAggregateProcessor, _WindowedAggregate
 
 
 class SharedStreamTime:
@@ -43,19 +45,15 @@ def shared_stream_time(store: Any) -> SharedStreamTime:
         return time
 
 
-class CogroupedWindowAggregateProcessor(WindowedAggregateProcessor):
-    """One input of a windowed cogroup: its aggregator, the cogroup's initializer, store and stream time."""
+class _SharesStreamTime(_WindowedAggregate):
+    """A windowed aggregation whose stream time is its task's cogroup's, shared through the store."""
 
-    def __init__(self, store_name: str, windows: TimeWindows, initializer: Callable[[], Any],
-                 aggregator: Callable[[Any, Any, Any], Any]) -> None:
-        self._shared: SharedStreamTime | None = None
-        self._before_init = -1
-        super().__init__(store_name, windows, initializer, aggregator)
+    _shared: SharedStreamTime | None = None
+    _before_init = -1  # the stream time observed before init (none is, today), not lost at init
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self._shared = shared_stream_time(self.store)
-        # A stream time restored before init (none is, today) is not lost.
         self.observe_stream_time(self._before_init)
 
     @property  # a shared value where the base keeps its own
@@ -68,3 +66,15 @@ class CogroupedWindowAggregateProcessor(WindowedAggregateProcessor):
             self._before_init = time
         else:
             self._shared.value = time
+
+
+class CogroupedWindowAggregateProcessor(_SharesStreamTime, WindowedAggregateProcessor):
+    """One input of a cogroup in time windows: its aggregator, the cogroup's initializer and store."""
+
+
+class CogroupedSessionAggregateProcessor(_SharesStreamTime, SessionWindowAggregateProcessor):
+    """One input of a cogroup in session windows: its aggregator, the cogroup's initializer, merger and store."""
+
+
+class CogroupedSlidingAggregateProcessor(_SharesStreamTime, SlidingWindowAggregateProcessor):
+    """One input of a cogroup in sliding windows: its aggregator, the cogroup's initializer and store."""

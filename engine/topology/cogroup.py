@@ -10,21 +10,28 @@ table's node. A grouped stream whose key changed before grouping was already rep
 ``group_by``/``group_by_key``; the inputs are one co-partition group, so the client refuses to
 start when their topics differ in partition counts (and sizes their repartition topics alike).
 
-With ``windowed_by(TimeWindows)`` the shared store is a window store and every input's
-records update the windows they fall in; all inputs share one stream time, so a window that
-one input's records closed is closed for the others too.
+With ``windowed_by(TimeWindows | SlidingWindows | SessionWindows)`` the shared store is a window
+(or session) store and every input's records update the windows they fall in (the sessions they
+join); all inputs share one stream time, so a window that one input's records closed is closed
+for the others too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from streamloop.errors import TopologyError
 from streamloop.processors.builtin import PeekNode
-from streamloop.processors.cogroup import CogroupedWindowAggregateProcessor
+from streamloop.processors.cogroup import (
+    CogroupedSessionAggregateProcessor,
+    CogroupedSlidingAggregateProcessor,
+    CogroupedWindowAggregateProcessor,
+)
 from streamloop.processors.stateful import AggregateProcessor
 from streamloop.serdes import Serde, as_serde
+from streamloop.state.session_windows import SessionWindows
+from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType
 from streamloop.state.windows import TimeWindows
 from streamloop.topology.copartition import add_copartition_group
@@ -65,10 +72,20 @@ class CogroupedKStream:
         plain_function(aggregator, "cogroup() aggregator")
         return CogroupedKStream((*self._inputs, (grouped, aggregator)))
 
-    def windowed_by(self, windows: TimeWindows) -> TimeWindowedCogroupedKStream:
-        """The cogrouped streams cut into time windows; the table's keys are ``Windowed(key, start, end)``."""
-        if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"CogroupedKStream.windowed_by() needs TimeWindows, got {windows!r}")
+    @overload
+    def windowed_by(self, windows: TimeWindows | SlidingWindows) -> TimeWindowedCogroupedKStream: ...
+    @overload
+    def windowed_by(self, windows: SessionWindows) -> SessionWindowedCogroupedKStream: ...
+
+    def windowed_by(self, windows: TimeWindows | SlidingWindows | SessionWindows,
+                    ) -> TimeWindowedCogroupedKStream | SessionWindowedCogroupedKStream:
+        """The cogrouped streams cut into time, sliding or session windows; the table's keys are
+        ``Windowed(key, start, end)``."""
+        if isinstance(windows, SessionWindows):
+            return SessionWindowedCogroupedKStream(self._inputs, windows)
+        if not isinstance(windows, (TimeWindows, SlidingWindows)):
+            raise TopologyError("CogroupedKStream.windowed_by() needs TimeWindows, SlidingWindows or SessionWindows, "
+                                f"got {windows!r}")
         return TimeWindowedCogroupedKStream(self._inputs, windows)
 
     def aggregate(self, initializer: Callable[[], Any], *, materialized: Materialized | str | None = None,
@@ -81,13 +98,15 @@ class CogroupedKStream:
 
         def processors(store: str) -> list[Callable[[], Any]]:
             return [_supplier(AggregateProcessor, store, initializer, a) for a in aggregators]
-        return _build(self._inputs, materialized, name, processors, None)
+        return _build(self._inputs, materialized, name, processors, None,
+                      lambda store, persistent: StoreSupplier(store, persistent))
 
 
 class TimeWindowedCogroupedKStream:
-    """Cogrouped streams in time windows (Kafka Streams' TimeWindowedCogroupedKStream)."""
+    """Cogrouped streams in time or sliding windows (Kafka Streams' TimeWindowedCogroupedKStream)."""
 
-    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...], windows: TimeWindows) -> None:
+    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...],
+                 windows: TimeWindows | SlidingWindows) -> None:
         self._inputs = inputs
         self._windows = windows
 
@@ -99,15 +118,54 @@ class TimeWindowedCogroupedKStream:
         windows = self._windows
         aggregators = [aggregator for _, aggregator in self._inputs]
 
+        if isinstance(windows, SlidingWindows):
+            sliding = windows
+
+            def processors(store: str) -> list[Callable[[], Any]]:
+                return [_supplier(CogroupedSlidingAggregateProcessor, store, sliding, initializer, a)
+                        for a in aggregators]
+            return _build(self._inputs, materialized, name, processors, windows,
+                          lambda store, persistent: StoreSupplier(store, persistent, StoreType.WINDOW,
+                                                                  sliding.retention_ms, sliding.time_difference_ms,
+                                                                  timestamped=True))
+        timed = windows
+
+        def time_processors(store: str) -> list[Callable[[], Any]]:
+            return [_supplier(CogroupedWindowAggregateProcessor, store, timed, initializer, a) for a in aggregators]
+        return _build(self._inputs, materialized, name, time_processors, windows,
+                      lambda store, persistent: StoreSupplier(store, persistent, StoreType.WINDOW,
+                                                              timed.retention_ms, timed.size_ms))
+
+
+class SessionWindowedCogroupedKStream:
+    """Cogrouped streams in session windows (Kafka Streams' SessionWindowedCogroupedKStream)."""
+
+    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...], windows: SessionWindows) -> None:
+        self._inputs = inputs
+        self._windows = windows
+
+    def aggregate(self, initializer: Callable[[], Any], merger: Aggregator, *,
+                  materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """As ``CogroupedKStream.aggregate``, per session: a record of any input joins (or starts)
+        its key's session, ``merger(key, aggregate1, aggregate2)`` combining the sessions it joins;
+        a record for a session closed by stream time (gap plus grace) is dropped."""
+        plain_function(initializer, "cogroup aggregate() initializer")
+        plain_function(merger, "cogroup aggregate() merger")
+        windows = self._windows
+        aggregators = [aggregator for _, aggregator in self._inputs]
+
         def processors(store: str) -> list[Callable[[], Any]]:
-            return [_supplier(CogroupedWindowAggregateProcessor, store, windows, initializer, a)
+            return [_supplier(CogroupedSessionAggregateProcessor, store, windows, initializer, a, merger)
                     for a in aggregators]
-        return _build(self._inputs, materialized, name, processors, windows)
+        return _build(self._inputs, materialized, name, processors, windows,
+                      lambda store, persistent: StoreSupplier(store, persistent, StoreType.SESSION,
+                                                              windows.retention_ms))
 
 
 def _build(inputs: tuple[tuple[KGroupedStream, Aggregator], ...], materialized: Materialized | str | None,
            name: str | None, processors: Callable[[str], list[Callable[[], Any]]],
-           windows: TimeWindows | None) -> KTable:
+           windows: TimeWindows | SlidingWindows | SessionWindows | None,
+           store_supplier: Callable[[str, bool | None], StoreSupplier]) -> KTable:
     from streamloop.topology.tables import KTable
 
     first = inputs[0][0]
@@ -116,12 +174,8 @@ def _build(inputs: tuple[tuple[KGroupedStream, Aggregator], ...], materialized: 
     store = builder._store_name(materialized, "COGROUPKSTREAM-AGGREGATE-STATE-STORE")
     spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
     key_serde = _key_serde(inputs)
-    if windows is None:
-        supplier = StoreSupplier(store, spec.persistent)
-    else:
-        supplier = StoreSupplier(store, spec.persistent, StoreType.WINDOW, windows.retention_ms, windows.size_ms)
     store_builder = StoreBuilder(
-        supplier,
+        store_supplier(store, spec.persistent),
         (None if spec.key_serde is None else as_serde(spec.key_serde, f"key serde of store '{store}'")) or key_serde,
         None if spec.value_serde is None else as_serde(spec.value_serde, f"value serde of store '{store}'"),
         caching=spec.caching, logging=spec.logging)

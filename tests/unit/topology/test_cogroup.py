@@ -13,7 +13,7 @@ import pytest
 
 from streamloop.errors import TopologyError
 from streamloop.serdes import IntegerSerde, LongSerde, StringSerde
-from streamloop.state import Materialized, TimeWindows, Windowed
+from streamloop.state import Materialized, SessionWindows, SlidingWindows, TimeWindows, Windowed
 from streamloop.testing import TopologyTestDriver
 from streamloop.topology.builder import StreamsBuilder
 from streamloop.topology.cogroup import CogroupedKStream
@@ -254,3 +254,118 @@ def test_time_windowed_cogroup_keys_are_windowed() -> None:
         driver.create_input_topic("one", STR, STR).pipe_input("k", "A", 12)
         driver.create_input_topic("two", STR, STR).pipe_input("k", "B", 14)
     assert seen == [(Windowed("k", 10, 20), "A"), (Windowed("k", 10, 20), "AB")]
+
+
+# -- session and sliding windows --------------------------------------------------------
+
+def plus(_key: str, value: str, aggregate: str) -> str:
+    return f"{aggregate}+{value}"  # MockAggregator.TOSTRING_ADDER
+
+
+def minus(_key: str, value: str, aggregate: str) -> str:
+    return f"{aggregate}-{value}"  # MockAggregator.TOSTRING_REMOVER
+
+
+def merge(_key: str, one: str, two: str) -> str:
+    return f"{one}+{two}"
+
+
+def last_per_window(builder: StreamsBuilder,
+                    inputs: list[tuple[str, str, str, int]]) -> dict[tuple[str, int, int], Any]:
+    table_updates: dict[tuple[str, int, int], Any] = {}
+    with TopologyTestDriver(builder.build(), CONFIG) as driver:
+        topics = {t: driver.create_input_topic(t, STR, STR) for t, _, _, _ in inputs}
+        for topic, key, value, timestamp in inputs:
+            topics[topic].pipe_input(key, value, timestamp)
+        for record in driver.create_output_topic("output", STR, STR).read_records():
+            key, start, end = record.key.split("@")
+            table_updates[(key, int(start), int(end))] = record.value
+    return table_updates
+
+
+def session_cogroup(builder: StreamsBuilder) -> None:
+    one, two = two_grouped(builder)
+    (one.cogroup(plus).cogroup(two, minus)
+        .windowed_by(SessionWindows.of_inactivity_gap_and_grace(100, 10_000))
+        .aggregate(lambda: "0", merge, materialized="sessions")
+        .to_stream().map(lambda w, v: (f"{w.key}@{w.start}@{w.end}", v)).to("output"))
+
+
+def test_session_windowed_cogroup_of_one_input_merges_sessions() -> None:
+    """Matches SessionWindowedCogroupedKStreamImplTest.sessionWindowAggregateTest2StreamsTest: a
+    session's aggregate is the merger of the sessions a record joins, from the initializer."""
+    builder = StreamsBuilder()
+    session_cogroup(builder)
+    out = last_per_window(builder, [("one", "k1", "A", 0), ("one", "k1", "A", 84), ("one", "k1", "A", 113),
+                                    ("one", "k1", "A", 199), ("one", "k1", "B", 300), ("one", "k11", "B", 301),
+                                    ("one", "k11", "B", 400), ("one", "k1", "B", 400)])
+    assert out[("k1", 0, 199)] == "0+0+0+0+A+A+A+A"
+    assert out[("k1", 300, 400)] == "0+0+B+B"
+    assert out[("k11", 301, 400)] == "0+0+B+B"
+
+
+def test_session_windowed_cogroup_mixes_the_inputs_aggregators() -> None:
+    """Matches SessionWindowedCogroupedKStreamImplTest.sessionWindowMixAggregatorsTest and
+    sessionWindowMixAggregatorsManyWindowsTest."""
+    builder = StreamsBuilder()
+    session_cogroup(builder)
+    out = last_per_window(builder, [("one", "k1", "A", 0), ("one", "k11", "A", 0), ("one", "k11", "A", 1),
+                                    ("one", "k1", "A", 2), ("two", "k1", "B", 3), ("two", "k11", "B", 3),
+                                    ("two", "k11", "B", 444), ("two", "k1", "B", 444)])
+    assert out[("k1", 0, 3)] == "0+0+0+A+A-B"
+    assert out[("k11", 444, 444)] == "0-B"
+    builder = StreamsBuilder()
+    session_cogroup(builder)
+    out = last_per_window(builder, [("one", "k1", "A", 0), ("one", "k11", "A", 0), ("one", "k11", "A", 1),
+                                    ("one", "k1", "A", 2), ("two", "k1", "B", 3), ("two", "k11", "B", 500),
+                                    ("two", "k11", "B", 501), ("two", "k1", "B", 501)])
+    assert out[("k1", 0, 3)] == "0+0+0+A+A-B"
+    assert out[("k11", 500, 501)] == "0+0-B-B"
+    assert out[("k1", 501, 501)] == "0-B"
+
+
+@pytest.mark.parametrize("windows", [TimeWindows.of_size_and_grace(10, 5), TimeWindows.of_size_with_no_grace(10)
+                                     .advance_by(5), SlidingWindows.of_time_difference_and_grace(10, 5),
+                                     SessionWindows.of_inactivity_gap_and_grace(10, 5)],
+                         ids=["tumbling", "hopping", "sliding", "session"])
+def test_a_windowed_cogroup_of_one_input_is_that_input_windowed(windows: Any) -> None:
+    """With one input a windowed cogroup is the input's own windowed aggregate: same windows,
+    same late records dropped, same updates."""
+    inputs = [("one", k, v, ts) for k, v, ts in [("a", "1", 3), ("a", "2", 12), ("b", "3", 7), ("a", "4", 30),
+                                                 ("a", "5", 9), ("a", "6", 26), ("b", "7", 1), ("a", "8", 31)]]
+    results = []
+    for cogrouped in (True, False):
+        builder = StreamsBuilder()
+        grouped = builder.stream("one", key_serde=STR, value_serde=STR).group_by_key()
+        if cogrouped:
+            windowed: Any = grouped.cogroup(concat).windowed_by(windows)
+        else:
+            windowed = grouped.windowed_by(windows)
+        if isinstance(windows, SessionWindows):
+            table = windowed.aggregate(lambda: "", *(() if cogrouped else (concat,)), lambda _k, a, b: a + b,
+                                       materialized="w")
+        else:
+            table = windowed.aggregate(lambda: "", *(() if cogrouped else (concat,)), materialized="w")
+        table.to_stream().map(lambda w, v: (f"{w.key}@{w.start}@{w.end}", v)).to("output")
+        with TopologyTestDriver(builder.build(), CONFIG) as driver:
+            topic = driver.create_input_topic("one", STR, STR)
+            for _, key, value, timestamp in inputs:
+                topic.pipe_input(key, value, timestamp)
+            results.append(driver.create_output_topic("output", STR, STR).read_key_values())
+    assert results[0] == results[1]
+    assert results[0]  # something was aggregated
+
+
+@pytest.mark.parametrize("windows", [SessionWindows.of_inactivity_gap_with_no_grace(10),
+                                     SlidingWindows.of_time_difference_with_no_grace(10)], ids=["session", "sliding"])
+def test_session_and_sliding_cogroups_share_one_stream_time(windows: Any) -> None:
+    """As with time windows: "one" moves stream time to 100, so "two"'s record at 5 is late."""
+    builder = StreamsBuilder()
+    one, two = two_grouped(builder)
+    windowed: Any = one.cogroup(concat).cogroup(two, concat).windowed_by(windows)
+    extra = (lambda _k, a, b: a + b,) if isinstance(windows, SessionWindows) else ()
+    windowed.aggregate(lambda: "", *extra, materialized="w").to_stream() \
+        .map(lambda w, v: (f"{w.key}@{w.start}", v)).to("output")
+    out = pipe(builder, [("one", "k", "A", 100), ("two", "k", "B", 5), ("two", "k", "C", 101)])
+    assert ("k@0", "B") not in out and all("B" not in v for _, v in out if v is not None)
+    assert out[-1][1] == "AC"
