@@ -43,17 +43,19 @@ if TYPE_CHECKING:
 Aggregator = Callable[[Any, Any, Any], Any]
 
 
-def cogroup(grouped: KGroupedStream, aggregator: Aggregator) -> CogroupedKStream:
+def cogroup(grouped: KGroupedStream, aggregator: Aggregator, table_class: type[KTable]) -> CogroupedKStream:
+    """``table_class``: KTable (streamloop.topology.tables imports this module)."""
     plain_function(aggregator, "cogroup() aggregator")
-    return CogroupedKStream(((grouped, aggregator),))
+    return CogroupedKStream(((grouped, aggregator),), table_class)
 
 
 class CogroupedKStream:
     """Grouped streams to aggregate together: add more with ``cogroup``, finish with ``aggregate``
     (or ``windowed_by(TimeWindows).aggregate``). Each call returns a new ``CogroupedKStream``."""
 
-    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...]) -> None:
+    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...], table_class: type[KTable]) -> None:
         self._inputs = inputs
+        self._table_class = table_class
 
     def cogroup(self, grouped: KGroupedStream, aggregator: Aggregator) -> CogroupedKStream:
         """Add ``grouped``, aggregated with ``aggregator(key, value, aggregate)``.
@@ -70,7 +72,7 @@ class CogroupedKStream:
             raise TopologyError(f"cogroup(): the grouped stream after '{grouped._node}' is in this cogroup already; "
                                 "give each grouped stream one aggregator")
         plain_function(aggregator, "cogroup() aggregator")
-        return CogroupedKStream((*self._inputs, (grouped, aggregator)))
+        return CogroupedKStream((*self._inputs, (grouped, aggregator)), self._table_class)
 
     @overload
     def windowed_by(self, windows: TimeWindows | SlidingWindows) -> TimeWindowedCogroupedKStream: ...
@@ -82,11 +84,11 @@ class CogroupedKStream:
         """The cogrouped streams cut into time, sliding or session windows; the table's keys are
         ``Windowed(key, start, end)``."""
         if isinstance(windows, SessionWindows):
-            return SessionWindowedCogroupedKStream(self._inputs, windows)
+            return SessionWindowedCogroupedKStream(self._inputs, windows, self._table_class)
         if not isinstance(windows, (TimeWindows, SlidingWindows)):
             raise TopologyError("CogroupedKStream.windowed_by() needs TimeWindows, SlidingWindows or SessionWindows, "
                                 f"got {windows!r}")
-        return TimeWindowedCogroupedKStream(self._inputs, windows)
+        return TimeWindowedCogroupedKStream(self._inputs, windows, self._table_class)
 
     def aggregate(self, initializer: Callable[[], Any], *, materialized: Materialized | str | None = None,
                   name: str | None = None) -> KTable:
@@ -98,7 +100,7 @@ class CogroupedKStream:
 
         def processors(store: str) -> list[Callable[[], Any]]:
             return [_supplier(AggregateProcessor, store, initializer, a) for a in aggregators]
-        return _build(self._inputs, materialized, name, processors, None,
+        return _build(self._table_class, self._inputs, materialized, name, processors, None,
                       lambda store, persistent: StoreSupplier(store, persistent))
 
 
@@ -106,9 +108,10 @@ class TimeWindowedCogroupedKStream:
     """Cogrouped streams in time or sliding windows (Kafka Streams' TimeWindowedCogroupedKStream)."""
 
     def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...],
-                 windows: TimeWindows | SlidingWindows) -> None:
+                 windows: TimeWindows | SlidingWindows, table_class: type[KTable]) -> None:
         self._inputs = inputs
         self._windows = windows
+        self._table_class = table_class
 
     def aggregate(self, initializer: Callable[[], Any], *, materialized: Materialized | str | None = None,
                   name: str | None = None) -> KTable:
@@ -124,7 +127,7 @@ class TimeWindowedCogroupedKStream:
             def processors(store: str) -> list[Callable[[], Any]]:
                 return [_supplier(CogroupedSlidingAggregateProcessor, store, sliding, initializer, a)
                         for a in aggregators]
-            return _build(self._inputs, materialized, name, processors, windows,
+            return _build(self._table_class, self._inputs, materialized, name, processors, windows,
                           lambda store, persistent: StoreSupplier(store, persistent, StoreType.WINDOW,
                                                                   sliding.retention_ms, sliding.time_difference_ms,
                                                                   timestamped=True))
@@ -132,7 +135,7 @@ class TimeWindowedCogroupedKStream:
 
         def time_processors(store: str) -> list[Callable[[], Any]]:
             return [_supplier(CogroupedWindowAggregateProcessor, store, timed, initializer, a) for a in aggregators]
-        return _build(self._inputs, materialized, name, time_processors, windows,
+        return _build(self._table_class, self._inputs, materialized, name, time_processors, windows,
                       lambda store, persistent: StoreSupplier(store, persistent, StoreType.WINDOW,
                                                               timed.retention_ms, timed.size_ms))
 
@@ -140,9 +143,11 @@ class TimeWindowedCogroupedKStream:
 class SessionWindowedCogroupedKStream:
     """Cogrouped streams in session windows (Kafka Streams' SessionWindowedCogroupedKStream)."""
 
-    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...], windows: SessionWindows) -> None:
+    def __init__(self, inputs: tuple[tuple[KGroupedStream, Aggregator], ...], windows: SessionWindows,
+                 table_class: type[KTable]) -> None:
         self._inputs = inputs
         self._windows = windows
+        self._table_class = table_class
 
     def aggregate(self, initializer: Callable[[], Any], merger: Aggregator, *,
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
@@ -157,17 +162,16 @@ class SessionWindowedCogroupedKStream:
         def processors(store: str) -> list[Callable[[], Any]]:
             return [_supplier(CogroupedSessionAggregateProcessor, store, windows, initializer, a, merger)
                     for a in aggregators]
-        return _build(self._inputs, materialized, name, processors, windows,
+        return _build(self._table_class, self._inputs, materialized, name, processors, windows,
                       lambda store, persistent: StoreSupplier(store, persistent, StoreType.SESSION,
                                                               windows.retention_ms))
 
 
-def _build(inputs: tuple[tuple[KGroupedStream, Aggregator], ...], materialized: Materialized | str | None,
+def _build(table_class: type[KTable], inputs: tuple[tuple[KGroupedStream, Aggregator], ...],
+           materialized: Materialized | str | None,
            name: str | None, processors: Callable[[str], list[Callable[[], Any]]],
            windows: TimeWindows | SlidingWindows | SessionWindows | None,
            store_supplier: Callable[[str, bool | None], StoreSupplier]) -> KTable:
-    from streamloop.topology.tables import KTable
-
     first = inputs[0][0]
     builder = first._builder
     topology = builder._topology
@@ -190,11 +194,11 @@ def _build(inputs: tuple[tuple[KGroupedStream, Aggregator], ...], materialized: 
     if len(agg_nodes) > 1:
         add_copartition_group(topology, "cogroup()", tuple(agg_nodes))
     if windows is not None:
-        table = KTable(builder, merge, store, None, store_builder.value_serde,
-                       key_kind="Windowed (a windowed table's keys)")
+        table = table_class(builder, merge, store, None, store_builder.value_serde,
+                            key_kind="Windowed (a windowed table's keys)")
         table._windows = windows
     else:
-        table = KTable(builder, merge, store, store_builder.key_serde, store_builder.value_serde)
+        table = table_class(builder, merge, store, store_builder.key_serde, store_builder.value_serde)
     # The aggregate processors forward the table's updates (the merge only passes them on).
     table._change_nodes = tuple(agg_nodes)
     return table

@@ -80,7 +80,7 @@ class KGroupedStream:
     def cogroup(self, aggregator: Callable[[Any, Any, Any], Any]) -> CogroupedKStream:
         """Start aggregating this grouped stream together with others (``.cogroup(other, aggregator)``,
         then ``.aggregate(initializer)``) into one table, with one store (streamloop.topology.cogroup)."""
-        return cogroup(self, aggregator)
+        return cogroup(self, aggregator, KTable)
 
     @overload
     def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream: ...
