@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from streamloop.errors import ForwardingError, TopologyError
 from streamloop.processors.api import BaseProcessor, ProcessorContext
-from streamloop.processors.change import ChangeRecord, Getter, TableView, old_value_of
+from streamloop.processors.change import ChangeRecord, Getter, TableView, derived_getter, old_value_of
 from streamloop.processors.stateful import _TableProcessor
 from streamloop.records import Record
 
@@ -122,5 +122,6 @@ def transformed_view(parent: TableView, supplier: ValueTransformerWithKeySupplie
 
         def transformed_get(key: Any) -> Any:
             return transformer.transform(key, get(key))
-        return transformed_get
+        # Closed with the reader (shouldCloseTransformerOnGetterClose), after its parent's getter.
+        return derived_getter(transformed_get, get, close=transformer.close)
     return TableView((*parent.stores, *(s for s in stores if s not in parent.stores)), make)

@@ -217,3 +217,19 @@ def test_bad_transformers_are_refused() -> None:
 
     with pytest.raises(TopologyError, match="must be a plain method"):
         table.transform_values(Waiting)
+
+
+def test_a_joins_transformer_is_closed_with_the_join() -> None:
+    """Matches KTableTransformValuesTest.shouldCloseTransformerOnGetterClose: the transformer a
+    join's view made is closed when the join's processor closes (and the table's own one too)."""
+    builder = StreamsBuilder()
+    table = builder.table("input", key_serde=STR, value_serde=STR).transform_values(Exclamation) \
+        .filter(lambda _k, v: v is not None)  # a view over the transformer's view closes it too
+    builder.stream("lookups", key_serde=STR, value_serde=STR).join(table, lambda v, t: f"{v}:{t}").to("output")
+    before = Exclamation.closed
+    with TopologyTestDriver(builder.build(), CONFIG) as driver:
+        driver.create_input_topic("input", STR, STR).pipe_input("k", "v", 0)
+        driver.create_input_topic("lookups", STR, STR).pipe_input("k", "q", 1)
+        assert driver.create_output_topic("output", STR, STR).read_values() == ["q:k->v!"]
+        assert Exclamation.closed == before
+    assert Exclamation.closed == before + 2
