@@ -3,7 +3,8 @@ memory broker and on real Kafka (same scenarios).
 
 Three streams cogrouped into one table (one of them re-keyed, so through a repartition topic),
 its store in memory so that after a restart with a fresh state directory it comes back from its
-one changelog only; a stream whose values a FixedKeyProcessor rewrites, made a table and
+one changelog only; two streams in one session per key, merged across them and across a restart;
+a stream whose values a FixedKeyProcessor rewrites, made a table and
 transformed, printed to a file; and the co-partitioning check of a cogroup's inputs at start-up.
 """
 
@@ -14,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from streamloop import FixedKeyRecord, Materialized, Printed, Stores, StreamsBuilder
+from streamloop import FixedKeyRecord, Materialized, Printed, SessionWindows, Stores, StreamsBuilder, Windowed
 from streamloop.errors import TopologyError
 from streamloop.serdes import JsonSerde, LongSerde, StringSerde
 from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
 from tests.support.cluster import EVERY_BROKER, Cluster
+from tests.support.event_time import recent_ms
 
 pytestmark = pytest.mark.asyncio
 
@@ -79,6 +81,47 @@ async def test_cogrouped_totals_survive_a_restart_from_their_one_changelog(clust
         after = {"ann": {"clicks": 3, "bought": 30, "refunded": 10}, "bob": {"clicks": 1, "bought": 5, "refunded": 5}}
         await eventually_async(lambda: dict(streams.store("totals").all()) == after, timeout=DEADLINE,
                                what="the restored totals with the later records")
+
+
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
+async def test_session_windowed_cogroup_merges_across_inputs_and_a_restart(cluster: Cluster, names,
+                                                                         tmp_path: Path) -> None:
+    """Views and likes of a page in one session per page: a record of either input joins the
+    session; after a restart with a fresh state directory the session comes back from the one
+    changelog and a later record of the other input still merges into it."""
+    views, likes = names("views"), names("likes")
+    await cluster.create_topics({views: 2, likes: 2})
+    t = recent_ms()  # the session changelog must outlive the broker's time-based retention
+
+    def topology() -> Any:
+        builder = StreamsBuilder()
+        seen = builder.stream(views, key_serde=STR, value_serde=LONG).group_by_key()
+        liked = builder.stream(likes, key_serde=STR, value_serde=LONG).group_by_key()
+        (seen.cogroup(add("views")).cogroup(liked, add("likes"))
+             .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(1000))
+             .aggregate(lambda: {"views": 0, "likes": 0},
+                        lambda _k, a, b: {"views": a["views"] + b["views"], "likes": a["likes"] + b["likes"]},
+                        materialized=Materialized("activity", value_serde=JSON, persistent=False)))
+        return builder.build()
+
+    def app():  # type: ignore[no-untyped-def]
+        return make_streams(topology(), cluster.bootstrap, names.app, state_dir=str(tmp_path / "state"),
+                            commit_interval_ms=100)
+
+    await cluster.produce(views, [("home", 1)], STR, LONG, partitions=2, timestamp=t)
+    await cluster.produce(likes, [("home", 1)], STR, LONG, partitions=2, timestamp=t + 400)
+    async with app() as streams:
+        await eventually_async(
+            lambda: streams.store("activity").fetch("home") == [(Windowed("home", t, t + 400),
+                                                                 {"views": 1, "likes": 1})],
+            timeout=DEADLINE, what="one session from both inputs")
+    (tmp_path / "state").rename(tmp_path / "old-state")
+    async with app() as streams:
+        await cluster.produce(views, [("home", 2)], STR, LONG, partitions=2, timestamp=t + 900)
+        await eventually_async(
+            lambda: streams.store("activity").fetch("home") == [(Windowed("home", t, t + 900),
+                                                                 {"views": 3, "likes": 1})],
+            timeout=DEADLINE, what="the restored session merged with a later view")
 
 
 class Tagging:
