@@ -13,7 +13,8 @@ start when their topics differ in partition counts (and sizes their repartition 
 With ``windowed_by(TimeWindows | SlidingWindows | SessionWindows)`` the shared store is a window
 (or session) store and every input's records update the windows they fall in (the sessions they
 join); all inputs share one stream time, so a window that one input's records closed is closed
-for the others too.
+for the others too (Kafka Streams' per-input processors each keep their own stream time, so a
+window closed by one input there still takes another input's late record).
 """
 
 from __future__ import annotations
