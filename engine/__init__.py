@@ -11,6 +11,7 @@ from streamloop.errors import (
     CommitFailedError,
     ConfigError,
     DeserializationError,
+    ForwardingError,
     HandledRecordError,
     HandlerError,
     IllegalStateError,
@@ -43,6 +44,8 @@ from streamloop.errors import (
 from streamloop.health import HealthResult
 from streamloop.ids import TaskId
 from streamloop.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
+from streamloop.processors.fixed_key import FixedKeyProcessor, FixedKeyProcessorContext, FixedKeyRecord
+from streamloop.processors.table_transform import ValueTransformerWithKey
 from streamloop.records import Record, TopicPartition
 from streamloop.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
@@ -60,9 +63,11 @@ from streamloop.timestamps import (
 )
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.builder import KStream, StreamsBuilder
+from streamloop.topology.cogroup import CogroupedKStream, SessionWindowedCogroupedKStream, TimeWindowedCogroupedKStream
 from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
+from streamloop.topology.printed import Printed
 from streamloop.topology.repartition import Repartitioned
 from streamloop.topology.suppressed import BufferConfig, Suppressed
 from streamloop.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
@@ -76,11 +81,16 @@ __all__ = [
     "BufferConfig",
     "BufferFullError",
     "ClientState",
+    "CogroupedKStream",
     "CommitFailedError",
     "ConfigError",
     "ConsumedRecord",
     "DeserializationError",
     "FailOnInvalidTimestamp",
+    "FixedKeyProcessor",
+    "FixedKeyProcessorContext",
+    "FixedKeyRecord",
+    "ForwardingError",
     "GlobalKTable",
     "HandledRecordError",
     "HandlerError",
@@ -104,6 +114,7 @@ __all__ = [
     "MissingSerdeError",
     "MissingSinkTopicError",
     "MissingSourceTopicError",
+    "Printed",
     "ProcessingError",
     "Processor",
     "ProcessorContext",
@@ -114,6 +125,7 @@ __all__ = [
     "Record",
     "Repartitioned",
     "SerializationError",
+    "SessionWindowedCogroupedKStream",
     "SessionWindowedKStream",
     "SessionWindows",
     "SlidingWindowedKStream",
@@ -141,6 +153,7 @@ __all__ = [
     "TaskRunState",
     "TaskTimeoutError",
     "ThreadMetadata",
+    "TimeWindowedCogroupedKStream",
     "TimeWindowedKStream",
     "TimeWindows",
     "TimestampExtractor",
@@ -151,6 +164,7 @@ __all__ = [
     "UnknownConfigError",
     "UsePartitionTimeOnInvalidTimestamp",
     "ValueAndTimestamp",
+    "ValueTransformerWithKey",
     "VersionedRecord",
     "WallclockTimestampExtractor",
     "Windowed",

@@ -11,6 +11,9 @@
     │   └── MissingSerdeError        a sink must write keys or values known not to be bytes (Windowed keys,
     │                                a Spark stage's rows) and no serde is given, known or set as default
     ├── IllegalStateError            a call made in a client state that does not allow it
+    ├── ForwardingError              a processor forwarded what its context does not allow: a plain
+    │                                Record from a process_values() processor (it could change the
+    │                                key), anything from a transform_values() transformer
     ├── MissingSourceTopicError      source topics do not exist (names them)
     ├── MissingSinkTopicError        sink topics do not exist (names them)
     ├── SparkUnavailableError        a Spark stage is used without pyspark/pyarrow installed
@@ -145,6 +148,20 @@ class MissingSerdeError(TopologyError):
 
 class IllegalStateError(StreamsError, RuntimeError):
     """The call is not allowed in the client's current state."""
+
+
+class ForwardingError(StreamsError, TypeError):
+    """A processor called ``context.forward`` with what its context does not take (names the node).
+
+    A ``process_values()`` processor may forward only a ``FixedKeyRecord`` (made from the record it
+    got, by ``with_value``/``with_timestamp``/``with_headers``), so that the key cannot change and no
+    repartition is needed; a ``transform_values()`` transformer forwards nothing (it returns the new
+    value). Not sent to the processing exception handler: the processor is wrong for every record.
+    """
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"Processor '{node}': {message}")
+        self.node = node
 
 
 class MissingSourceTopicError(StreamsError):

@@ -79,3 +79,6 @@ class Record:
 
     def with_timestamp(self, timestamp: int) -> Record:
         return Record(self.key, self.value, timestamp, self.headers)
+
+    def with_headers(self, headers: Headers) -> Record:
+        return Record(self.key, self.value, self.timestamp, headers)

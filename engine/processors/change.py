@@ -37,6 +37,38 @@ def old_value_of(record: Record) -> Any:
     return record.old_value if isinstance(record, ChangeRecord) else None
 
 
+class ClosingGetter:
+    """A getter that holds what its reader must close with it: the transformers a
+    ``transform_values`` view made for it (Kafka Streams' ``KTableValueGetter.close``)."""
+
+    __slots__ = ("_closers", "_get")
+
+    def __init__(self, get: Getter, closers: tuple[Callable[[], None], ...]) -> None:
+        self._get = get
+        self._closers = closers
+
+    def __call__(self, key: Any) -> Any:
+        return self._get(key)
+
+    def close(self) -> None:
+        for close in self._closers:
+            close()
+
+
+def derived_getter(get: Getter, *parents: Getter, close: Callable[[], None] | None = None) -> Getter:
+    """``get``, made from ``parents``' getters: it closes what they close (and ``close``), if anything."""
+    closers = tuple(c for p in parents if isinstance(p, ClosingGetter) for c in p._closers)
+    if close is not None:
+        closers = (*closers, close)
+    return ClosingGetter(get, closers) if closers else get
+
+
+def close_getter(get: Getter) -> None:
+    """Close what a getter holds (Caller: a processor's ``close``, for the getters it made)."""
+    if isinstance(get, ClosingGetter):
+        get.close()
+
+
 @dataclass(frozen=True)
 class TableView:
     """How a processor reads a table's current value for a key, from the stores named in ``stores``
@@ -58,7 +90,7 @@ class TableView:
             def filtered_get(key: Any) -> Any:
                 value = get(key)
                 return value if value is not None and bool(predicate(key, value)) != negate else None
-            return filtered_get
+            return derived_getter(filtered_get, get)
         return TableView(self.stores, make)
 
     def mapped(self, mapper: Callable[[Any], Any]) -> TableView:
@@ -70,7 +102,7 @@ class TableView:
             def mapped_get(key: Any) -> Any:
                 value = get(key)
                 return None if value is None else mapper(value)
-            return mapped_get
+            return derived_getter(mapped_get, get)
         return TableView(self.stores, make)
 
 

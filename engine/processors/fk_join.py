@@ -40,7 +40,7 @@ from enum import IntEnum
 from typing import Any
 
 from streamloop.processors.api import BaseProcessor, ProcessorContext
-from streamloop.processors.change import Getter, TableView, old_value_of
+from streamloop.processors.change import Getter, TableView, close_getter, old_value_of
 from streamloop.records import Record
 from streamloop.serdes import Serde
 
@@ -294,6 +294,9 @@ class SubscriptionReceiveProcessor(_RightSideProcessor):
         super().init(context)
         self.get: Getter = self.right.make(context)
 
+    def close(self) -> None:
+        close_getter(self.get)
+
     def process(self, record: Record) -> None:
         foreign_key, data = record.key, record.value
         if foreign_key is None or data is None:
@@ -351,6 +354,9 @@ class ResponseJoinProcessor(BaseProcessor):
         super().init(context)
         self.get: Getter = self.left.make(context)
         self.resolved = self.serdes.resolve(context)
+
+    def close(self) -> None:
+        close_getter(self.get)
 
     def process(self, record: Record) -> None:
         serdes = self.resolved

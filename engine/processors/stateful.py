@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamloop.processors.api import BaseProcessor, ProcessorContext
-from streamloop.processors.change import ChangeRecord, TableView
+from streamloop.processors.change import ChangeRecord, TableView, close_getter
 from streamloop.records import Record
 from streamloop.state.store import KeyValueStore, WindowStore
 from streamloop.state.windows import TimeWindows
@@ -173,3 +173,6 @@ class StreamTableJoinProcessor(BaseProcessor):
             return
         self.context.forward(Record(record.key, self.joiner(record.value, other), record.timestamp,
                                     record.headers))
+
+    def close(self) -> None:
+        close_getter(self._get)

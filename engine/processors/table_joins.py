@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamloop.processors.api import BaseProcessor, ProcessorContext
-from streamloop.processors.change import ChangeRecord, Getter, TableView, old_value_of
+from streamloop.processors.change import ChangeRecord, Getter, TableView, close_getter, derived_getter, old_value_of
 from streamloop.records import Record
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ class TableJoinProcessor(BaseProcessor):
 
     def _join(self, mine: Any, theirs: Any) -> Any:
         return self.joiner(mine, theirs) if self.left_side else self.joiner(theirs, mine)
+
+    def close(self) -> None:
+        close_getter(self.get)
 
     def process(self, record: Record) -> None:
         key = record.key
@@ -93,6 +96,6 @@ def joined_view(left: TableView, right: TableView, joiner: Callable[[Any, Any], 
             if rv is None and kind == "inner":
                 return None
             return joiner(lv, rv)
-        return get
+        return derived_getter(get, get_left, get_right)
     stores = left.stores + tuple(s for s in right.stores if s not in left.stores)
     return TableView(stores, make)

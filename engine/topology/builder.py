@@ -22,6 +22,7 @@ from streamloop.processors.builtin import (
     PeekNode,
     SelectKeyNode,
 )
+from streamloop.processors.fixed_key import FixedKeyProcessorSupplier
 from streamloop.processors.nodes import Node, Partitioner
 from streamloop.serdes import Serde, as_serde
 from streamloop.state.join_windows import JoinWindows
@@ -29,13 +30,16 @@ from streamloop.state.stores import Materialized, StoreBuilder
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from streamloop.topology.joins import StreamJoined, stream_stream_join
+from streamloop.topology.printed import Printed
 from streamloop.topology.repartition import Repartitioned, repartition
 from streamloop.topology.specs import NodeKind
+from streamloop.topology.stream_processors import print_stream, process_values
 from streamloop.topology.tables import (
     KGroupedStream,
     KTable,
     store_name_from,
     stream_table_join,
+    stream_to_table,
     table_source,
 )
 from streamloop.topology.topology import Topology
@@ -248,6 +252,24 @@ class KStream:
             topology.set_concurrency(node_name, concurrency, ordering)
         # A processor may forward keys and values of any type: no serde of this stream is known to fit.
         return KStream(self._builder, node_name, self._key_changed)
+
+    def process_values(self, supplier: FixedKeyProcessorSupplier, *, name: str | None = None,
+                       concurrency: int | None = None, ordering: str | None = None,
+                       stores: Sequence[str] = ()) -> KStream:
+        """Run a processor that cannot change keys (streamloop.processors.fixed_key): it gets and
+        forwards ``FixedKeyRecord``s, so the stream stays partitioned by its key (no repartition
+        before a later grouping or join). Arguments as for ``process``."""
+        return process_values(self, supplier, name, concurrency, ordering, stores)
+
+    def print(self, printed: Printed) -> None:
+        """Write each record as ``[label]: key, value`` to standard output or a file (``Printed``); terminal."""
+        print_stream(self, printed)
+
+    def to_table(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
+        """The stream as a table: each record is its key's latest value, a None value deletes the
+        key, a record without a key is dropped. After a key-changing operation the records are
+        repartitioned first, so that a key's records meet in one task."""
+        return stream_to_table(self, materialized, name)
 
     # -- grouping and joins (the stateful DSL, see streamloop.topology.tables) ----------------
     def group_by_key(self, *, key_serde: Serde | type | None = None,

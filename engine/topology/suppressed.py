@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamloop.errors import TopologyError
 from streamloop.processors.api import ProcessorContext
-from streamloop.processors.change import Getter, TableView
+from streamloop.processors.change import Getter, TableView, derived_getter
 from streamloop.processors.suppress import SuppressProcessor, prior_value
 from streamloop.serdes import BytesSerde
 from streamloop.state.session_windows import SessionWindows
@@ -165,5 +165,5 @@ def _held_back_view(parent: TableView, buffer_store: str, table_store: str) -> T
         def get(key: Any) -> Any:
             held, value = prior_value(buffer, table._key(key), table.value_serde)
             return value if held else parent_get(key)
-        return get
+        return derived_getter(get, parent_get)
     return TableView(tuple(dict.fromkeys((*parent.stores, table_store, buffer_store))), make)

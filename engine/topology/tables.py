@@ -9,7 +9,7 @@ records of a key meet in one task, as in Kafka Streams.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from streamloop.errors import TopologyError
@@ -21,15 +21,18 @@ from streamloop.processors.stateful import (
     TableSourceProcessor,
     WindowedAggregateProcessor,
 )
+from streamloop.processors.table_transform import ValueTransformerWithKeySupplier
 from streamloop.serdes import LongSerde, Serde, as_serde
 from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from streamloop.state.windows import TimeWindows
+from streamloop.topology.cogroup import CogroupedKStream, cogroup
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.suppressed import Suppressed, suppress_table
 from streamloop.topology.table_ops import filter_table, join_tables, map_table_values
+from streamloop.topology.table_transform import transform_table_values
 from streamloop.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
 
 if TYPE_CHECKING:
@@ -73,6 +76,11 @@ class KGroupedStream:
                   materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """``aggregator(key, value, aggregate)`` over each key's values, starting from ``initializer()``."""
         return self._aggregate("aggregate", initializer, aggregator, materialized, name, None)
+
+    def cogroup(self, aggregator: Callable[[Any, Any, Any], Any]) -> CogroupedKStream:
+        """Start aggregating this grouped stream together with others (``.cogroup(other, aggregator)``,
+        then ``.aggregate(initializer)``) into one table, with one store (streamloop.topology.cogroup)."""
+        return cogroup(self, aggregator, KTable)
 
     @overload
     def windowed_by(self, windows: TimeWindows) -> TimeWindowedKStream: ...
@@ -195,6 +203,14 @@ class KTable:
         """Each row's value replaced by ``mapper(value)``; deletes stay deletes."""
         return map_table_values(self, mapper, materialized, name)
 
+    def transform_values(self, supplier: ValueTransformerWithKeySupplier, *,
+                         materialized: Materialized | str | None = None, stores: Sequence[str] = (),
+                         name: str | None = None) -> KTable:
+        """Each row's value replaced by ``transform(key, value)`` of a ``ValueTransformerWithKey``
+        that ``supplier()`` makes per task (deletes too: ``transform(key, None)``); ``stores`` names
+        the state stores it uses (streamloop.processors.table_transform)."""
+        return transform_table_values(self, supplier, materialized, stores, name)
+
     def group_by(self, selector: Callable[[Any, Any], Any], *, key_serde: Serde | type | None = None,
                  value_serde: Serde | type | None = None, name: str | None = None) -> KGroupedTable:
         """Rows regrouped by ``selector(key, value) -> (new_key, new_value)``, through a repartition topic."""
@@ -305,6 +321,27 @@ def table_source(builder: StreamsBuilder, source: str, materialized: Materialize
         _serde(spec.value_serde, f"value serde of store '{store}'") or value_serde,
         caching=spec.caching, logging=spec.logging), node)
     return KTable(builder, node, store, key_serde, value_serde)
+
+
+def stream_to_table(stream: KStream, materialized: Materialized | str | None, name: str | None) -> KTable:
+    """``KStream.to_table``: a table source fed by the stream (Kafka Streams' ``KSTREAM-TOTABLE``)."""
+    spec = materialized if isinstance(materialized, Materialized) else None
+    # The Materialized's serdes, else the stream's: for the store, and (as Kafka Streams) the
+    # repartition topic a key-changed stream goes through first.
+    ks = (None if spec is None else _serde(spec.key_serde, "key serde of to_table()")) or stream._key_serde
+    vs = (None if spec is None else _serde(spec.value_serde, "value serde of to_table()")) or stream._value_serde
+    if stream._key_changed:
+        stream = stream._repartition(ks, vs, (ks is stream._key_serde and ks is not None,
+                                              vs is stream._value_serde and vs is not None), None)
+    builder = stream._builder
+    node = builder._name(name, "KSTREAM-TOTABLE")
+    store = builder._store_name(materialized, "KSTREAM-TOTABLE-STATE-STORE")
+    options = spec or Materialized(store)
+    builder._topology.add_processor(node, lambda: TableSourceProcessor(store), stream._node)
+    store_builder = StoreBuilder(StoreSupplier(store, options.persistent), ks, vs, caching=options.caching,
+                                 logging=options.logging)
+    builder._topology.add_state_store(store_builder, node)
+    return KTable(builder, node, store, ks, vs, key_kind=stream._key_kind)
 
 
 def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any], Any], left: bool,
