@@ -43,6 +43,7 @@ from streamloop.errors import (
 from streamloop.health import HealthResult
 from streamloop.ids import TaskId
 from streamloop.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
+from streamloop.processors.partitioners import BroadcastPartitioner, StreamPartitioner
 from streamloop.records import Record, TopicPartition
 from streamloop.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
 from streamloop.state.metadata import HostInfo, KeyQueryMetadata, StreamsMetadata
@@ -63,6 +64,7 @@ from streamloop.topology.builder import KStream, StreamsBuilder
 from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
+from streamloop.topology.produced import Produced
 from streamloop.topology.repartition import Repartitioned
 from streamloop.topology.suppressed import BufferConfig, Suppressed
 from streamloop.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
@@ -73,6 +75,7 @@ __all__ = [
     "AuthenticationError",
     "BaseProcessor",
     "BranchedKStream",
+    "BroadcastPartitioner",
     "BufferConfig",
     "BufferFullError",
     "ClientState",
@@ -108,6 +111,7 @@ __all__ = [
     "Processor",
     "ProcessorContext",
     "ProduceError",
+    "Produced",
     "ProducerFencedError",
     "PunctuationType",
     "RebalanceInProgressError",
@@ -125,6 +129,7 @@ __all__ = [
     "StoreLockedError",
     "Stores",
     "StreamJoined",
+    "StreamPartitioner",
     "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",

@@ -23,12 +23,14 @@ from streamloop.processors.builtin import (
     SelectKeyNode,
 )
 from streamloop.processors.nodes import Node, Partitioner
+from streamloop.processors.partitioners import StreamPartitioner
 from streamloop.serdes import Serde, as_serde
 from streamloop.state.join_windows import JoinWindows
 from streamloop.state.stores import Materialized, StoreBuilder
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from streamloop.topology.joins import StreamJoined, stream_stream_join
+from streamloop.topology.produced import Produced, sink_options
 from streamloop.topology.repartition import Repartitioned, repartition
 from streamloop.topology.specs import NodeKind
 from streamloop.topology.tables import (
@@ -480,10 +482,11 @@ class KStream:
     def to(
         self,
         topic: str | Callable[[Any, Any, Any], str],
+        produced: Produced | None = None,
         *,
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
-        partitioner: Partitioner | None = None,
+        partitioner: Partitioner | StreamPartitioner | None = None,
         name: str | None = None,
     ) -> None:
         """Write the stream to ``topic`` (or to the topic a function picks per record).
@@ -491,7 +494,10 @@ class KStream:
         Without ``key_serde``/``value_serde`` the sink uses the serde the stream knows at this
         point (the DSL page of the docs lists the rules), else ``default.key.serde`` /
         ``default.value.serde``. A serde that cannot write a record raises ``SerializationError``.
+        ``produced`` (``Produced``) gives these options instead of the keywords; its stream
+        partitioner may send a record to several partitions (``StreamPartitioner``, KIP-837).
         """
+        key_serde, value_serde, partitioner, name = sink_options(produced, key_serde, value_serde, partitioner, name)
         node_name = self._builder._name(name, "KSTREAM-SINK")
         ks = self._key_serde if key_serde is None else as_serde(key_serde, f"key serde of '{node_name}'")
         vs = self._value_serde if value_serde is None else as_serde(value_serde, f"value serde of '{node_name}'")

@@ -16,6 +16,7 @@ from streamloop.errors import MissingSerdeError, TopologyError
 from streamloop.processors.api import ProcessorSupplier
 from streamloop.processors.context import NodeContext, TaskContext
 from streamloop.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
+from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.serdes import BytesSerde, Serde, as_serde
 from streamloop.state.changelog import changelog_topic, topic_configs
 from streamloop.state.global_store import GlobalStoreSpec
@@ -251,7 +252,7 @@ class Topology:
         *parents: str,
         key_serde: Serde | None = None,
         value_serde: Serde | None = None,
-        partitioner: Partitioner | None = None,
+        partitioner: Partitioner | StreamPartitioner | None = None,
         internal: bool = False,
         inherited: tuple[bool, bool] = (False, False),
         kinds: tuple[str | None, str | None] = (None, None),
@@ -268,6 +269,7 @@ class Topology:
             raise TopologyError(f"Sink '{name}' needs a topic name")
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{name}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
+        multicast_of(partitioner, name)  # a wrong one is refused now, not at the first record
         self._add(NodeSpec(name, NodeKind.SINK, parents,
                            lambda: SinkNode(name, topic, BytesSerde(), BytesSerde(), partitioner),
                            sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal,
