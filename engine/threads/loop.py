@@ -28,6 +28,7 @@ from streamloop.recovery import RecoveryInbox, ShutdownRequested
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
+from streamloop.tasks.input_changes import left_over, regroup_changed_inputs
 from streamloop.tasks.manager import ExactlyOnce, TaskManager
 from streamloop.tasks.membership import GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
@@ -69,6 +70,9 @@ class ThreadLoop:
         # Cooperative: partitions revoked by the assignment under way, after this thread's JoinGroup
         # was answered (the follow-up join is this thread's to make).
         self._handing_over = 0
+        # Partitions of tasks closed because a deleted topic's partition of theirs was revoked: they
+        # are created again with the rest at the next assignment (streamloop.tasks.input_changes).
+        self._left_over: set[TopicPartition] = set()
         self.standbys: StandbyTasks | None = None
         config = self._config
         self._producer_settings = ProducerSettings(
@@ -141,7 +145,13 @@ class ThreadLoop:
                 await startup.run(producer.start, "Starting the producer")
                 started.append(producer)
                 manager = self._task_manager(consumer, producer, admin, sink_partitions, group, exactly_once)
-                consumer.subscribe(thread.topology.source_topics, self)
+                topology = thread.topology
+                if topology.has_patterns:
+                    # One pattern for all sources (streamloop.topology.patterns): new matching topics
+                    # come with the consumer's metadata refresh and a rebalance.
+                    consumer.subscribe_pattern(topology.subscription_pattern(), self)
+                else:
+                    consumer.subscribe(topology.source_topics, self)
                 self.consumer = consumer
                 thread.rebalances.started(0, "first join")
                 await startup.run(consumer.start, "Starting the consumer")
@@ -210,9 +220,9 @@ class ThreadLoop:
     async def _check_topics(self, admin: Admin, startup: StartupDeadline) -> dict[str, int]:
         topology = self._thread.topology
         counts = await startup.run(
-            lambda: admin.partition_counts(topology.source_topics + topology.sink_topics),
+            lambda: admin.partition_counts(topology.required_source_topics + topology.sink_topics),
             "Fetching topic metadata")
-        missing = [t for t in topology.source_topics if t not in counts]
+        missing = [t for t in topology.required_source_topics if t not in counts]
         if missing:
             raise MissingSourceTopicError(missing)
         missing = [t for t in topology.sink_topics if t not in counts]
@@ -429,6 +439,10 @@ class ThreadLoop:
                 # A failed thread still in the group (carrying a shutdown request): no commit.
                 await manager.shutdown(clean=False, timeout=0)
             else:
+                if thread.topology.has_patterns:
+                    # A task losing the partition of a deleted topic closes whole: its other partitions
+                    # get it back in on_partitions_assigned (streamloop.tasks.input_changes).
+                    self._left_over |= left_over(manager, revoked)
                 await manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             # The assignor's owned tasks stay as they were: the rejoin's subscription names the
             # tasks whose state this thread holds, so the leader can keep them here (sticky).
@@ -473,6 +487,11 @@ class ThreadLoop:
             await self.standbys.update(thread.assignor.standby_tasks, self._inputs_of)
         if manager is not None:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
+            if thread.topology.has_patterns:
+                # A topic a pattern matched since changes the partitions of tasks that stay here.
+                kept, self._left_over = self._left_over, set()
+                assigned = await regroup_changed_inputs(manager, self.consumer, assigned,
+                                                        self._config.seconds(cfg.REQUEST_TIMEOUT_MS), kept)
             manager.handle_assignment(assigned)
             self._publish_tasks()
         generation = self.consumer.generation if self.consumer is not None else None

@@ -6,6 +6,7 @@ Node names follow Kafka Streams (``KSTREAM-FILTER-0000000001``) unless a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -68,15 +69,16 @@ class StreamsBuilder:
 
     def stream(
         self,
-        topics: str | Sequence[str],
+        topics: str | Sequence[str] | re.Pattern[str],
         *,
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         name: str | None = None,
         timestamp_extractor: object = None,
     ) -> KStream:
-        """A stream of the records of ``topics`` (one or several); ``timestamp_extractor`` (see
-        ``streamloop.timestamps``) overrides ``default.timestamp.extractor`` for them."""
+        """A stream of the records of ``topics`` (one or several, or ``re.compile(...)``: every topic the
+        pattern matches in full, those created later too, see ``streamloop.topology.patterns``);
+        ``timestamp_extractor`` (see ``streamloop.timestamps``) overrides ``default.timestamp.extractor``."""
         source = self._name(name, "KSTREAM-SOURCE")
         self._topology.add_source(source, topics, key_serde, value_serde, timestamp_extractor=timestamp_extractor)
         spec = self._topology.spec(source)

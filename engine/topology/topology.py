@@ -9,8 +9,9 @@ by ``build_task_graph``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from streamloop.errors import MissingSerdeError, TopologyError
 from streamloop.processors.api import ProcessorSupplier
@@ -24,6 +25,8 @@ from streamloop.state.stores import StoreBuilder, StoreType
 from streamloop.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
 from streamloop.topology.copartition import check_copartition_groups, repartition_counts
 from streamloop.topology.describe import callable_name, describe
+from streamloop.topology.patterns import as_pattern, check_not_joined, subscription_pattern
+from streamloop.topology.patterns import resolve as resolve_patterns
 from streamloop.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
 
 if TYPE_CHECKING:
@@ -64,17 +67,22 @@ class Topology:
     def add_source(
         self,
         name: str,
-        topics: Sequence[str] | str,
+        topics: Sequence[str] | str | re.Pattern[str],
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         internal: bool = False,
         timestamp_extractor: object = None,
     ) -> Topology:
-        """Add a source; ``timestamp_extractor`` (an extractor, its class or dotted path) overrides
-        ``default.timestamp.extractor`` for its records."""
-        topics = (topics,) if isinstance(topics, str) else tuple(topics)
-        if not topics:
-            raise TopologyError(f"Source '{name}' needs at least one topic")
+        """Add a source of ``topics``: a name, several, or a compiled pattern (every topic it matches
+        in full, now and later: streamloop.topology.patterns); ``timestamp_extractor`` (an
+        extractor, its class or dotted path) overrides ``default.timestamp.extractor`` for its records."""
+        pattern = as_pattern(topics)
+        if pattern is not None:
+            topics = ()
+        else:
+            topics = (topics,) if isinstance(topics, str) else tuple(cast("Sequence[str]", topics))
+            if not topics:
+                raise TopologyError(f"Source '{name}' needs at least one topic")
         for spec in self._specs.values():
             clash = set(spec.topics) & set(topics)
             if clash:
@@ -89,8 +97,32 @@ class Topology:
             raise TopologyError(str(exc)) from exc
         self._add(NodeSpec(name, NodeKind.SOURCE, (), lambda: SourceNode(name, topics, BytesSerde(), BytesSerde()),
                            topics=topics, key_serde=ks, value_serde=vs, internal=internal,
-                           timestamp_extractor=extractor))
+                           timestamp_extractor=extractor, pattern=pattern))
         return self
+
+    # -- sources by pattern (streamloop.topology.patterns) -------------------------
+    @property
+    def has_patterns(self) -> bool:
+        return any(spec.pattern is not None for spec in self._specs.values())
+
+    def resolve_patterns(self, available: Iterable[str]) -> bool:
+        """The pattern sources read the topics of ``available`` they match; True if that changed."""
+        return resolve_patterns(self, available)
+
+    def subscription_pattern(self) -> re.Pattern[str]:
+        """The one pattern a stream thread subscribes with when a source reads by pattern."""
+        named = [t for spec in self._specs.values() if spec.pattern is None for t in spec.topics]
+        return subscription_pattern(named, [s.pattern for s in self._specs.values() if s.pattern is not None])
+
+    @property
+    def required_source_topics(self) -> list[str]:
+        """The source topics that must exist: those named (a pattern may match none)."""
+        return [t for spec in self._specs.values() if spec.kind is NodeKind.SOURCE and spec.pattern is None
+                for t in spec.topics]
+
+    def topics_changed(self) -> None:
+        """A pattern source's topics changed: the sub-topologies' topics are derived again."""
+        self._subtopologies = None
 
     def add_processor(self, name: str, supplier: ProcessorSupplier, *parents: str,
                       stores: Sequence[str] = ()) -> Topology:
@@ -188,7 +220,7 @@ class Topology:
                                 f"build another one for '{application_id}'")
         self.application_id = application_id
         for spec in self._specs.values():
-            if spec.internal:
+            if spec.internal and spec.pattern is None:
                 spec.topics = tuple(f"{application_id}-{t}" for t in spec.topics)
                 if isinstance(spec.sink_topic, str):
                     spec.sink_topic = f"{application_id}-{spec.sink_topic}"
@@ -226,6 +258,13 @@ class Topology:
         tasks: dict[int, int] = {}
         for sub in self.subtopologies:
             known = [counts[t] for t in sub.source_topics if t in counts]
+            if not known and self._reads_by_pattern(sub):
+                if any(t in repartition for t in sub.sink_topics) or self._stores_of_names(sub):
+                    raise TopologyError(
+                        f"Sub-topology {sub.id} reads by pattern but no topic matches yet, and its internal "
+                        "topics (repartition, changelog) take their partition count from its topics: create a "
+                        "matching topic before starting the application")
+                continue  # stateless: its tasks come with the first matching topic
             if not known:
                 raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
                                     "are not known")
@@ -244,6 +283,12 @@ class Topology:
             result[changelog_topic(self.application_id, name)] = (
                 tasks[sub.id], topic_configs(windowed, builder.supplier.retention_ms))
         return result
+
+    def _reads_by_pattern(self, sub: SubTopology) -> bool:
+        return any(self._specs[n].pattern is not None for n in sub.node_names)
+
+    def _stores_of_names(self, sub: SubTopology) -> bool:
+        return any(self._specs[n].stores for n in sub.node_names)
 
     def add_sink(
         self,
@@ -321,9 +366,11 @@ class Topology:
     # -- structure ----------------------------------------------------------
     @property
     def subtopologies(self) -> list[SubTopology]:
-        if self._subtopologies is None:
-            self._subtopologies = self._group()
-        return self._subtopologies
+        # Read once: another stream thread resolving the patterns may reset the cache meanwhile.
+        subtopologies = self._subtopologies
+        if subtopologies is None:
+            subtopologies = self._subtopologies = self._group()
+        return subtopologies
 
     def _group(self) -> list[SubTopology]:
         parent_of: dict[str, str] = {name: name for name in self._specs}
@@ -380,6 +427,7 @@ class Topology:
         unused = [name for name in self._stores if not any(name in s.stores for s in self._specs.values())]
         if unused:
             raise TopologyError(f"State stores {unused} are not connected to any processor")
+        check_not_joined(self)
         _ = self.subtopologies
 
     def subtopology_of(self, topic: str) -> SubTopology:
