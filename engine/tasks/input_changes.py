@@ -9,7 +9,8 @@ created again with all its partitions, from its committed offsets: the same reco
 for creating tasks.
 
 Caller: the stream thread's rebalance listener (``streamloop.threads.loop``), only for a topology
-that reads by pattern. Eager rebalances revoke every task first, so nothing changes under one.
+that reads by pattern, before ``TaskManager.handle_assignment``. Eager rebalances revoke every
+task first, so nothing changes under one.
 """
 
 from __future__ import annotations
@@ -20,35 +21,22 @@ from typing import TYPE_CHECKING
 from streamloop.records import TopicPartition
 
 if TYPE_CHECKING:
+    from streamloop.logcontext import LogContext
     from streamloop.tasks.manager import TaskManager
-    from streamloop.transport.base import Consumer
 
 
-def left_over(manager: TaskManager, revoked: Iterable[TopicPartition]) -> set[TopicPartition]:
-    """The partitions of tasks that lose some (``revoked``) but not all of theirs: the
-    revocation closes the whole task, and the rest must get their task again."""
-    lost = {TopicPartition(tp.topic, tp.partition) for tp in revoked}
-    rest: set[TopicPartition] = set()
-    for task in manager.tasks.values():
-        held = set(task.partitions)
-        if held & lost:
-            rest |= held - lost
-    return rest
+async def close_changed_tasks(manager: TaskManager, assigned: Iterable[TopicPartition], timeout: float,  # noqa: ASYNC109
+                              log: LogContext) -> None:
+    """Close (cleanly) the tasks that stay here but get a partition they lack: ``assigned`` is the
+    whole new assignment, so ``handle_assignment`` then creates them again with all of theirs.
 
-
-async def regroup_changed_inputs(manager: TaskManager, consumer: Consumer | None, assigned: Iterable[TopicPartition],
-                                 timeout: float, kept: Iterable[TopicPartition] = ()) -> set[TopicPartition]:  # noqa: ASYNC109
-    """The partitions to create tasks for: ``assigned``, plus those of kept tasks that got more
-    (closed here first) and ``kept`` (``left_over`` of the revocation) still assigned."""
-    result = {TopicPartition(tp.topic, tp.partition) for tp in assigned}
-    held = {tp: task for task in manager.tasks.values() for tp in task.partitions}
-    grown = {manager.tasks[task_id] for tp in result if tp not in held
-             and (task_id := manager.task_id_of(tp)) in manager.tasks}
-    if grown:
-        partitions = {tp for task in grown for tp in task.partitions}
-        await manager.close_tasks(grown, clean=True, timeout=timeout)
-        result |= partitions
-    if consumer is not None:
-        still = consumer.assignment()
-        result |= {tp for tp in kept if tp in still and tp not in held}
-    return result
+    A task that lost the partition of a deleted topic was closed by its revocation already, and
+    comes back the same way."""
+    held = {tp for task in manager.tasks.values() for tp in task.partitions}
+    changed = {manager.tasks[task_id] for tp in assigned
+               if TopicPartition(tp.topic, tp.partition) not in held
+               and (task_id := manager.task_id_of(tp)) in manager.tasks}
+    if changed:
+        log.debug("Input partitions of tasks %s changed (a pattern source's topics): closing them to "
+                          "create them again", sorted(str(t.id) for t in changed))
+        await manager.close_tasks(changed, clean=True, timeout=timeout)

@@ -28,7 +28,7 @@ from streamloop.recovery import RecoveryInbox, ShutdownRequested
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
-from streamloop.tasks.input_changes import left_over, regroup_changed_inputs
+from streamloop.tasks.input_changes import close_changed_tasks
 from streamloop.tasks.manager import ExactlyOnce, TaskManager
 from streamloop.tasks.membership import GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
@@ -70,9 +70,6 @@ class ThreadLoop:
         # Cooperative: partitions revoked by the assignment under way, after this thread's JoinGroup
         # was answered (the follow-up join is this thread's to make).
         self._handing_over = 0
-        # Partitions of tasks closed because a deleted topic's partition of theirs was revoked: they
-        # are created again with the rest at the next assignment (streamloop.tasks.input_changes).
-        self._left_over: set[TopicPartition] = set()
         self.standbys: StandbyTasks | None = None
         config = self._config
         self._producer_settings = ProducerSettings(
@@ -439,10 +436,6 @@ class ThreadLoop:
                 # A failed thread still in the group (carrying a shutdown request): no commit.
                 await manager.shutdown(clean=False, timeout=0)
             else:
-                if thread.topology.has_patterns:
-                    # A task losing the partition of a deleted topic closes whole: its other partitions
-                    # get it back in on_partitions_assigned (streamloop.tasks.input_changes).
-                    self._left_over |= left_over(manager, revoked)
                 await manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
             # The assignor's owned tasks stay as they were: the rejoin's subscription names the
             # tasks whose state this thread holds, so the leader can keep them here (sticky).
@@ -489,9 +482,7 @@ class ThreadLoop:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
             if thread.topology.has_patterns:
                 # A topic a pattern matched since changes the partitions of tasks that stay here.
-                kept, self._left_over = self._left_over, set()
-                assigned = await regroup_changed_inputs(manager, self.consumer, assigned,
-                                                        self._config.seconds(cfg.REQUEST_TIMEOUT_MS), kept)
+                await close_changed_tasks(manager, assigned, self._config.seconds(cfg.REQUEST_TIMEOUT_MS), self._log)
             manager.handle_assignment(assigned)
             self._publish_tasks()
         generation = self.consumer.generation if self.consumer is not None else None
