@@ -40,6 +40,7 @@ from streamloop.records import TopicPartition
 from streamloop.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
 from streamloop.tasks.membership import Membership
 from streamloop.tasks.standby_placement import assign_standbys
+from streamloop.topology.patterns import check_task_limits
 from streamloop.topology.patterns import pattern_topics as matched_topics
 from streamloop.topology.topology import Topology
 from streamloop.transport.base import MemberAssignment, MemberSubscription
@@ -337,6 +338,7 @@ class StreamsAssignor:
         if topology.has_patterns:
             # The subscribed topics are those the members' pattern subscription matched.
             topology.resolve_patterns(partitions_per_topic)
+            check_task_limits(topology, partitions_per_topic)
             pattern_topics = matched_topics(topology)
         tasks = tasks_for(topology, partitions_per_topic)
         previous = {m: infos[m].previous_tasks for m in members}

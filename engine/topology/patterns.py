@@ -19,7 +19,7 @@ the application's own internal topics and the global tables' topics are never ma
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from streamloop.errors import TopologyError
@@ -86,6 +86,22 @@ def resolve(topology: Topology, available: Iterable[str]) -> bool:
     if changed:
         topology.topics_changed()
     return changed
+
+
+def check_task_limits(topology: Topology, partition_counts: Mapping[str, int]) -> None:
+    """Raise ``TopologyError`` if a topic a stateful pattern sub-topology matched has more partitions
+    than the tasks its changelog and repartition topics were created for (at start-up)."""
+    for sub in topology.subtopologies:
+        limit = topology.pattern_task_limits.get(sub.id)
+        if limit is None:
+            continue
+        wider = {t: partition_counts[t] for t in sub.source_topics if partition_counts.get(t, 0) > limit}
+        if wider:
+            listed = ", ".join(f"'{t}' ({n})" for t, n in sorted(wider.items()))
+            raise TopologyError(
+                f"Sub-topology {sub.id} reads by pattern topics with more partitions than its internal topics "
+                f"(changelog, repartition) were created for ({limit}): {listed}. Create matching topics with at "
+                f"most {limit} partitions (Kafka Streams cannot grow a stateful sub-topology's partitions either)")
 
 
 def pattern_topics(topology: Topology) -> list[str]:

@@ -46,6 +46,9 @@ class Topology:
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
         # Global tables' stores by name: outside every sub-topology (streamloop.topology.global_tables).
         self.global_stores: dict[str, GlobalStoreSpec] = {}
+        # Sub-topologies reading by pattern whose internal topics were created for this many tasks
+        # (internal_topics): a matched topic with more partitions would have tasks without them.
+        self.pattern_task_limits: dict[int, int] = {}
         # Spark stages' read= and where they sit, by stage (streamloop.spark.kafka_source.StageRead):
         # the client checks them against spark.batch.read when it is created.
         self.spark_reads: dict[str, Any] = {}
@@ -269,6 +272,9 @@ class Topology:
                 raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
                                     "are not known")
             tasks[sub.id] = max(known)
+            if self._reads_by_pattern(sub) and (any(t in repartition for t in sub.sink_topics)
+                                                or self._stores_of_names(sub)):
+                self.pattern_task_limits[sub.id] = tasks[sub.id]
             for topic in sub.sink_topics:
                 if topic in repartition:
                     # One a join reads has the partitions of the topic it is joined with.

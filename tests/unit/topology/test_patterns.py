@@ -140,3 +140,34 @@ def test_the_leader_resolves_the_patterns_and_members_learn_the_topics_from_the_
     assert member_topology.subtopologies[0].source_topics == ("topic-1", "topic-2")
     assert sorted(tp for a in assignments.values() for tp in a.partitions) == [
         TopicPartition("topic-1", 0), TopicPartition("topic-2", 0), TopicPartition("topic-2", 1)]
+
+
+def test_a_topic_matched_later_with_more_partitions_than_the_changelog_is_refused() -> None:
+    from streamloop.topology.patterns import check_task_limits
+
+    builder = StreamsBuilder()
+    builder.stream(re.compile("in-.*")).group_by_key().count(materialized=Materialized("c", persistent=False))
+    topology = builder.build()
+    topology.set_application_id("app")
+    topology.resolve_patterns(["in-a"])
+    topology.internal_topics({"in-a": 2})
+    topology.resolve_patterns(["in-a", "in-b", "in-c"])
+    check_task_limits(topology, {"in-a": 2, "in-b": 2})
+    with pytest.raises(TopologyError, match=r"created for \(2\): 'in-c' \(3\)"):
+        check_task_limits(topology, {"in-a": 2, "in-b": 2, "in-c": 3})
+
+
+def test_query_metadata_of_a_store_after_a_pattern_source_follows_the_matched_topics() -> None:
+    from streamloop.state.metadata import HostInfo, StreamsMetadataState
+
+    builder = StreamsBuilder()
+    builder.stream(re.compile("in-.*"), key_serde=S).group_by_key().count(
+        materialized=Materialized("c", persistent=False))
+    topology = builder.build()
+    topology.set_application_id("app")
+    state = StreamsMetadataState.for_topology("localhost:1", topology)
+    topology.resolve_patterns(["in-a"])
+    state.on_change({HostInfo("localhost", 1): {TopicPartition("in-a", 0), TopicPartition("in-a", 1)}}, {})
+    metadata = state.key_query_metadata_for_key("c", "k", S)
+    assert metadata is not None and metadata.active_host == HostInfo("localhost", 1)
+    assert state.all_metadata()[0].state_store_names == {"c"}
