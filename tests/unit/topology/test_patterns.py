@@ -171,3 +171,38 @@ def test_query_metadata_of_a_store_after_a_pattern_source_follows_the_matched_to
     metadata = state.key_query_metadata_for_key("c", "k", S)
     assert metadata is not None and metadata.active_host == HostInfo("localhost", 1)
     assert state.all_metadata()[0].state_store_names == {"c"}
+
+
+def test_the_test_driver_reads_a_topic_a_pattern_matches_when_it_is_first_piped_into() -> None:
+    """As Kafka Streams' TopologyTestDriver with a pattern source: piping into a matching topic reads
+    it, here joining the task of its partition (revoked, committed and assigned again)."""
+    from streamloop.testing import TopologyTestDriver
+
+    builder = StreamsBuilder()
+    (builder.stream(re.compile(r"clicks-\w+"), key_serde=S, value_serde=S)
+            .group_by_key().count(materialized=Materialized("per-user", persistent=False)))
+    # "clicks-web" exists from the start (given partitions); "clicks-app" comes with its first record.
+    with TopologyTestDriver(builder.build(), partitions={"clicks-web": 2}) as driver:
+        web = driver.create_input_topic("clicks-web", S, S)
+        for user in ("ann", "bob", "cy"):
+            web.pipe_input(user, "/home")
+        assert driver.topology.subtopologies[0].source_topics == ("clicks-web",)
+        app = driver.create_input_topic("clicks-app", S, S)
+        assert driver.topology.subtopologies[0].source_topics == ("clicks-app", "clicks-web")
+        app.pipe_input("ann", "/cart", partition=0)
+        web.pipe_input("ann", "/docs")
+        store = driver.get_key_value_store("per-user")
+        assert [store.get(u) for u in ("ann", "bob", "cy")] == [3, 1, 1]
+        with pytest.raises(TopologyError, match="'other' is not read by this topology"):
+            driver.create_input_topic("other", S, S)
+
+
+def test_the_test_driver_adopts_matching_topics_of_a_stateless_pattern_source() -> None:
+    from streamloop.testing import TopologyTestDriver
+
+    builder = StreamsBuilder()
+    builder.stream(re.compile("in-[0-9]"), key_serde=S, value_serde=S).map_values(str.upper).to("out", value_serde=S)
+    with TopologyTestDriver(builder.build()) as driver:
+        driver.create_input_topic("in-1", S, S).pipe_input("k", "a")
+        driver.create_input_topic("in-2", S, S).pipe_input("k", "b")
+        assert driver.create_output_topic("out", S, S).read_values() == ["A", "B"]
