@@ -93,3 +93,29 @@ async def test_a_deleted_matching_topic_leaves_the_tasks_and_the_others_go_on(cl
         await cluster.produce(stays, [("b", "after-1"), ("c", "after-2")], STR, STR, partitions=2)
         output = await cluster.read(sink, 3, timeout=60)
     assert sorted(STR.deserialize(r.value) for r in output) == ["after-1", "after-2", "before"]
+
+
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
+async def test_two_instances_share_the_tasks_of_the_matching_topics(cluster: Cluster, names: Any) -> None:
+    """Matches RegexSourceIntegrationTest.testMultipleConsumersCanReadFromPartitionedTopic: both
+    instances subscribe by the pattern and the tasks of both partitioned topics are spread over them."""
+    one, two, sink = names("partitioned-1"), names("partitioned-2"), names("out")
+    await cluster.create_topics({one: 2, two: 2, sink: 1})
+
+    def topology() -> Any:
+        builder = StreamsBuilder()
+        builder.stream(re.compile(f"partitioned-\\d-{re.escape(names.suffix)}"), key_serde=STR,
+                       value_serde=STR).to(sink)
+        return builder.build()
+
+    async with make_streams(topology(), cluster.bootstrap, names.app, **FAST_METADATA) as leader, \
+            make_streams(topology(), cluster.bootstrap, names.app, **FAST_METADATA) as follower:
+        def spread() -> bool:
+            mine, theirs = assigned_topics(leader), assigned_topics(follower)
+            return mine == theirs == {one, two}  # task p reads partition p of both topics
+        await eventually_async(spread, timeout=90, what="each instance with a task of both topics")
+        await cluster.produce(one, [(str(i), f"1-{i}") for i in range(6)], STR, STR, partitions=2)
+        await cluster.produce(two, [(str(i), f"2-{i}") for i in range(6)], STR, STR, partitions=2)
+        output = await cluster.read(sink, 12, timeout=60)
+    assert sorted(STR.deserialize(r.value) for r in output) == sorted(
+        [f"1-{i}" for i in range(6)] + [f"2-{i}" for i in range(6)])
