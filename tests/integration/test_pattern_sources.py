@@ -119,3 +119,28 @@ async def test_two_instances_share_the_tasks_of_the_matching_topics(cluster: Clu
         output = await cluster.read(sink, 12, timeout=60)
     assert sorted(STR.deserialize(r.value) for r in output) == sorted(
         [f"1-{i}" for i in range(6)] + [f"2-{i}" for i in range(6)])
+
+
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
+async def test_under_exactly_once_a_new_topic_joins_without_duplicates(cluster: Cluster, names: Any) -> None:
+    """The tasks that gain the new topic's partitions commit their transaction and start again from it:
+    a read_committed reader sees each record once."""
+    if cluster.bootstrap.startswith("memory://"):
+        pytest.skip("the memory broker has no transactions (exactly_once_v2 is refused there)")
+    first, second, sink = names("eos-a"), names("eos-b"), names("out")
+    await cluster.create_topics({first: 2, sink: 1})
+    builder = StreamsBuilder()
+    builder.stream(re.compile(f"eos-[a-z]-{re.escape(names.suffix)}"), key_serde=STR, value_serde=STR).to(sink)
+    await cluster.produce(first, [(str(i), f"a-{i}") for i in range(10)], STR, STR, partitions=2)
+
+    async with make_streams(builder.build(), cluster.bootstrap, names.app, processing_guarantee="exactly_once_v2",
+                            commit_interval_ms=100, **FAST_METADATA) as streams:
+        await cluster.read(sink, 10, timeout=60)
+        await cluster.create_topics({second: 2})
+        await eventually_async(lambda: assigned_topics(streams) == {first, second}, timeout=60,
+                               what="tasks with the new topic")
+        await cluster.produce(second, [(str(i), f"b-{i}") for i in range(10)], STR, STR, partitions=2)
+        await cluster.produce(first, [(str(i), f"a-{i + 10}") for i in range(10)], STR, STR, partitions=2)
+        await cluster.read(sink, 30, timeout=60)
+    output = [STR.deserialize(r.value) for r in await cluster.read_all(sink, read_committed=True)]
+    assert sorted(output) == sorted([f"a-{i}" for i in range(20)] + [f"b-{i}" for i in range(10)])
