@@ -38,5 +38,5 @@ async def close_changed_tasks(manager: TaskManager, assigned: Iterable[TopicPart
                and (task_id := manager.task_id_of(tp)) in manager.tasks}
     if changed:
         log.debug("Input partitions of tasks %s changed (a pattern source's topics): closing them to "
-                          "create them again", sorted(str(t.id) for t in changed))
+                  "create them again", sorted(str(t.id) for t in changed))
         await manager.close_tasks(changed, clean=True, timeout=timeout)
