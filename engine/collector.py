@@ -42,8 +42,9 @@ class RecordCollector:
         self._hash_cache: dict[bytes, int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
         self.sent = 0
-        # Records a stream partitioner sent to no partition (an empty set: it says to drop them).
-        self.dropped = 0
+        # Records a stream partitioner sent to no partition (an empty set: it says to drop them), one
+        # count for this collector and its siblings (the thread's dropped-records-total adds it).
+        self._dropped = [0]
 
     def sibling(self, producer: Producer) -> RecordCollector:
         """A collector over another producer (one task's, under exactly-once) that shares this one's
@@ -51,7 +52,13 @@ class RecordCollector:
         other = RecordCollector(producer, self._partitions, self._lookup)
         other._hash_cache = self._hash_cache
         other._round_robin = self._round_robin
+        other._dropped = self._dropped
         return other
+
+    @property
+    def dropped(self) -> int:
+        """Records stream partitioners dropped (answered an empty set), here and in the siblings."""
+        return self._dropped[0]
 
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
@@ -89,7 +96,7 @@ class RecordCollector:
                 # KIP-837: a copy to each partition chosen (ascending), none for an empty set.
                 partitions = checked_partitions(chosen, sink.name, topic, count)
                 if not partitions:
-                    self.dropped += 1
+                    self._dropped[0] += 1
                     return None
                 for partition in partitions:
                     self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)

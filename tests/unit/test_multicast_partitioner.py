@@ -68,6 +68,21 @@ def test_an_empty_set_drops_the_record_and_counts_it() -> None:
         collector.send("out", Record(f"k{i}", i, i), sink(Answers(set())))
     assert producer.appended == []
     assert (collector.sent, collector.dropped) == (0, 3)
+    # A task's own collector under exactly-once counts into the thread's one.
+    sibling = collector.sibling(producer)  # type: ignore[arg-type]  # the recording stand-in
+    sibling.send("out", Record("k", 1, 0), sink(Answers(set())))
+    assert (collector.dropped, sibling.dropped) == (4, 4)
+
+
+def test_the_threads_dropped_records_count_the_partitioners_drops() -> None:
+    from streamloop.config import StreamsConfig
+    from streamloop.tasks import wiring
+
+    collector, _producer = make_collector({"out": 3})
+    errors = wiring.error_handling(StreamsConfig({"application.id": "a", "bootstrap.servers": "memory://x"}),
+                                   collector)
+    collector.send("out", Record("k", 1, 0), sink(Answers(set())))
+    assert errors.records_dropped == 1
 
 
 def test_none_from_partitions_is_the_default_partitioning() -> None:
