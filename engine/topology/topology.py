@@ -19,12 +19,11 @@ from streamloop.processors.context import NodeContext, TaskContext
 from streamloop.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
 from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.serdes import BytesSerde, Serde, as_serde
-from streamloop.state.changelog import changelog_topic, topic_configs
 from streamloop.state.global_store import GlobalStoreSpec
-from streamloop.state.stores import StoreBuilder, StoreType
+from streamloop.state.stores import StoreBuilder
 from streamloop.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
-from streamloop.topology.copartition import check_copartition_groups, repartition_counts
 from streamloop.topology.describe import callable_name, describe
+from streamloop.topology.internal_topics import internal_topics
 from streamloop.topology.patterns import as_pattern, check_not_joined, subscription_pattern
 from streamloop.topology.patterns import resolve as resolve_patterns
 from streamloop.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
@@ -243,58 +242,9 @@ class Topology:
                 for t in spec.topics]
 
     def internal_topics(self, source_partitions: Mapping[str, int]) -> dict[str, tuple[int, dict[str, str]]]:
-        """Repartition and changelog topics to create: name -> (partitions, topic configs).
-
-        A repartition topic gets the partition count of the sub-topology that writes it,
-        a changelog that of the sub-topology that owns the store. Sub-topologies are
-        numbered upstream first, so one pass resolves chains of repartitions.
-        """
-        if self.application_id is None:
-            raise TopologyError("The topology has no application id yet (it is set by KafkaStreams)")
-        fixed = self.fixed_partitions()
-        # A repartition topic with a fixed count is checked for co-partitioning like a user topic.
-        counts = {**source_partitions, **fixed}
-        check_copartition_groups(self, counts)
-        result: dict[str, tuple[int, dict[str, str]]] = {}
-        repartition = set(self.repartition_topics())
-        joined = repartition_counts(self, counts)
-        tasks: dict[int, int] = {}
-        for sub in self.subtopologies:
-            known = [counts[t] for t in sub.source_topics if t in counts]
-            if not known and self._reads_by_pattern(sub):
-                if any(t in repartition for t in sub.sink_topics) or self._stores_of_names(sub):
-                    raise TopologyError(
-                        f"Sub-topology {sub.id} reads by pattern but no topic matches yet, and its internal "
-                        "topics (repartition, changelog) take their partition count from its topics: create a "
-                        "matching topic before starting the application")
-                continue  # stateless: its tasks come with the first matching topic
-            if not known:
-                raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
-                                    "are not known")
-            tasks[sub.id] = max(known)
-            if self._reads_by_pattern(sub) and (any(t in repartition for t in sub.sink_topics)
-                                                or self._stores_of_names(sub)):
-                self.pattern_task_limits[sub.id] = tasks[sub.id]
-            for topic in sub.sink_topics:
-                if topic in repartition:
-                    # One a join reads has the partitions of the topic it is joined with.
-                    counts[topic] = fixed.get(topic) or joined.get(topic) or max(counts.get(topic, 0),
-                                                                                 tasks[sub.id])
-                    result[topic] = (counts[topic], {"cleanup.policy": "delete"})
-        for name, builder in self._stores.items():
-            if not builder.logging:
-                continue
-            sub = self.subtopology_of_store(name)
-            windowed = builder.type in (StoreType.WINDOW, StoreType.SESSION)
-            result[changelog_topic(self.application_id, name)] = (
-                tasks[sub.id], topic_configs(windowed, builder.supplier.retention_ms))
-        return result
-
-    def _reads_by_pattern(self, sub: SubTopology) -> bool:
-        return any(self._specs[n].pattern is not None for n in sub.node_names)
-
-    def _stores_of_names(self, sub: SubTopology) -> bool:
-        return any(self._specs[n].stores for n in sub.node_names)
+        """Repartition and changelog topics to create: name -> (partitions, topic configs)
+        (``streamloop.topology.internal_topics``)."""
+        return internal_topics(self, source_partitions)
 
     def add_sink(
         self,
