@@ -45,6 +45,7 @@ from streamloop.health import HealthResult
 from streamloop.ids import TaskId
 from streamloop.processors.api import BaseProcessor, Processor, ProcessorContext, PunctuationType
 from streamloop.processors.fixed_key import FixedKeyProcessor, FixedKeyProcessorContext, FixedKeyRecord
+from streamloop.processors.partitioners import BroadcastPartitioner, StreamPartitioner
 from streamloop.processors.table_transform import ValueTransformerWithKey
 from streamloop.records import Record, TopicPartition
 from streamloop.state import JoinWindows, Materialized, SessionWindows, SlidingWindows, Stores, TimeWindows, Windowed
@@ -68,6 +69,7 @@ from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
 from streamloop.topology.printed import Printed
+from streamloop.topology.produced import Produced
 from streamloop.topology.repartition import Repartitioned
 from streamloop.topology.suppressed import BufferConfig, Suppressed
 from streamloop.topology.tables import KGroupedStream, KTable, TimeWindowedKStream
@@ -78,6 +80,7 @@ __all__ = [
     "AuthenticationError",
     "BaseProcessor",
     "BranchedKStream",
+    "BroadcastPartitioner",
     "BufferConfig",
     "BufferFullError",
     "ClientState",
@@ -119,6 +122,7 @@ __all__ = [
     "Processor",
     "ProcessorContext",
     "ProduceError",
+    "Produced",
     "ProducerFencedError",
     "PunctuationType",
     "RebalanceInProgressError",
@@ -137,6 +141,7 @@ __all__ = [
     "StoreLockedError",
     "Stores",
     "StreamJoined",
+    "StreamPartitioner",
     "StreamThreadState",
     "StreamsBuilder",
     "StreamsConfig",

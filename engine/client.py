@@ -63,6 +63,7 @@ from streamloop.threads.states import StreamThreadState
 from streamloop.threads.view import TaskDetails, TaskMetadata, ThreadMetadata
 from streamloop.timestamps import load_timestamp_extractor
 from streamloop.topology.copartition import check_copartition_groups
+from streamloop.topology.patterns import pattern_topics
 from streamloop.topology.topology import Topology
 from streamloop.transport import open_transport
 
@@ -331,7 +332,7 @@ class KafkaStreams:
     def _check_topics(self) -> None:
         """Check the user's topics exist and create the internal ones (repartition, changelog)."""
         internal = set(self.topology.repartition_topics())
-        source = [t for t in self.topology.source_topics if t not in internal] + self.topology.global_topics
+        source = [t for t in self.topology.required_source_topics if t not in internal] + self.topology.global_topics
         sink = [t for t in self.topology.sink_topics if t not in internal]
         replication = self.config[cfg.REPLICATION_FACTOR]
 
@@ -340,6 +341,11 @@ class KafkaStreams:
             await admin.start()
             try:
                 existing = await admin.partition_counts(source + sink)
+                if self.topology.has_patterns:
+                    # The internal topics are sized by the topics the patterns match now.
+                    everything = await admin.all_partition_counts()
+                    self.topology.resolve_patterns(everything)
+                    existing.update({t: everything[t] for t in pattern_topics(self.topology)})
                 check_copartition_groups(self.topology, existing)  # before creating anything for it
                 if all(t in existing for t in source) and (internal or self.topology.store_names):
                     wanted = self.topology.internal_topics(existing)

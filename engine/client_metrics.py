@@ -61,7 +61,8 @@ def _thread_metrics(thread: StreamThread) -> list[Metric]:
                              float(lag)))
     errors = thread.errors
     if errors is not None:
-        result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags, float(errors.dropped)))
+        result.append(Metric("stream-thread-metrics", "dropped-records-total", thread_tags,
+                             float(errors.records_dropped)))
         # Pauses so far; how many tasks are paused now is paused-tasks-total (the thread's counters).
         result.append(Metric("stream-thread-metrics", "pause-total", thread_tags, float(errors.paused)))
     return result

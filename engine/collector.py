@@ -8,7 +8,7 @@ every ack before offsets are committed (see ``streamloop.commit``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from streamloop.errors import MissingSinkTopicError, ProduceError, SerializationError
@@ -42,6 +42,9 @@ class RecordCollector:
         self._hash_cache: dict[bytes, int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
         self.sent = 0
+        # Records a stream partitioner sent to no partition (an empty set: it says to drop them), one
+        # count for this collector and its siblings (the thread's dropped-records-total adds it).
+        self._dropped = [0]
 
     def sibling(self, producer: Producer) -> RecordCollector:
         """A collector over another producer (one task's, under exactly-once) that shares this one's
@@ -49,7 +52,13 @@ class RecordCollector:
         other = RecordCollector(producer, self._partitions, self._lookup)
         other._hash_cache = self._hash_cache
         other._round_robin = self._round_robin
+        other._dropped = self._dropped
         return other
+
+    @property
+    def dropped(self) -> int:
+        """Records stream partitioners dropped (answered an empty set), here and in the siblings."""
+        return self._dropped[0]
 
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
@@ -80,15 +89,20 @@ class RecordCollector:
         count = self._partitions.get(topic)
         if count is None:
             return self._send_after_lookup(topic, record, sink, key_bytes, value_bytes)
-        partition = None
         partitioner = sink.partitioner
         if partitioner is not None:
-            partition = partitioner(topic, record.key, record.value, count)
-            if partition is not None and not 0 <= partition < count:
-                raise ProduceError(topic, partition,
-                                   f"partitioner of '{sink.name}' chose a partition outside 0..{count - 1}")
-        if partition is None:
-            partition = self.default_partition(topic, key_bytes, count)
+            chosen = partitioner(topic, record.key, record.value, count)
+            if chosen is not None:
+                # KIP-837: a copy to each partition chosen (ascending), none for an empty set.
+                partitions = checked_partitions(chosen, sink.name, topic, count)
+                if not partitions:
+                    self._dropped[0] += 1
+                    return None
+                for partition in partitions:
+                    self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)
+                self.sent += len(partitions)
+                return None
+        partition = self.default_partition(topic, key_bytes, count)
         self.producer.append(topic, partition, key_bytes, value_bytes, record.timestamp, record.headers)
         self.sent += 1
         return None
@@ -148,6 +162,22 @@ class RecordCollector:
 
     async def flush(self) -> None:
         await self.producer.flush()
+
+
+def checked_partitions(chosen: object, sink: str, topic: str, count: int) -> list[int]:
+    """What a stream partitioner of ``sink`` chose, sorted; ``ProduceError`` for anything but a
+    collection of partitions of ``topic`` (0..count-1)."""
+    if isinstance(chosen, (str, bytes)) or not isinstance(chosen, Collection):
+        raise ProduceError(topic, -1, f"partitioner of '{sink}' returned {chosen!r}: StreamPartitioner.partitions() "
+                                      "returns None or a set of partitions")
+    partitions = []
+    for partition in chosen:
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+            raise ProduceError(topic, partition if isinstance(partition, int) else -1,
+                               f"partitioner of '{sink}' chose a partition outside 0..{count - 1}: {partition!r}")
+        partitions.append(partition)
+    partitions.sort()
+    return partitions
 
 
 def _serialization_error(sink: SinkNode, topic: str, what: str, value: object, cause: Exception) -> SerializationError:

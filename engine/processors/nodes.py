@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from streamloop.processors.api import Processor
+from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.records import Record
 from streamloop.serdes import Serde
 from streamloop.timestamps import TimestampExtractor
@@ -196,13 +197,14 @@ class SinkNode(Node):
         topic: str | Callable[[Any, Any, Record], str],
         key_serde: Serde,
         value_serde: Serde,
-        partitioner: Partitioner | None,
+        partitioner: Partitioner | StreamPartitioner | None,
     ) -> None:
         super().__init__(name)
         self.topic = topic
         self.key_serde = key_serde
         self.value_serde = value_serde
-        self.partitioner = partitioner
+        # The collector's form (streamloop.processors.partitioners): None or the partitions to write.
+        self.partitioner = multicast_of(partitioner, name)
         self.collector: Collector | None = None
         self.origins = ("sink", "sink")
         self.serde_call: str | None = "add_sink()"

@@ -23,7 +23,7 @@ change swaps one immutable snapshot under a lock held for no longer than the swa
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -124,10 +124,16 @@ class StreamsMetadataState:
     ``global_stores`` the global tables' stores, which every instance holds in full.
     """
 
-    def __init__(self, this_host: HostInfo | None, store_sources: Mapping[str, Iterable[str]],
+    def __init__(self, this_host: HostInfo | None,
+                 store_sources: Mapping[str, Iterable[str]] | Callable[[], Mapping[str, Iterable[str]]],
                  global_stores: Iterable[str] = ()) -> None:
         self.this_host = this_host if this_host is not None else UNKNOWN_HOST
-        self._store_sources = {store: tuple(topics) for store, topics in store_sources.items()}
+        if callable(store_sources):
+            # Read when needed: a source by pattern reads the topics of the last assignment.
+            self._sources_now = store_sources
+        else:
+            fixed = {store: tuple(topics) for store, topics in store_sources.items()}
+            self._sources_now = lambda: fixed
         self._global_stores = frozenset(global_stores)
         self._lock = threading.Lock()
         self._snapshot = _Snapshot((), {}, None)
@@ -136,7 +142,7 @@ class StreamsMetadataState:
     def for_topology(cls, endpoint: str, topology: Topology) -> StreamsMetadataState:
         """The state of a client (or test driver) with ``application.server`` ``endpoint`` running ``topology``."""
         return cls(HostInfo.build_from_endpoint(endpoint),
-                   {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names},
+                   lambda: {name: topology.subtopology_of_store(name).source_topics for name in topology.store_names},
                    topology.global_stores)
 
     # -- written by the assignors --------------------------------------------------------
@@ -160,7 +166,7 @@ class StreamsMetadataState:
     def _stores_on(self, partitions: Iterable[TopicPartition]) -> frozenset[str]:
         topics = {tp.topic for tp in partitions}
         # Every instance holds the global stores, as Kafka Streams lists them on every host.
-        return frozenset(store for store, sources in self._store_sources.items()
+        return frozenset(store for store, sources in self._sources_now().items()
                          if topics.intersection(sources)) | self._global_stores
 
     # -- read from any thread ----------------------------------------------------------------
@@ -189,7 +195,7 @@ class StreamsMetadataState:
             return []
         if store_name in self._global_stores:
             return self.all_metadata()
-        if store_name not in self._store_sources:
+        if store_name not in self._sources_now():
             return []
         return [m for m in self._read().all_metadata
                 if store_name in m.state_store_names or store_name in m.standby_state_store_names]
@@ -207,7 +213,7 @@ class StreamsMetadataState:
         if store_name in self._global_stores:
             # Every instance has every key: this one (Kafka Streams), with no partition.
             return KeyQueryMetadata(self.this_host, frozenset(), -1)
-        sources = self._store_sources.get(store_name)
+        sources = self._sources_now().get(store_name)
         if not sources:
             return None
         key_bytes = key_serde.serialize(key)

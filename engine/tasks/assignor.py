@@ -40,6 +40,8 @@ from streamloop.records import TopicPartition
 from streamloop.state.metadata import HostInfo, HostPartitions, StreamsMetadataState
 from streamloop.tasks.membership import Membership
 from streamloop.tasks.standby_placement import assign_standbys
+from streamloop.topology.patterns import check_task_limits
+from streamloop.topology.patterns import pattern_topics as matched_topics
 from streamloop.topology.topology import Topology
 from streamloop.transport.base import MemberAssignment, MemberSubscription
 
@@ -116,13 +118,19 @@ class AssignmentInfo:
     group has not settled (the threads stay PARTITIONS_ASSIGNED, the client REBALANCING)."""
     roster: dict[str, int] = field(default_factory=dict)
     """The threads of the member's own instance in this generation: membership token -> join."""
+    pattern_topics: list[str] | None = None
+    """The topics the topology's pattern sources matched on the leader (None: it has none), so that
+    every member's topology reads them as the leader's tasks do (streamloop.topology.patterns)."""
 
     def encode(self) -> bytes:
-        return orjson.dumps({"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
-                             "hosts": _encode_hosts(self.partitions_by_host),
-                             "standby_hosts": _encode_hosts(self.standby_partitions_by_host),
-                             "standby": [str(t) for t in self.standby_tasks], "fu": self.follow_up,
-                             "roster": self.roster})
+        raw: dict[str, Any] = {"v": _VERSION, "tasks": [str(t) for t in self.tasks], "err": int(self.error_code),
+                               "hosts": _encode_hosts(self.partitions_by_host),
+                               "standby_hosts": _encode_hosts(self.standby_partitions_by_host),
+                               "standby": [str(t) for t in self.standby_tasks], "fu": self.follow_up,
+                               "roster": self.roster}
+        if self.pattern_topics is not None:
+            raw["pt"] = self.pattern_topics
+        return orjson.dumps(raw)
 
     @classmethod
     def decode(cls, data: bytes) -> AssignmentInfo:
@@ -132,7 +140,8 @@ class AssignmentInfo:
         return cls([TaskId.parse(t) for t in raw.get("tasks", [])], AssignorError(raw.get("err", 0)),
                    _decode_hosts(raw.get("hosts", [])), _decode_hosts(raw.get("standby_hosts", [])),
                    [TaskId.parse(t) for t in raw.get("standby", [])], bool(raw.get("fu", False)),
-                   {str(k): int(v) for k, v in raw.get("roster", {}).items()})
+                   {str(k): int(v) for k, v in raw.get("roster", {}).items()},
+                   None if raw.get("pt") is None else [str(t) for t in raw["pt"]])
 
 
 def _encode_hosts(by_host: HostPartitions) -> list[Any]:
@@ -324,7 +333,14 @@ class StreamsAssignor:
             log.info("A member requested the shutdown of the application; telling every member")
             error = AssignmentInfo([], AssignorError.SHUTDOWN_REQUESTED).encode()
             return {m: MemberAssignment((), error) for m in members}
-        tasks = tasks_for(self._topology, partitions_per_topic)
+        topology = self._topology
+        pattern_topics = None
+        if topology.has_patterns:
+            # The subscribed topics are those the members' pattern subscription matched.
+            topology.resolve_patterns(partitions_per_topic)
+            check_task_limits(topology, partitions_per_topic)
+            pattern_topics = matched_topics(topology)
+        tasks = tasks_for(topology, partitions_per_topic)
         previous = {m: infos[m].previous_tasks for m in members}
         target = balance(sorted(tasks), members, previous)
         spread, withheld = target, dict[TaskId, str]()
@@ -355,7 +371,7 @@ class StreamsAssignor:
             tps = tuple(tp for t in member_tasks for tp in tasks[t])
             info = AssignmentInfo(member_tasks, partitions_by_host=by_host, standby_partitions_by_host=standby_by_host,
                                   standby_tasks=standbys[member], follow_up=bool(withheld),
-                                  roster=rosters.get(infos[member].process_id, {}))
+                                  roster=rosters.get(infos[member].process_id, {}), pattern_topics=pattern_topics)
             result[member] = MemberAssignment(tps, info.encode())
         log.debug("Assignment: %s", {m: [str(t) for t in ts] for m, ts in spread.items()})
         if any(standbys.values()):
@@ -364,6 +380,9 @@ class StreamsAssignor:
 
     def on_assignment(self, assignment: MemberAssignment) -> None:
         info = AssignmentInfo.decode(assignment.user_data)
+        if info.pattern_topics is not None and self._topology.has_patterns:
+            # Before the listener creates tasks: they read the topics the leader's tasks were made of.
+            self._topology.resolve_patterns(info.pattern_topics)
         self.assigned_tasks = info.tasks
         self.roster = info.roster
         self.follow_up = info.follow_up

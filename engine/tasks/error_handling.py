@@ -48,6 +48,12 @@ class ErrorHandling:
         self.dropped = 0
         self.paused = 0
 
+    @property
+    def records_dropped(self) -> int:
+        """Records dropped on purpose: a handler's CONTINUE, or a stream partitioner's empty set
+        (as Kafka Streams' dropped-records sensor counts both)."""
+        return self.dropped + self._collector.dropped
+
     async def on_deserialization_error(self, task_id: TaskId, raw: ConsumerRecord, error: TaskError) -> Answer:
         return await self._ask(self._deserialization, DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER,
                                _context(task_id, raw, None), raw, error)

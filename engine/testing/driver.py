@@ -62,6 +62,7 @@ from streamloop.tasks.task import StreamTask, TaskState
 from streamloop.testing.driver_errors import UnusedTopics, UnusedTopicsError
 from streamloop.testing.driver_global import DriverGlobalTables
 from streamloop.testing.driver_loop import DriverLoop
+from streamloop.testing.driver_patterns import adopt_pattern_topic
 from streamloop.testing.driver_transport import DriverConsumer, DriverProducer, DriverReader
 from streamloop.testing.scenario import AdvanceWallClock, BadRecord, Crash, Input, ProcessorTimeout, Rebalance, Step
 from streamloop.testing.topics import TestInputTopic, TestOutputTopic, TopicLog
@@ -131,6 +132,9 @@ class TopologyTestDriver:
         self._round_robin = 0
         self._log_context = LogContext(log, f"test-driver [{self.config[cfg.APPLICATION_ID]}] ")
 
+        if topology.has_patterns:
+            # The topics given partitions exist from the start, as a cluster's when a client starts.
+            topology.resolve_patterns(self._partition_counts)
         user_sources = [t for t in topology.source_topics if t not in topology.repartition_topics()]
         counts = {t: len(self._log(t).partitions) for t in user_sources}
         # Repartition and changelog topics, partitioned as the engine would create them.
@@ -423,7 +427,7 @@ class TopologyTestDriver:
 
     def _check_source(self, topic: str) -> None:
         sources = self.topology.source_topics + self.topology.global_topics
-        if topic not in sources:
+        if topic not in sources and not adopt_pattern_topic(self, topic):
             raise TopologyError(f"Topic '{topic}' is not read by this topology; "
                                 f"its source topics are {sorted(sources)}")
 

@@ -28,6 +28,7 @@ from streamloop.recovery import RecoveryInbox, ShutdownRequested
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
+from streamloop.tasks.input_changes import close_changed_tasks
 from streamloop.tasks.manager import ExactlyOnce, TaskManager
 from streamloop.tasks.membership import GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
@@ -141,7 +142,13 @@ class ThreadLoop:
                 await startup.run(producer.start, "Starting the producer")
                 started.append(producer)
                 manager = self._task_manager(consumer, producer, admin, sink_partitions, group, exactly_once)
-                consumer.subscribe(thread.topology.source_topics, self)
+                topology = thread.topology
+                if topology.has_patterns:
+                    # One pattern for all sources (streamloop.topology.patterns): new matching topics
+                    # come with the consumer's metadata refresh and a rebalance.
+                    consumer.subscribe_pattern(topology.subscription_pattern(), self)
+                else:
+                    consumer.subscribe(topology.source_topics, self)
                 self.consumer = consumer
                 thread.rebalances.started(0, "first join")
                 await startup.run(consumer.start, "Starting the consumer")
@@ -210,9 +217,9 @@ class ThreadLoop:
     async def _check_topics(self, admin: Admin, startup: StartupDeadline) -> dict[str, int]:
         topology = self._thread.topology
         counts = await startup.run(
-            lambda: admin.partition_counts(topology.source_topics + topology.sink_topics),
+            lambda: admin.partition_counts(topology.required_source_topics + topology.sink_topics),
             "Fetching topic metadata")
-        missing = [t for t in topology.source_topics if t not in counts]
+        missing = [t for t in topology.required_source_topics if t not in counts]
         if missing:
             raise MissingSourceTopicError(missing)
         missing = [t for t in topology.sink_topics if t not in counts]
@@ -473,6 +480,9 @@ class ThreadLoop:
             await self.standbys.update(thread.assignor.standby_tasks, self._inputs_of)
         if manager is not None:
             self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
+            if thread.topology.has_patterns:
+                # A topic a pattern matched since changes the partitions of tasks that stay here.
+                await close_changed_tasks(manager, assigned, self._config.seconds(cfg.REQUEST_TIMEOUT_MS), self._log)
             manager.handle_assignment(assigned)
             self._publish_tasks()
         generation = self.consumer.generation if self.consumer is not None else None

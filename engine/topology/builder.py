@@ -6,6 +6,7 @@ Node names follow Kafka Streams (``KSTREAM-FILTER-0000000001``) unless a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from streamloop.processors.builtin import (
 )
 from streamloop.processors.fixed_key import FixedKeyProcessorSupplier
 from streamloop.processors.nodes import Node, Partitioner
+from streamloop.processors.partitioners import StreamPartitioner
 from streamloop.serdes import Serde, as_serde
 from streamloop.state.join_windows import JoinWindows
 from streamloop.state.stores import Materialized, StoreBuilder
@@ -31,6 +33,7 @@ from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.global_tables import GlobalKTable, global_table, stream_global_join
 from streamloop.topology.joins import StreamJoined, stream_stream_join
 from streamloop.topology.printed import Printed
+from streamloop.topology.produced import Produced, sink_options
 from streamloop.topology.repartition import Repartitioned, repartition
 from streamloop.topology.specs import NodeKind
 from streamloop.topology.stream_processors import print_stream, process_values
@@ -70,15 +73,16 @@ class StreamsBuilder:
 
     def stream(
         self,
-        topics: str | Sequence[str],
+        topics: str | Sequence[str] | re.Pattern[str],
         *,
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         name: str | None = None,
         timestamp_extractor: object = None,
     ) -> KStream:
-        """A stream of the records of ``topics`` (one or several); ``timestamp_extractor`` (see
-        ``streamloop.timestamps``) overrides ``default.timestamp.extractor`` for them."""
+        """A stream of the records of ``topics`` (one or several, or ``re.compile(...)``: every topic the
+        pattern matches in full, those created later too, see ``streamloop.topology.patterns``);
+        ``timestamp_extractor`` (see ``streamloop.timestamps``) overrides ``default.timestamp.extractor``."""
         source = self._name(name, "KSTREAM-SOURCE")
         self._topology.add_source(source, topics, key_serde, value_serde, timestamp_extractor=timestamp_extractor)
         spec = self._topology.spec(source)
@@ -502,10 +506,11 @@ class KStream:
     def to(
         self,
         topic: str | Callable[[Any, Any, Any], str],
+        produced: Produced | None = None,
         *,
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
-        partitioner: Partitioner | None = None,
+        partitioner: Partitioner | StreamPartitioner | None = None,
         name: str | None = None,
     ) -> None:
         """Write the stream to ``topic`` (or to the topic a function picks per record).
@@ -513,7 +518,10 @@ class KStream:
         Without ``key_serde``/``value_serde`` the sink uses the serde the stream knows at this
         point (the DSL page of the docs lists the rules), else ``default.key.serde`` /
         ``default.value.serde``. A serde that cannot write a record raises ``SerializationError``.
+        ``produced`` (``Produced``) gives these options instead of the keywords; its stream
+        partitioner may send a record to several partitions (``StreamPartitioner``, KIP-837).
         """
+        key_serde, value_serde, partitioner, name = sink_options(produced, key_serde, value_serde, partitioner, name)
         node_name = self._builder._name(name, "KSTREAM-SINK")
         ks = self._key_serde if key_serde is None else as_serde(key_serde, f"key serde of '{node_name}'")
         vs = self._value_serde if value_serde is None else as_serde(value_serde, f"value serde of '{node_name}'")

@@ -33,7 +33,9 @@ def describe(topology: Topology) -> str:
         for name in order(sub.node_names):
             spec = topology.spec(name)
             if spec.kind is NodeKind.SOURCE:
-                lines.append(f"    Source: {name} (topics: [{', '.join(spec.topics)}])")
+                # As Kafka Streams' Source#toString: a pattern source shows its pattern.
+                topics = spec.pattern.pattern if spec.pattern is not None else ", ".join(spec.topics)
+                lines.append(f"    Source: {name} (topics: [{topics}])")
                 lines.append(f"      --> {listed(spec.children)}")
             elif spec.kind is NodeKind.SINK:
                 if isinstance(spec.sink_topic, str):

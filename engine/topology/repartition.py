@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamloop.errors import TopologyError
 from streamloop.processors.nodes import Partitioner
+from streamloop.processors.partitioners import StreamPartitioner
 from streamloop.serdes import Serde, as_serde
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class Repartitioned:
     __slots__ = ("key_serde", "name", "partitioner", "partitions", "value_serde")
 
     def __init__(self, name: str | None = None, key_serde: Serde | None = None, value_serde: Serde | None = None,
-                 partitions: int | None = None, partitioner: Partitioner | None = None) -> None:
+                 partitions: int | None = None, partitioner: Partitioner | StreamPartitioner | None = None) -> None:
         if name is not None and not name:
             raise TopologyError("Repartitioned needs a non-empty name")
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int)
@@ -64,7 +65,7 @@ class Repartitioned:
         return cls(partitions=n)
 
     @classmethod
-    def stream_partitioner(cls, partitioner: Partitioner) -> Repartitioned:
+    def stream_partitioner(cls, partitioner: Partitioner | StreamPartitioner) -> Repartitioned:
         return cls(partitioner=partitioner)
 
     # And its copying setters.
@@ -80,7 +81,7 @@ class Repartitioned:
     def with_number_of_partitions(self, n: int) -> Repartitioned:
         return self._copy(partitions=n)
 
-    def with_stream_partitioner(self, partitioner: Partitioner) -> Repartitioned:
+    def with_stream_partitioner(self, partitioner: Partitioner | StreamPartitioner) -> Repartitioned:
         return self._copy(partitioner=partitioner)
 
     def __repr__(self) -> str:

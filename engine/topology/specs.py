@@ -6,6 +6,7 @@ shape (its description) needs none of the building machinery.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -48,6 +49,9 @@ class NodeSpec:
     timestamp_extractor: TimestampExtractor | None = None
     # Sources of repartition topics only: a partition count fixed by ``repartition()`` (None: derived).
     partitions: int | None = None
+    # Sources by pattern only (streamloop.topology.patterns): ``topics`` are those it matched at the
+    # last rebalance.
+    pattern: re.Pattern[str] | None = None
 
 
 ORDERINGS = ("partition", "key", "unordered")  # strictest first

@@ -30,6 +30,7 @@ from streamloop.state.windows import TimeWindows
 from streamloop.topology.cogroup import CogroupedKStream, cogroup
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
+from streamloop.topology.patterns import refuse_join
 from streamloop.topology.suppressed import Suppressed, suppress_table
 from streamloop.topology.table_ops import filter_table, join_tables, map_table_values
 from streamloop.topology.table_transform import transform_table_values
@@ -355,6 +356,7 @@ def stream_table_join(stream: KStream, table: KTable, joiner: Callable[[Any, Any
         stream = stream._repartition(stream._key_serde, stream._value_serde,
                                      (stream._key_serde is not None, stream._value_serde is not None), None)
     builder = stream._builder
+    refuse_join(builder._topology, "left_join()" if left else "join()", stream._node)
     node = builder._name(name, "KSTREAM-LEFTJOIN" if left else "KSTREAM-JOIN")
     store, view = table.queryable_store_name, None
     if store is None:

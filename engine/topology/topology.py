@@ -9,20 +9,23 @@ by ``build_task_graph``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from streamloop.errors import MissingSerdeError, TopologyError
 from streamloop.processors.api import ProcessorSupplier
 from streamloop.processors.context import NodeContext, TaskContext
 from streamloop.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
+from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.serdes import BytesSerde, Serde, as_serde
-from streamloop.state.changelog import changelog_topic, topic_configs
 from streamloop.state.global_store import GlobalStoreSpec
-from streamloop.state.stores import StoreBuilder, StoreType
+from streamloop.state.stores import StoreBuilder
 from streamloop.timestamps import FailOnInvalidTimestamp, TimestampExtractor, as_extractor
-from streamloop.topology.copartition import check_copartition_groups, repartition_counts
 from streamloop.topology.describe import callable_name, describe
+from streamloop.topology.internal_topics import internal_topics
+from streamloop.topology.patterns import as_pattern, check_not_joined, subscription_pattern
+from streamloop.topology.patterns import resolve as resolve_patterns
 from streamloop.topology.specs import ORDERINGS, NodeKind, NodeSpec, SubTopology, TaskGraph
 
 if TYPE_CHECKING:
@@ -42,6 +45,9 @@ class Topology:
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
         # Global tables' stores by name: outside every sub-topology (streamloop.topology.global_tables).
         self.global_stores: dict[str, GlobalStoreSpec] = {}
+        # Sub-topologies reading by pattern whose internal topics were created for this many tasks
+        # (internal_topics): a matched topic with more partitions would have tasks without them.
+        self.pattern_task_limits: dict[int, int] = {}
         # Spark stages' read= and where they sit, by stage (streamloop.spark.kafka_source.StageRead):
         # the client checks them against spark.batch.read when it is created.
         self.spark_reads: dict[str, Any] = {}
@@ -63,17 +69,22 @@ class Topology:
     def add_source(
         self,
         name: str,
-        topics: Sequence[str] | str,
+        topics: Sequence[str] | str | re.Pattern[str],
         key_serde: Serde | type | None = None,
         value_serde: Serde | type | None = None,
         internal: bool = False,
         timestamp_extractor: object = None,
     ) -> Topology:
-        """Add a source; ``timestamp_extractor`` (an extractor, its class or dotted path) overrides
-        ``default.timestamp.extractor`` for its records."""
-        topics = (topics,) if isinstance(topics, str) else tuple(topics)
-        if not topics:
-            raise TopologyError(f"Source '{name}' needs at least one topic")
+        """Add a source of ``topics``: a name, several, or a compiled pattern (every topic it matches
+        in full, now and later: streamloop.topology.patterns); ``timestamp_extractor`` (an
+        extractor, its class or dotted path) overrides ``default.timestamp.extractor`` for its records."""
+        pattern = as_pattern(topics)
+        if pattern is not None:
+            topics = ()
+        else:
+            topics = (topics,) if isinstance(topics, str) else tuple(cast("Sequence[str]", topics))
+            if not topics:
+                raise TopologyError(f"Source '{name}' needs at least one topic")
         for spec in self._specs.values():
             clash = set(spec.topics) & set(topics)
             if clash:
@@ -88,8 +99,32 @@ class Topology:
             raise TopologyError(str(exc)) from exc
         self._add(NodeSpec(name, NodeKind.SOURCE, (), lambda: SourceNode(name, topics, BytesSerde(), BytesSerde()),
                            topics=topics, key_serde=ks, value_serde=vs, internal=internal,
-                           timestamp_extractor=extractor))
+                           timestamp_extractor=extractor, pattern=pattern))
         return self
+
+    # -- sources by pattern (streamloop.topology.patterns) -------------------------
+    @property
+    def has_patterns(self) -> bool:
+        return any(spec.pattern is not None for spec in self._specs.values())
+
+    def resolve_patterns(self, available: Iterable[str]) -> bool:
+        """The pattern sources read the topics of ``available`` they match; True if that changed."""
+        return resolve_patterns(self, available)
+
+    def subscription_pattern(self) -> re.Pattern[str]:
+        """The one pattern a stream thread subscribes with when a source reads by pattern."""
+        named = [t for spec in self._specs.values() if spec.pattern is None for t in spec.topics]
+        return subscription_pattern(named, [s.pattern for s in self._specs.values() if s.pattern is not None])
+
+    @property
+    def required_source_topics(self) -> list[str]:
+        """The source topics that must exist: those named (a pattern may match none)."""
+        return [t for spec in self._specs.values() if spec.kind is NodeKind.SOURCE and spec.pattern is None
+                for t in spec.topics]
+
+    def topics_changed(self) -> None:
+        """A pattern source's topics changed: the sub-topologies' topics are derived again."""
+        self._subtopologies = None
 
     def add_processor(self, name: str, supplier: ProcessorSupplier, *parents: str,
                       stores: Sequence[str] = ()) -> Topology:
@@ -187,7 +222,7 @@ class Topology:
                                 f"build another one for '{application_id}'")
         self.application_id = application_id
         for spec in self._specs.values():
-            if spec.internal:
+            if spec.internal and spec.pattern is None:
                 spec.topics = tuple(f"{application_id}-{t}" for t in spec.topics)
                 if isinstance(spec.sink_topic, str):
                     spec.sink_topic = f"{application_id}-{spec.sink_topic}"
@@ -207,42 +242,9 @@ class Topology:
                 for t in spec.topics]
 
     def internal_topics(self, source_partitions: Mapping[str, int]) -> dict[str, tuple[int, dict[str, str]]]:
-        """Repartition and changelog topics to create: name -> (partitions, topic configs).
-
-        A repartition topic gets the partition count of the sub-topology that writes it,
-        a changelog that of the sub-topology that owns the store. Sub-topologies are
-        numbered upstream first, so one pass resolves chains of repartitions.
-        """
-        if self.application_id is None:
-            raise TopologyError("The topology has no application id yet (it is set by KafkaStreams)")
-        fixed = self.fixed_partitions()
-        # A repartition topic with a fixed count is checked for co-partitioning like a user topic.
-        counts = {**source_partitions, **fixed}
-        check_copartition_groups(self, counts)
-        result: dict[str, tuple[int, dict[str, str]]] = {}
-        repartition = set(self.repartition_topics())
-        joined = repartition_counts(self, counts)
-        tasks: dict[int, int] = {}
-        for sub in self.subtopologies:
-            known = [counts[t] for t in sub.source_topics if t in counts]
-            if not known:
-                raise TopologyError(f"Sub-topology {sub.id} reads {list(sub.source_topics)}, whose partitions "
-                                    "are not known")
-            tasks[sub.id] = max(known)
-            for topic in sub.sink_topics:
-                if topic in repartition:
-                    # One a join reads has the partitions of the topic it is joined with.
-                    counts[topic] = fixed.get(topic) or joined.get(topic) or max(counts.get(topic, 0),
-                                                                                 tasks[sub.id])
-                    result[topic] = (counts[topic], {"cleanup.policy": "delete"})
-        for name, builder in self._stores.items():
-            if not builder.logging:
-                continue
-            sub = self.subtopology_of_store(name)
-            windowed = builder.type in (StoreType.WINDOW, StoreType.SESSION)
-            result[changelog_topic(self.application_id, name)] = (
-                tasks[sub.id], topic_configs(windowed, builder.supplier.retention_ms))
-        return result
+        """Repartition and changelog topics to create: name -> (partitions, topic configs)
+        (``streamloop.topology.internal_topics``)."""
+        return internal_topics(self, source_partitions)
 
     def add_sink(
         self,
@@ -251,7 +253,7 @@ class Topology:
         *parents: str,
         key_serde: Serde | None = None,
         value_serde: Serde | None = None,
-        partitioner: Partitioner | None = None,
+        partitioner: Partitioner | StreamPartitioner | None = None,
         internal: bool = False,
         inherited: tuple[bool, bool] = (False, False),
         kinds: tuple[str | None, str | None] = (None, None),
@@ -268,6 +270,7 @@ class Topology:
             raise TopologyError(f"Sink '{name}' needs a topic name")
         ks = None if key_serde is None else as_serde(key_serde, f"key serde of '{name}'")
         vs = None if value_serde is None else as_serde(value_serde, f"value serde of '{name}'")
+        multicast_of(partitioner, name)  # a wrong one is refused now, not at the first record
         self._add(NodeSpec(name, NodeKind.SINK, parents,
                            lambda: SinkNode(name, topic, BytesSerde(), BytesSerde(), partitioner),
                            sink_topic=topic, key_serde=ks, value_serde=vs, internal=internal,
@@ -319,9 +322,11 @@ class Topology:
     # -- structure ----------------------------------------------------------
     @property
     def subtopologies(self) -> list[SubTopology]:
-        if self._subtopologies is None:
-            self._subtopologies = self._group()
-        return self._subtopologies
+        # Read once: another stream thread resolving the patterns may reset the cache meanwhile.
+        subtopologies = self._subtopologies
+        if subtopologies is None:
+            subtopologies = self._subtopologies = self._group()
+        return subtopologies
 
     def _group(self) -> list[SubTopology]:
         parent_of: dict[str, str] = {name: name for name in self._specs}
@@ -378,6 +383,7 @@ class Topology:
         unused = [name for name in self._stores if not any(name in s.stores for s in self._specs.values())]
         if unused:
             raise TopologyError(f"State stores {unused} are not connected to any processor")
+        check_not_joined(self)
         _ = self.subtopologies
 
     def subtopology_of(self, topic: str) -> SubTopology:

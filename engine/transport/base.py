@@ -13,6 +13,7 @@ Records are fetched as raw bytes; deserialization is the engine's business.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -150,6 +151,11 @@ class Consumer(Protocol):
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None: ...
 
+    def subscribe_pattern(self, pattern: re.Pattern[str], listener: RebalanceListener) -> None:
+        """Subscribe to every topic ``pattern.match`` accepts, now and as topics are created or
+        deleted: the member finds out on its metadata refresh (Kafka: ``metadata.max.age.ms``;
+        the memory broker: at once) and the group rebalances."""
+
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Groupless manual assignment (readers only; no rebalances, no commits)."""
 
@@ -270,6 +276,9 @@ class Admin(Protocol):
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         """Partition count of each existing topic; missing topics are left out."""
+
+    async def all_partition_counts(self) -> dict[str, int]:
+        """Partition count of every topic of the cluster but the broker's own (``__consumer_offsets`` ...)."""
 
 
 class Transport(Protocol):

@@ -132,6 +132,15 @@ class KafkaAdmin:
             if entry["topic"] in wanted and entry["error_code"] == 0 and entry["partitions"]
         }
 
+    async def all_partition_counts(self) -> dict[str, int]:
+        admin = self._require()
+        try:
+            described = await admin.describe_topics()
+        except aioerrors.KafkaError as exc:
+            raise transport_error(exc, "describing topics") from exc
+        return {entry["topic"]: len(entry["partitions"]) for entry in described
+                if entry["error_code"] == 0 and entry["partitions"] and not entry.get("is_internal")}
+
     async def _await_metadata(
         self, done: Callable[[dict[str, int]], bool], topics: Any
     ) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,7 +73,8 @@ class KafkaConsumer:
         self._client_id = client_id
         self._consumer: Any = None  # AIOKafkaConsumer once started
         self._closed = False
-        self._subscription: tuple[list[str], ListenerAdapter] | None = None
+        # Topics, or a pattern (subscribe_pattern), and the listener: applied again on start.
+        self._subscription: tuple[list[str] | re.Pattern[str], ListenerAdapter] | None = None
         self._manual: list[Any] | None = None  # aiokafka TopicPartitions
         self._rebalance = RebalanceState(client_id, settings is not None and settings.cooperative,
                                          lambda: self._consumer)
@@ -146,8 +148,7 @@ class KafkaConsumer:
             adapt_join_requests(consumer._coordinator, self._join_registered,
                                 self._settings.max_poll_interval_ms + JOIN_TIMEOUT_LAPSE_MS)
         if self._subscription is not None:
-            topics, listener = self._subscription
-            consumer.subscribe(topics=topics, listener=listener)
+            self._apply_subscription(consumer, *self._subscription)
         elif self._manual is not None:
             consumer.assign(self._manual)
 
@@ -178,14 +179,30 @@ class KafkaConsumer:
     # -- subscription ----------------------------------------------------------------
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        self._subscribe(list(topics), listener)
+
+    def subscribe_pattern(self, pattern: re.Pattern[str], listener: RebalanceListener) -> None:
+        """aiokafka matches ``pattern`` against the cluster's topics on each metadata refresh
+        (``consumer.metadata.max.age.ms``, 5 minutes by default) and rejoins when the match changes."""
+        self._subscribe(pattern, listener)
+
+    def _subscribe(self, topics: list[str] | re.Pattern[str], listener: RebalanceListener) -> None:
         if self._settings is None:
             raise IllegalStateError("a reader has no group: use assign()")
         if self._manual is not None:
             raise IllegalStateError("the consumer uses manual assignment")
         adapter = ListenerAdapter(listener, self._rebalance, self._rejoin_later)
-        self._subscription = (list(topics), adapter)
+        self._subscription = (topics, adapter)
         if self._consumer is not None:
-            self._consumer.subscribe(topics=list(topics), listener=adapter)
+            self._apply_subscription(self._consumer, topics, adapter)
+
+    @staticmethod
+    def _apply_subscription(consumer: Any, topics: list[str] | re.Pattern[str], listener: ListenerAdapter) -> None:
+        if isinstance(topics, re.Pattern):
+            consumer.subscribe(pattern=topics, listener=listener)
+            keep_all_topic_metadata(consumer._client)
+        else:
+            consumer.subscribe(topics=topics, listener=listener)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         if self._subscription is not None:
@@ -381,3 +398,19 @@ class KafkaConsumer:
             raise commit_failed(exc, sorted(str(tp) for tp in offsets)) from exc
         except aioerrors.KafkaError as exc:
             raise transport_error(exc, "commit") from exc
+
+
+def keep_all_topic_metadata(client: Any) -> None:
+    """A pattern subscription must see every topic on each metadata refresh, but aiokafka's fetcher
+    adds a topic whose partition leader it does not know (a deleted topic's, while its task still
+    asks for offsets) to the topics the client tracks, and from then on the client asks for those
+    alone: the pattern matches nothing and the member rejoins with no topics for good. Here a
+    lookup of an unknown topic refreshes the metadata of all topics instead."""
+    if getattr(client, "_keeps_all_topics", False):
+        return
+
+    def add_topic(_topic: str) -> Any:
+        return client.force_metadata_update()
+
+    client.add_topic = add_topic
+    client._keeps_all_topics = True

@@ -84,6 +84,9 @@ class RebalanceState:
         # Cooperative: aiokafka's assignment held through a rejoin, then the partitions being revoked.
         self.held: Any = None
         self.revoking: set[TopicPartition] = set()
+        # The assignment the last rebalance installed: a pattern subscription whose topics changed
+        # gets a new aiokafka subscription without it, and the hold falls back to this one.
+        self._installed: Any = None
         self._callback_error: BaseException | None = None
         # An asyncio future, as aiokafka's coordination task resolves it.
         self._gate: asyncio.Future[None] | None = None
@@ -128,6 +131,14 @@ class RebalanceState:
         subscription = None if consumer is None else consumer._subscription.subscription
         assignment = None if subscription is None else subscription.assignment
         self.held = None
+        if subscription is not None and assignment is None and self._installed is not None:
+            # A topic the pattern matched was created or deleted: aiokafka replaced the subscription
+            # (the old assignment fetches no more), but the partitions that stay keep their positions
+            # and the lost ones are revoked, as for any cooperative rebalance.
+            if consumer._coordinator.generation < 0:
+                return False
+            self.held, self._installed = self._installed, None
+            return True
         if subscription is None or assignment is None or not assignment.tps:
             return True
         if consumer._coordinator.generation < 0:
@@ -142,9 +153,11 @@ class RebalanceState:
         ``revoking`` becomes the partitions lost."""
         held, self.held = self.held, None
         consumer = self._consumer()
-        if held is None or consumer is None:
+        if consumer is None:
             return
-        assignment = consumer._subscription.subscription.assignment
+        assignment = self._installed = consumer._subscription.subscription.assignment
+        if held is None:
+            return
         for tp in held.tps & assignment.tps:
             before, after = held.state_value(tp), assignment.state_value(tp)
             if before.has_valid_position:

@@ -40,3 +40,6 @@ class MemoryAdmin:
 
     async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         return self._broker.partition_counts(topics)
+
+    async def all_partition_counts(self) -> dict[str, int]:
+        return self._broker.partition_counts(self._broker.topic_names())

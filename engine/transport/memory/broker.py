@@ -148,6 +148,10 @@ class MemoryBroker:
                     del group.offsets[tp]
             self._topics_changed(deleted)
 
+    def topic_names(self) -> list[str]:
+        with self._locked():
+            return list(self._topics)
+
     def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
         with self._locked():
             return {t: len(self._topics[t]) for t in topics if t in self._topics}
@@ -362,6 +366,7 @@ class MemoryBroker:
                 group_id,
                 wake=self._defer_wakeup,
                 partition_count=self._partition_count,
+                topic_names=lambda: list(self._topics),
                 new_member_id=self._new_member_id,
             )
         return group

@@ -10,6 +10,7 @@ reader (``MemoryTransport.reader``) has no group: ``assign``, ``seek``, ``poll``
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -71,6 +72,13 @@ class MemoryConsumer:
         if self._membership is None:
             raise IllegalStateError(f"{self._name} has no group; use assign() instead of subscribe().")
         self._membership.subscribe(topics, listener)
+        self._maybe_join()
+
+    def subscribe_pattern(self, pattern: re.Pattern[str], listener: RebalanceListener) -> None:
+        self._check_open()
+        if self._membership is None:
+            raise IllegalStateError(f"{self._name} has no group; use assign() instead of subscribe_pattern().")
+        self._membership.subscribe_pattern(pattern, listener)
         self._maybe_join()
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:

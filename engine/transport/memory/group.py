@@ -38,8 +38,10 @@ Caller: :class:`~streamloop.transport.memory.broker.MemoryBroker`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -90,6 +92,9 @@ class JoinRequest:
     wakeup: LoopWakeup
     cooperative: bool = False
     owned: tuple[TopicPartition, ...] = ()
+    # A pattern subscription: ``topics`` are what it matched at the join; the group's leader
+    # task and its reaction to created and deleted topics follow the pattern itself.
+    pattern: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +158,7 @@ class ConsumerGroup:
         wake: Callable[[LoopWakeup], None],
         partition_count: Callable[[str], int | None],
         new_member_id: Callable[[str], str],
+        topic_names: Callable[[], list[str]] = list,
     ) -> None:
         self.group_id = group_id
         self._log = LogContext(log, f"group [{group_id}] ")
@@ -163,6 +169,7 @@ class ConsumerGroup:
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         self._wake = wake
         self._partition_count = partition_count
+        self._topic_names = topic_names
         self._new_member_id = new_member_id
         # Insertion order is seniority: the first member is the longest-standing one.
         self._members: dict[str, _Member] = {}
@@ -352,7 +359,8 @@ class ConsumerGroup:
         changed = set(topics)
         if self.state is GroupState.PREPARING_REBALANCE:
             return  # the leader reads the partition counts when the barrier falls
-        if any(changed & set(m.subscription.topics) for m in self._members.values()):
+        if any(changed & set(m.subscription.topics) or _matches_any(m.request.pattern, changed)
+               for m in self._members.values()):
             self._prepare_rebalance(f"subscribed topics {sorted(changed)} changed", now)
 
     def describe(self) -> GroupDescription:
@@ -447,13 +455,22 @@ class ConsumerGroup:
         return max(min(deadlines) + 1 - now, 0)
 
     def _leader_task(self) -> LeaderTask:
-        topics = sorted({t for m in self._members.values() for t in m.subscription.topics})
+        # A pattern member's topics as of now: a topic created since it joined is in this generation.
+        subscriptions = {mid: self._current_subscription(m) for mid, m in self._members.items()}
+        topics = sorted({t for s in subscriptions.values() for t in s.topics})
         counts = {t: n for t in topics if (n := self._partition_count(t)) is not None}
         return LeaderTask(
             generation=self.generation,
-            subscriptions={mid: m.subscription for mid, m in self._members.items()},
+            subscriptions=subscriptions,
             partitions_per_topic=counts,
         )
+
+    def _current_subscription(self, member: _Member) -> MemberSubscription:
+        pattern = member.request.pattern
+        if pattern is None:
+            return member.subscription
+        topics = tuple(sorted(t for t in self._topic_names() if pattern.match(t)))
+        return dataclasses.replace(member.subscription, topics=topics)
 
     def _check_assignment(self, assignments: Mapping[str, MemberAssignment]) -> None:
         owner: dict[TopicPartition, str] = {}
@@ -511,3 +528,7 @@ class ConsumerGroup:
     def _transition_to(self, new: GroupState, reason: str) -> None:
         self._log.debug("%s (generation %d)", reason, self.generation)
         self._state.transition_to(new)
+
+
+def _matches_any(pattern: re.Pattern[str] | None, topics: Iterable[str]) -> bool:
+    return pattern is not None and any(pattern.match(t) for t in topics)

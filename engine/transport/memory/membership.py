@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from streamloop.errors import IllegalStateError, TransportError
@@ -99,6 +100,7 @@ class GroupMembership:
         self._assignment = assignment
         self._wakeup = wakeup
         self._topics: tuple[str, ...] = ()
+        self._pattern: re.Pattern[str] | None = None
         self._listener: RebalanceListener | None = None
         self._rejoin_requested = False
         self._log = LogContext(log, f"consumer [{settings.client_id}] group [{settings.group_id}] ")
@@ -118,15 +120,26 @@ class GroupMembership:
 
     @property
     def subscribed(self) -> bool:
-        return bool(self._topics)
+        return bool(self._topics) or self._pattern is not None
+
+    def subscribe_pattern(self, pattern: re.Pattern[str], listener: RebalanceListener) -> None:
+        """Subscribe to the topics ``pattern.match`` accepts: resolved at each join, and the group
+        rebalances when a topic it matches is created or deleted (the broker tells it at once)."""
+        changed = pattern != self._pattern or bool(self._topics)
+        self._topics = ()
+        self._pattern = pattern
+        self._listener = listener
+        if changed and self.state is not MemberState.UNJOINED:
+            self.request_rejoin()
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """Set topics and listener; a member already in the group rejoins with them."""
         topics = tuple(dict.fromkeys(topics))
         if not topics:
             raise ValueError(f"Consumer {self._settings.client_id}: subscribe needs at least one topic.")
-        changed = topics != self._topics
+        changed = topics != self._topics or self._pattern is not None
         self._topics = topics
+        self._pattern = None
         self._listener = listener
         if changed and self.state is not MemberState.UNJOINED:
             self.request_rejoin()
@@ -138,14 +151,17 @@ class GroupMembership:
 
     def join(self) -> None:
         """Send a join with a fresh subscription (from UNJOINED)."""
-        user_data = self._settings.assignor.subscription_user_data(self._topics)
+        pattern = self._pattern
+        topics = self._topics if pattern is None else tuple(
+            sorted(t for t in self._broker.topic_names() if pattern.match(t)))
+        user_data = self._settings.assignor.subscription_user_data(topics)
         self.member_id = self._broker.join_group(
             self.group_id,
             JoinRequest(
                 member_id=self.member_id,
                 client_id=self._settings.client_id,
                 group_instance_id=self._settings.group_instance_id,
-                topics=self._topics,
+                topics=topics,
                 user_data=user_data,
                 assignor_name=self._settings.assignor.name,
                 max_poll_interval_ms=self._settings.max_poll_interval_ms,
@@ -153,6 +169,7 @@ class GroupMembership:
                 wakeup=self._wakeup,
                 cooperative=self._settings.cooperative,
                 owned=tuple(sorted(self._assignment.partitions)),
+                pattern=pattern,
             ),
         )
         self._transition_to(MemberState.JOINING)

@@ -190,7 +190,7 @@ def test_sink_hands_its_serdes_and_partitioner_to_the_collector() -> None:
             calls.append((sink.key_serde, sink.value_serde, sink.partitioner))
 
     def partitioner(topic: str, key: Any, value: Any, count: int) -> int:
-        return 0
+        return count - 1
 
     value_serde = StringSerde()
     builder = StreamsBuilder()
@@ -202,7 +202,8 @@ def test_sink_hands_its_serdes_and_partitioner_to_the_collector() -> None:
     [(key_serde, sent_value_serde, sent_partitioner)] = calls
     assert isinstance(key_serde, BytesSerde)  # the default given to build_task_graph
     assert sent_value_serde is value_serde
-    assert sent_partitioner is partitioner
+    # In the collector's multicast form (streamloop.processors.partitioners): the one partition chosen.
+    assert sent_partitioner("out", b"k", "v", 4) == (3,)
 
 
 # -- async functions -----------------------------------------------------------------------
