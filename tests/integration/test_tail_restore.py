@@ -129,3 +129,27 @@ def _counted(cluster: Cluster, sink: str, expected: Counter[str], committed: boo
     async def check() -> bool:
         return await last_counts(cluster, sink, committed) == dict(expected)
     return check
+
+
+async def test_past_the_bound_of_uncommitted_writes_the_task_commits_early(cluster: Cluster, names, tmp_path) -> None:
+    """Matches Kafka Streams' ``statestore.uncommitted.max.bytes`` (KIP-892): with a commit interval
+    longer than the test, the writes held for the next commit pass the bound and the thread commits
+    early, again and again (it looks between polls: 50 records each here); the checkpoint moves with
+    those commits and the counts stay exact."""
+    source, sink = names("input"), names("counts")
+    await cluster.create_topics({source: 1, sink: 1})
+    records = [(f"k{i % KEYS}", f"v{i}") for i in range(600)]
+    streams = make_streams(counting(source, sink, "key-value", fail_on="never"), cluster.bootstrap, names.app,
+                           state_dir=str(tmp_path), cache_max_bytes_buffering=0, commit_interval_ms=3_600_000,
+                           statestore_uncommitted_max_bytes=2_000, max_poll_records=50,
+                           buffered_records_per_partition=50)
+    changelog = TopicPartition(changelog_topic(names.app, "counts"), 0)
+    task_dir = tmp_path / names.app / "0_0"
+    async with streams:
+        await cluster.produce(source, records, STR, STR, partitions=1)
+        await eventually_async(_counted(cluster, sink, Counter(k for k, _ in records), False), 60, "every count")
+        await eventually_async(lambda: checkpoint.read(str(task_dir)).get(changelog, 0) >= 500, 30,
+                               "the checkpoint near the end, long before the commit interval")
+        # More than one (how many depends on how fast the broker commits while records run on).
+        commits = sum(m.value for m in streams.metrics() if m.name == "commit-total")
+        assert commits >= 2, commits

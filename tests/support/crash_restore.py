@@ -8,8 +8,8 @@ it runs, in batches, so that it is mid-stream when the kill comes: once it has p
 them and has written a checkpoint. The restart runs until the group's committed offset reaches the
 input's end and its restore was told, then stops with SIGTERM. What the restore should have applied
 is counted independently: the changelog records from the restore's start to its end whose input
-record (their source header) is below the committed offset, read ``read_committed`` under exactly-
-once as the restore reads them.
+record (their source header) is below the committed offset, read ``read_committed`` under
+exactly-once as the restore reads them.
 """
 
 from __future__ import annotations
