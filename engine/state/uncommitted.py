@@ -91,9 +91,12 @@ class UncommittedWrites:
         self.name = base.name
         self._budget = budget
         self._on_full = on_full
-        # The newest value of each held key (None: deleted), and its keys in order for ranges.
+        # The newest value of each held key (None: deleted), and its keys in order for ranges: sorted
+        # when a range needs them (``_sorted_keys``), not at each new key, which made a commit
+        # interval of new keys quadratic.
         self._latest: dict[bytes, bytes | None] = {}
         self._keys: list[bytes] = []
+        self._unsorted = False
         # Every held write in order: (seq, key, value, source).
         self._log: list[tuple[int, bytes, bytes | None, Source]] = []
         self.seq = 0
@@ -116,7 +119,8 @@ class UncommittedWrites:
         self._log.append((self.seq, key, value, source))
         latest = self._latest
         if key not in latest:
-            bisect.insort(self._keys, key)
+            self._keys.append(key)
+            self._unsorted = True
         latest[key] = value
         size = len(key) + (len(value) if value is not None else 0) + WRITE_OVERHEAD
         self.bytes += size
@@ -129,7 +133,7 @@ class UncommittedWrites:
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         latest = self._latest
         if threading.get_ident() == self._writer:
-            keys = self._keys
+            keys = self._sorted_keys()
             start = 0 if low is None else bisect.bisect_left(keys, low)
             stop = len(keys) if high is None else bisect.bisect_right(keys, high)
             held = [(k, latest[k]) for k in keys[start:stop]]
@@ -138,6 +142,13 @@ class UncommittedWrites:
             held = sorted((k, v) for k, v in list(latest.items())
                           if (low is None or k >= low) and (high is None or k <= high))
         return overlay(held, self.base.range(low, high))
+
+    def _sorted_keys(self) -> list[bytes]:
+        if self._unsorted:
+            # Timsort: the sorted run so far and the keys appended since merge in linear time.
+            self._keys.sort()
+            self._unsorted = False
+        return self._keys
 
     def approximate_num_entries(self) -> int:
         return self.base.approximate_num_entries() + len(self._latest)
@@ -192,7 +203,7 @@ class UncommittedWrites:
         kept_keys = {w[1] for w in kept}
         latest = self._latest
         self._latest = {k: latest[k] for k in self._keys if k in kept_keys}
-        self._keys = [k for k in self._keys if k in kept_keys]
+        self._keys = [k for k in self._keys if k in kept_keys]  # in the order they had
         self._log = kept
         self._release(sum(len(w[1]) + (len(w[2]) if w[2] is not None else 0) + WRITE_OVERHEAD for w in kept))
         self.committed_writes += len(batch)
