@@ -173,11 +173,6 @@ class TaskStateManager:
         already fetched for the task, if any: where processing starts when nothing is committed yet.
         """
         await self.open_stores()
-        if not self.changelogs:
-            return 0
-        offsets = checkpoint.read(self.directory) if self.persistent else {}
-        self._checkpointed = dict(offsets)
-        ends = await consumer.end_offsets(list(self.changelogs.values()))
         processed: dict[str, ProcessedInput] = {}
         for tp in inputs:
             om = committed[tp] if committed is not None and tp in committed else await consumer.committed(tp)
@@ -191,10 +186,16 @@ class TaskStateManager:
             if start is None:
                 start = await consumer.position(tp)
             processed[tp.topic] = ProcessedInput(start, frozenset())
+        # What a commit writes to disk follows from it, a store without a changelog's too.
+        self.processed = processed
+        if not self.changelogs:
+            return 0
+        offsets = checkpoint.read(self.directory) if self.persistent else {}
+        self._checkpointed = dict(offsets)
+        ends = await consumer.end_offsets(list(self.changelogs.values()))
         self._log.debug("Restoring from changelog end offsets %s; input processed below %s",
                         {str(tp): o for tp, o in sorted(ends.items())},
                         {topic: p.offset for topic, p in sorted(processed.items())})
-        self.processed = processed
         total = 0
         restored_to: dict[TopicPartition, int] = {}
         for name, tp in self.changelogs.items():
