@@ -93,8 +93,10 @@ class TaskStateManager:
         # Which input records will not be processed again (set at restore, moved by each commit):
         # what a commit writes to disk, by the rule a restore applies.
         self.processed: dict[str, ProcessedInput] = {}
-        # The changelog offsets the checkpoint file names (persistent stores only).
+        # The changelog offsets the checkpoint file names (persistent stores only), and whether the
+        # stores were restored: before that a changelog's end is no offset their disk is at.
         self._checkpointed: dict[TopicPartition, int] = {}
+        self._restored = False
         try:
             for builder in builders:
                 self.stores[builder.name] = self._open(
@@ -225,6 +227,7 @@ class TaskStateManager:
                 store.flush()
             self._write_checkpoint({**self._checkpointed, **restored_to})
         self.restored = total
+        self._restored = True
         return total
 
     async def open_stores(self, patience_s: float = 60.0) -> None:
@@ -287,7 +290,10 @@ class TaskStateManager:
 
     def checkpoint_commit(self, end_offsets: Mapping[TopicPartition, int]) -> None:
         """After a commit: ``end_offsets``, the changelogs' ends just read. Each persistent store's
-        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``)."""
+        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``).
+        Nothing while the stores restore: their disk is not at the changelog's end yet."""
+        if not self._restored:
+            return
         moved = dict(self._checkpointed)
         for name, tp in self.changelogs.items():
             held = self.stores[name].uncommitted

@@ -115,3 +115,27 @@ def test_a_window_store_reads_its_held_windows_and_writes_them_at_the_commit() -
                        lambda: 0, lambda: ("in", 7))
     kv.put("k", 1)
     assert kv.get("k") == 1 and kv.durable.get(b"k") is None
+
+
+def test_a_task_still_restoring_writes_no_checkpoint_at_a_commit_of_its_thread(tmp_path) -> None:
+    """Another task of the thread commits while this one restores: the changelog's end is not where
+    this task's disk is yet, and a checkpoint there would make a crash lose the rest of the restore."""
+    import logging
+
+    from streamloop.logcontext import LogContext
+    from streamloop.records import TopicPartition
+    from streamloop.serdes import BytesSerde
+    from streamloop.state import Stores, checkpoint
+    from streamloop.state.task_state import TaskStateManager
+
+    builder = Stores.key_value_store_builder(Stores.persistent_key_value_store("counts"))
+    state = TaskStateManager("0_0", "app", str(tmp_path), 0, [builder], True, BytesSerde(), BytesSerde(),
+                             lambda *_: None, None, lambda: 0, lambda: None,
+                             LogContext(logging.getLogger(__name__), ""))
+    changelog = TopicPartition("app-counts-changelog", 0)
+    try:
+        state.commit({})
+        state.checkpoint_commit({changelog: 1_000})
+        assert checkpoint.read(str(tmp_path / "app" / "0_0")) == {}
+    finally:
+        state.close(clean=False)
