@@ -139,3 +139,56 @@ def test_a_task_still_restoring_writes_no_checkpoint_at_a_commit_of_its_thread(t
         assert checkpoint.read(str(tmp_path / "app" / "0_0")) == {}
     finally:
         state.close(clean=False)
+
+
+@pytest.mark.parametrize("kind", ["key-value", "timestamped", "versioned", "window", "sliding", "join", "session"])
+def test_every_persistent_store_kind_holds_its_writes_until_a_commit(tmp_path, kind: str) -> None:
+    """One layer beneath them all: each kind of persistent store a task opens reads its own write
+    at once and finds it on disk only after a commit that covers its record."""
+    import logging
+
+    from streamloop.logcontext import LogContext
+    from streamloop.serdes import BytesSerde
+    from streamloop.state.stores import StoreBuilder, StoreSupplier, StoreType
+    from streamloop.state.task_state import TaskStateManager
+
+    suppliers = {
+        "key-value": StoreSupplier("s", True),
+        "timestamped": StoreSupplier("s", True, timestamped=True),
+        "versioned": StoreSupplier("s", True, retention_ms=1000, versioned=True),
+        "window": StoreSupplier("s", True, StoreType.WINDOW, 1000, 10),
+        "sliding": StoreSupplier("s", True, StoreType.WINDOW, 1000, 10, timestamped=True),
+        "join": StoreSupplier("s", True, StoreType.WINDOW, 1000, 10, retain_duplicates=True),
+        "session": StoreSupplier("s", True, StoreType.SESSION, 1000),
+    }
+    state = TaskStateManager("0_0", "app", str(tmp_path), 0, [StoreBuilder(suppliers[kind], STR, LONG)], True,
+                             BytesSerde(), BytesSerde(), lambda *_: None, None, lambda: 5, lambda: ("in", 3),
+                             LogContext(logging.getLogger(__name__), ""))
+    try:
+        store = state.store("s")
+        store.inner.open()
+        state.processed = committed(0)  # as a restore leaves it: the input starts at offset 0
+        held = store.uncommitted
+        assert held is not None
+        if kind == "session":
+            from streamloop.state.windows import Windowed
+            store.put(Windowed("k", 0, 0), 1)  # type: ignore[attr-defined]
+        elif kind in ("window", "sliding", "join"):
+            store.put("k", 1, 0)  # type: ignore[attr-defined]
+        elif kind == "timestamped":
+            from streamloop.state.timestamped import ValueAndTimestamp
+            store.put("k", ValueAndTimestamp(1, 5))  # type: ignore[attr-defined]
+        elif kind == "versioned":
+            store.put("k", 1, 5)  # type: ignore[attr-defined]
+        else:
+            store.put("k", 1)  # type: ignore[attr-defined]
+        assert held.held >= 1 and list(store.durable.range(None, None)) == []
+        assert list(held.range(None, None))  # the task reads it
+        state.commit({})  # no commit covers input offset 3 yet
+        assert list(store.durable.range(None, None)) == []
+        from streamloop.records import TopicPartition
+        from streamloop.transport.base import OffsetAndMetadata
+        state.commit({TopicPartition("in", 0): OffsetAndMetadata(4)})
+        assert held.held == 0 and list(store.durable.range(None, None))
+    finally:
+        state.close(clean=False)
