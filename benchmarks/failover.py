@@ -9,6 +9,15 @@ survivor restored, and how long the close itself took.
 
 On a real broker (started here unless ``--bootstrap`` is given; ``--bootstrap memory://`` runs on
 the embedded broker).
+
+``--crash`` measures the other failover, issue #35's: the app counting into a RocksDB store of
+``--entries`` distinct keys dies with SIGKILL mid-stream (``--tail`` records past the full store; the app commits every
+``--commit-interval-ms``) and the same instance restarts on its state directory
+(``tests.support.crash_restore``), under at-least-once and exactly-once. Figures: the changelog
+records restored (and how many should be: committed records' updates past the restore's start),
+where the restore started beside the changelog's end, and the seconds from the restarted client's
+start to its restore (the group's join), of the restore itself, and from the start to RUNNING.
+Real Kafka only (the app is another process).
 """
 
 from __future__ import annotations
@@ -118,6 +127,30 @@ async def failover(bootstrap: str, cluster: Cluster, source: str, entries: int, 
         await a.close_async()
 
 
+async def crash_async(bootstrap: str, entries: int, tail: int, commit_interval_ms: int, timeout: float,
+                      static: bool) -> None:
+    from tests.support.crash_restore import kill_mid_stream_and_restart
+
+    rows = []
+    for guarantee in ("at_least_once", "exactly_once_v2"):
+        started = time.monotonic()
+        report = await kill_mid_stream_and_restart(
+            bootstrap, guarantee, records=entries + 2 * tail, keys=None, kill_after=entries,
+            commit_interval_ms=commit_interval_ms, progress_every=max(1, tail // 10), timeout=timeout,
+            session_timeout_ms=2000, static=static)
+        rows.append((report, time.monotonic() - started))
+    print(f"crash and restart (kafka, RocksDB store of ~{entries + tail} entries when killed, "
+          f"commit.interval.ms={commit_interval_ms}, session.timeout.ms=2000"
+          f"{', static membership' if static else ''})")
+    print(f"{'guarantee':>16} {'restore from':>12} {'changelog end':>13} {'committed':>10} {'restored':>9} "
+          f"{'should':>7} {'to restore s':>12} {'restore s':>9} {'to RUNNING s':>12} {'exact':>6}")
+    for r, _seconds in rows:
+        print(f"{r.guarantee:>16} {r.restore_start:>12} {r.changelog_at_kill:>13} {r.committed_at_kill:>10} "
+              f"{r.restored:>9} {r.should_restore:>7} {r.seconds_to_restore:>12.2f} {r.restore_seconds:>9.2f} "
+              f"{r.seconds_to_running:>12.2f} "
+              f"{r.exact!s:>6}")
+
+
 async def main_async(bootstrap: str, entries: int, timeout: float) -> None:
     cluster = Cluster(open_transport({"bootstrap.servers": bootstrap}), bootstrap)
     rows = []
@@ -139,14 +172,26 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="an existing broker (or memory://); default: start the test broker")
     parser.add_argument("--entries", type=int, default=20_000, help="store size (e.g. 1000000)")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--crash", action="store_true", help="SIGKILL mid-stream and restart on the same state dir")
+    parser.add_argument("--tail", type=int, default=20_000, help="--crash: records processed past the full store")
+    parser.add_argument("--commit-interval-ms", type=int, default=1000, help="--crash: the app's commit interval")
+    parser.add_argument("--static", action="store_true", help="--crash: the app has a group.instance.id")
     args = parser.parse_args()
+
+    def run(bootstrap: str) -> None:
+        if args.crash:
+            asyncio.run(crash_async(bootstrap, args.entries, args.tail, args.commit_interval_ms, args.timeout,
+                                    args.static))
+        else:
+            asyncio.run(main_async(bootstrap, args.entries, args.timeout))
+
     if args.bootstrap:
-        asyncio.run(main_async(args.bootstrap, args.entries, args.timeout))
+        run(args.bootstrap)
         return
     from tests.support.kafka_broker import KafkaBroker
 
     with KafkaBroker() as broker:
-        asyncio.run(main_async(broker.bootstrap, args.entries, args.timeout))
+        run(broker.bootstrap)
 
 
 if __name__ == "__main__":

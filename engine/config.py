@@ -209,6 +209,7 @@ COOPERATIVE = "cooperative"
 EAGER = "eager"
 COMMIT_INTERVAL_MS = "commit.interval.ms"
 CACHE_MAX_BYTES_BUFFERING = "cache.max.bytes.buffering"
+STATESTORE_UNCOMMITTED_MAX_BYTES = "statestore.uncommitted.max.bytes"
 TASK_TIMEOUT_MS = "task.timeout.ms"
 POLL_MS = "poll.ms"
 MAX_POLL_RECORDS = "max.poll.records"
@@ -338,6 +339,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(CACHE_MAX_BYTES_BUFFERING, int, 10 * 1024 * 1024,
               "Record cache size of the whole client, split evenly across its alive stream threads.",
               _at_least(0)),
+    ConfigKey(STATESTORE_UNCOMMITTED_MAX_BYTES, int, 64 * 1024 * 1024,
+              "Bytes of persistent stores' writes held until a commit covers them, for the whole client, "
+              "split evenly across its alive stream threads; past it a thread commits early (KIP-892). "
+              "-1: no bound.", _at_least(-1)),
     ConfigKey(TASK_TIMEOUT_MS, int, 300_000,
               "How long a task may keep timing out before it fails (KIP-572).", _at_least(0)),
     ConfigKey(POLL_MS, int, 100, "How long a poll waits for records.", _at_least(0)),

@@ -46,9 +46,11 @@ class AtLeastOnce(CommitProtocol):
             if not offsets:
                 # Nothing processed since the last commit: only output delivered now is progress
                 # (a task just revived after a failed produce has made none yet).
-                if had_output:
-                    for task in tasks:
+                for task in tasks:
+                    task.mark_committed({})  # updates of no record (punctuations) go to disk
+                    if had_output:
                         self.clear_commit_timer(task)
+                await self.checkpoint_after_commit([t for t in tasks if self.checkpoint_behind(t)])
                 return CommitResult(CommitStatus.COMMITTED)
             await self._consumer.commit(offsets)
         except RebalanceInProgressError as exc:
@@ -77,8 +79,10 @@ class AtLeastOnce(CommitProtocol):
             self.finish(task, task_offsets)
         for task in tasks:
             if task.id not in committed:
+                task.mark_committed({})
                 self.clear_commit_timer(task)
         self.commits += 1
+        await self.checkpoint_after_commit(tasks)
         self._log.debug("Committed %s", {str(tp): om.offset for tp, om in offsets.items()})
         return CommitResult(CommitStatus.COMMITTED, len(offsets))
 

@@ -84,6 +84,7 @@ class ExactlyOnce(CommitProtocol):
             for task in tasks:
                 group.start_soon(commit_one, task)
         committed = 0
+        checkpointed = []
         for task in tasks:
             result = results[task.id]
             if isinstance(result, Exception):
@@ -92,8 +93,12 @@ class ExactlyOnce(CommitProtocol):
                 self._failed(task, result)
             else:
                 committed += result
+                if result or self.checkpoint_behind(task):
+                    checkpointed.append(task)
         if committed:
             self.commits += 1
+        if checkpointed:
+            await self.checkpoint_after_commit(checkpointed)
         # A task that could not commit reported itself for revival (its transaction_error makes it
         # close dirty); the others committed.
         return CommitResult(CommitStatus.COMMITTED, committed)

@@ -10,8 +10,11 @@ A commit, whatever the guarantee:
    into the open transaction);
 3. **send the offsets**: to the group (at-least-once: ``Consumer.commit``), or into
    the transaction, which then commits (exactly-once: ``commit_transaction``);
-4. **finish**: each task learns what was committed (``mark_committed``) and the
-   KIP-572 timers of commit and produce timeouts stop.
+4. **finish**: each task learns what was committed (``mark_committed``: its persistent
+   stores write the updates the commit covers to disk) and the KIP-572 timers of commit
+   and produce timeouts stop;
+5. **checkpoint**: the changelogs' ends are read, and each task's checkpoint moves to the
+   newest end its disk is known to hold (``checkpoint``), so a crash restores only the tail.
 
 ``AtLeastOnce`` (``at_least_once.py``) and ``ExactlyOnce`` (``exactly_once.py``) are
 the two implementations. The protocol reads tasks only through what they expose.
@@ -125,14 +128,29 @@ class CommitProtocol(ABC):
         if task.timer.running and not task.timer.cleared_by_processing:
             task.timer.clear()
 
-    # -- after a clean commit --------------------------------------------------------------
+    # -- after a commit --------------------------------------------------------------------
     async def checkpoint(self, tasks: Iterable[StreamTask]) -> None:
-        """Write the checkpoint files of tasks with persistent stores (after their commit)."""
+        """Step 5: move the checkpoint files of tasks with persistent stores (after their commit)."""
         managers = [t.state_manager for t in tasks if t.state_manager is not None and t.state_manager.persistent
-                    and t.state_manager.changelogs]
+                    and t.state_manager.changelogs and not t.closed]
         if not managers:
             return
         partitions = [tp for m in managers for tp in m.changelogs.values()]
         ends = await self._consumer.end_offsets(partitions)
+        # Nothing awaits from here on: every write the stores hold now was appended before ``ends``.
         for manager in managers:
-            await manager.write_checkpoint(ends)
+            manager.checkpoint_commit(ends)
+
+    @staticmethod
+    def checkpoint_behind(task: StreamTask) -> bool:
+        """Whether a commit with nothing to commit for ``task`` should still move its checkpoint: one
+        that lagged behind a busy commit catches up once the task is idle."""
+        return task.state_manager is not None and task.state_manager.checkpoint_behind
+
+    async def checkpoint_after_commit(self, tasks: Iterable[StreamTask]) -> None:
+        """``checkpoint`` after a commit while the tasks run: a failure to read the ends leaves the
+        checkpoints where they are (still right, only older), never fails the commit."""
+        try:
+            await self.checkpoint(tasks)
+        except Exception as exc:
+            self._log.debug("Checkpoints not moved after the commit: %r", exc)

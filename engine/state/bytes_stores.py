@@ -29,8 +29,12 @@ class BytesStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def put(self, key: bytes, value: bytes | None) -> None:
-        """Store ``value`` under ``key``; ``None`` deletes the key."""
+    def put(self, key: bytes, value: bytes | None, source: tuple[str, int] | None = None) -> None:
+        """Store ``value`` under ``key``; ``None`` deletes the key. ``source``: the input record that
+        caused the write (``streamloop.state.uncommitted`` holds it until a commit covers it)."""
+
+    def write_batch(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        """Apply ``entries`` at once and durably (a commit's covered writes)."""
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Entries with ``low <= key <= high`` (either bound may be open), in key order."""
@@ -62,7 +66,7 @@ class InMemoryBytesStore:
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
-    def put(self, key: bytes, value: bytes | None) -> None:
+    def put(self, key: bytes, value: bytes | None, source: tuple[str, int] | None = None) -> None:
         self._writer = threading.get_ident()
         if value is None:
             if self._data.pop(key, None) is not None:
@@ -85,6 +89,10 @@ class InMemoryBytesStore:
             value = data.get(key)
             if value is not None:
                 yield key, value
+
+    def write_batch(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        for key, value in entries:
+            self.put(key, value)
 
     def approximate_num_entries(self) -> int:
         return len(self._data)
@@ -119,10 +127,10 @@ class RocksDBBytesStore:
 
     Writes collect in a dict and go to RocksDB in one write batch once ``PENDING_ENTRIES`` keys or
     ``PENDING_BYTES`` are pending, and at ``flush`` and ``close``: a put per update costs about as
-    much as the rest of an aggregation's store work, a dict entry next to nothing, and an
-    aggregation's next read of a hot key finds it there. This changes nothing a crash could keep:
-    without the write-ahead log RocksDB loses its memtable on a crash too, and a store without a
-    checkpoint is restored from its changelog in full.
+    much as the rest of an aggregation's store work, a dict entry next to nothing. A task's writes
+    reach it only at a commit (``streamloop.state.uncommitted`` holds them until then), in one
+    logged and synced ``write_batch``; the pending dict serves a restore's and a standby's writes,
+    which a checkpoint names only after ``flush``.
     """
 
     persistent = True
@@ -144,6 +152,11 @@ class RocksDBBytesStore:
         self._write_options = WriteOptions()
         # A property at run time; rocksdict's type stubs declare it a method.
         setattr(self._write_options, "disable_wal", True)  # noqa: B010
+        # A commit's write batch (``write_batch``) is the exception: logged and synced, so that the
+        # store a crash leaves is the last commit's (the checkpoint names it; see
+        # ``streamloop.state.uncommitted``). One sequential write per store and commit.
+        self._durable = WriteOptions()
+        setattr(self._durable, "sync", True)  # noqa: B010
         self._db: Any = None
         self._open = False
         # Writes not yet in RocksDB, applied in one write batch (see ``_write_pending``). Replaced,
@@ -177,7 +190,7 @@ class RocksDBBytesStore:
             return pending  # type: ignore[return-value]  # bytes, or None for a delete
         return self._db.get(key)  # type: ignore[no-any-return]  # rocksdict returns Any; we store bytes
 
-    def put(self, key: bytes, value: bytes | None) -> None:
+    def put(self, key: bytes, value: bytes | None, source: tuple[str, int] | None = None) -> None:
         self._writer = threading.get_ident()
         if key not in self._pending:
             bisect.insort(self._pending_keys, key)
@@ -204,6 +217,7 @@ class RocksDBBytesStore:
         self._pending_bytes = 0
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        pending: list[tuple[bytes, bytes | None]]
         if threading.get_ident() == self._writer:
             keys, data = self._pending_keys, self._pending
             start = 0 if low is None else bisect.bisect_left(keys, low)
@@ -213,23 +227,19 @@ class RocksDBBytesStore:
             # One C-level copy (atomic under the GIL), so the stream thread may write meanwhile.
             pending = sorted((k, v) for k, v in list(self._pending.items())
                              if (low is None or k >= low) and (high is None or k <= high))
-        if not pending:
-            yield from self._stored_range(low, high)
-            return
-        # Merge two sorted streams; a pending write replaces (or, None, deletes) the stored entry.
-        stored = self._stored_range(low, high)
-        current = next(stored, None)
-        for key, value in pending:
-            while current is not None and current[0] < key:
-                yield current
-                current = next(stored, None)
-            if current is not None and current[0] == key:
-                current = next(stored, None)
-            if value is not None:
-                yield key, value
-        while current is not None:
-            yield current
-            current = next(stored, None)
+        return overlay(pending, self._stored_range(low, high))
+
+    def write_batch(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        """One RocksDB write batch through the write-ahead log, synced: a commit's writes survive a
+        crash (of the process or the machine) before its checkpoint names them."""
+        self._write_pending()
+        batch = self._write_batch(raw_mode=True)
+        for key, value in entries:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self._db.write(batch, self._durable)
 
     def _stored_range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()
@@ -274,3 +284,23 @@ class RocksDBBytesStore:
         self.close()
         shutil.rmtree(self.directory, ignore_errors=True)
         self.open()
+
+
+def overlay(held: list[tuple[bytes, bytes | None]], stored: Iterator[tuple[bytes, bytes]]
+            ) -> Iterator[tuple[bytes, bytes]]:
+    """Merge ``held`` writes (sorted; None deletes) over ``stored`` entries (sorted), in key order."""
+    if not held:
+        yield from stored
+        return
+    current = next(stored, None)
+    for key, value in held:
+        while current is not None and current[0] < key:
+            yield current
+            current = next(stored, None)
+        if current is not None and current[0] == key:
+            current = next(stored, None)
+        if value is not None:
+            yield key, value
+    while current is not None:
+        yield current
+        current = next(stored, None)

@@ -1,8 +1,10 @@
 """The checkpoint file of a task's persistent stores: the changelog offset each store is in sync with.
 
-Written after a commit (and on a clean close), removed when the task starts
-processing, so a crash leaves none and the next start restores in full. A file
-that cannot be read is treated as missing, never as an error; so is a symbolic link.
+Written after a restore and after commits (``streamloop.state.uncommitted`` says which
+offset a commit may name), and never removed while the task runs: the store on disk
+holds a commit's state, so after a crash the next start restores only the changelog
+from this offset on. A file that cannot be read is treated as missing (a full restore),
+never as an error; so is a symbolic link.
 The file is 0600, written to a temporary file created exclusively (a link planted in
 its place is removed, never followed) and renamed over the old one.
 """

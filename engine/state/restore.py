@@ -1,9 +1,10 @@
 """Restoring a task's stores from their changelogs before the task processes a record.
 
 For each logged store: read its changelog partition from the checkpointed offset
-(persistent stores with a valid checkpoint) or from the start (after wiping the
-store) up to the end offset seen when restoring began, and apply each update to
-the bytes store directly (no cache, no changelog, no forwarding). Updates caused
+(persistent stores with a valid checkpoint: after a crash too, the tail since about
+the last commit) or from the start (after wiping the store) up to the end offset seen
+when restoring began, and apply each update to the bytes store on disk directly (no
+cache, no changelog, no forwarding, nothing held uncommitted). Updates caused
 by input records at or past the task's committed offsets are left out: those
 records are processed again next (see ``streamloop.state.changelog``). Records the changelog
 no longer has (below its log start: a windowed store's changelog deletes by time) are not
@@ -19,6 +20,7 @@ from typing import NamedTuple, Protocol
 from streamloop.records import TopicPartition
 from streamloop.state.changelog import decode_source
 from streamloop.state.store import StateStore
+from streamloop.state.uncommitted import covered
 from streamloop.transport.base import Consumer
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,13 @@ class ProcessedInput(NamedTuple):
 
     def covers(self, offset: int) -> bool:
         return offset < self.offset or offset in self.done
+
+
+class Restored(NamedTuple):
+    """What ``restore_store`` did: the updates applied, and the changelog offset it read up to."""
+
+    applied: int
+    end: int
 
 
 class StateRestoreListener(Protocol):
@@ -53,8 +62,9 @@ async def restore_store(
     committed: Mapping[str, ProcessedInput],
     listener: StateRestoreListener | None,
     poll_ms: int = 100,
-) -> int:
-    """Apply ``partition``'s records from ``start`` to ``end``; returns how many were applied."""
+) -> Restored:
+    """Apply ``partition``'s records from ``start`` to ``end`` to the store's disk (beneath what it
+    holds uncommitted: ``StateStore.durable``); the rule of what counts is ``uncommitted.covered``."""
     if listener is not None:
         listener.on_restore_start(partition, store.name, start, end)
     applied = left_out = 0
@@ -66,7 +76,7 @@ async def restore_store(
         try:
             reader.assign([partition])
             reader.seek(partition, start)
-            put = store.inner.put
+            put = store.durable.put
             position = start
             while position < end:
                 batch = await reader.poll(poll_ms)
@@ -76,9 +86,7 @@ async def restore_store(
                         break
                     if first is None:
                         first = record.offset
-                    source = decode_source(record.headers)
-                    processed = None if source is None else committed.get(source[0])
-                    if processed is None or processed.covers(source[1]):  # type: ignore[index]  # source is set when processed is
+                    if covered(decode_source(record.headers), committed):
                         put(record.key, record.value)  # type: ignore[arg-type]  # a changelog record has a key
                         count += 1
                     else:
@@ -115,4 +123,4 @@ async def restore_store(
                   left_out, partition)
     if listener is not None:
         listener.on_restore_end(partition, store.name, applied)
-    return applied
+    return Restored(applied, max(end, start))

@@ -21,6 +21,7 @@ from streamloop.state.bytes_stores import BytesStore
 from streamloop.state.cache import CacheEntry, NamedCache, ThreadCache
 from streamloop.state.cache import FlushListener as CacheFlush
 from streamloop.state.changelog import Changelogger
+from streamloop.state.uncommitted import UncommittedWrites
 from streamloop.state.windows import Windowed
 
 Source = Callable[[], "tuple[str, int] | None"]
@@ -86,6 +87,18 @@ class StateStore:
         return self.inner.persistent
 
     @property
+    def durable(self) -> BytesStore:
+        """The bytes store beneath the writes held until a commit (``streamloop.state.uncommitted``):
+        where a restore and a standby write, what a checkpoint describes."""
+        inner = self.inner
+        return inner.base if isinstance(inner, UncommittedWrites) else inner
+
+    @property
+    def uncommitted(self) -> UncommittedWrites | None:
+        inner = self.inner
+        return inner if isinstance(inner, UncommittedWrites) else None
+
+    @property
     def caching(self) -> bool:
         return self._ns is not None
 
@@ -124,7 +137,7 @@ class StateStore:
               key_object: Any = _NO_KEY, value_object: Any = _NO_KEY) -> None:
         listener = self._listener
         old = self.inner.get(key) if self._old_values else None
-        self.inner.put(key, value)
+        self.inner.put(key, value, source)
         if self.changelog is not None:
             self.changelog.log(key, value, timestamp, source)
         self.writes += 1
@@ -164,7 +177,7 @@ class StateStore:
         """Put ``key`` back as it was before the record: the store (with a compensating changelog
         update, tagged with the record, if the value went down meanwhile) and the cache entry."""
         if self.inner.get(key) != stored:
-            self.inner.put(key, stored)
+            self.inner.put(key, stored, source)
             if self.changelog is not None:
                 self.changelog.log(key, stored, self._timestamp(), source)
         cache, ns = self._cache, self._ns

@@ -1,8 +1,11 @@
-"""``TaskStateManager``: the state stores of one task — open, restore, flush, checkpoint, close.
+"""``TaskStateManager``: the state stores of one task — open, restore, flush, commit, checkpoint, close.
 
 Persistent stores live under ``state.dir/<application.id>/<task id>/<store>``
-with the task's checkpoint file beside them. Caller: the task's coroutine and
-the task manager, both on the stream thread's loop.
+with the task's checkpoint file beside them. Their writes are held in memory until a
+commit covers them (``streamloop.state.uncommitted``), so the disk holds the state of
+a commit, and the checkpoint, written after commits, names the changelog offset a
+restore continues from: after a crash only the changelog's tail is read. Caller: the
+task's coroutine and the task manager, both on the stream thread's loop.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from streamloop.state.sliding_windows import TimestampedWindowStore
 from streamloop.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from streamloop.state.stores import StoreBuilder, StoreType
 from streamloop.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
+from streamloop.state.uncommitted import UncommittedBudget, UncommittedWrites
 from streamloop.state.versioned import VersionedKeyValueStore
 from streamloop.transport.base import Consumer, OffsetAndMetadata
 
@@ -49,6 +53,8 @@ class StateSettings:
     restore_listener: StateRestoreListener | None = None
     # The client's global tables' stores (streamloop.state.global_store), read by every task.
     global_stores: Mapping[str, StateStore] = field(default_factory=dict)
+    # The thread's share of statestore.uncommitted.max.bytes (streamloop.state.uncommitted).
+    uncommitted: UncommittedBudget | None = None
 
 
 class TaskStateManager:
@@ -68,6 +74,8 @@ class TaskStateManager:
         source: Source,
         logger: LogContext,
         journal: Journal | None = None,
+        budget: UncommittedBudget | None = None,
+        request_commit: Callable[[], None] | None = None,
     ) -> None:
         self.task_id = task_id
         self.directory = os.path.join(state_dir, application_id, task_id)
@@ -80,6 +88,15 @@ class TaskStateManager:
         self.journal = journal or Journal()
         self._source = source
         self.restored = 0
+        self._budget = budget
+        self._request_commit = request_commit
+        # Which input records will not be processed again (set at restore, moved by each commit):
+        # what a commit writes to disk, by the rule a restore applies.
+        self.processed: dict[str, ProcessedInput] = {}
+        # The changelog offsets the checkpoint file names (persistent stores only), and whether the
+        # stores were restored: before that a changelog's end is no offset their disk is at.
+        self._checkpointed: dict[TopicPartition, int] = {}
+        self._restored = False
         try:
             for builder in builders:
                 self.stores[builder.name] = self._open(
@@ -97,7 +114,8 @@ class TaskStateManager:
         name = builder.name
         inner: BytesStore
         if builder.is_persistent(default_persistent):
-            inner = RocksDBBytesStore(name, os.path.join(self.directory, name))
+            inner = UncommittedWrites(RocksDBBytesStore(name, os.path.join(self.directory, name)),
+                                      self._budget, self._request_commit)
         else:
             inner = InMemoryBytesStore(name)
         changelog = None
@@ -157,10 +175,6 @@ class TaskStateManager:
         already fetched for the task, if any: where processing starts when nothing is committed yet.
         """
         await self.open_stores()
-        if not self.changelogs:
-            return 0
-        offsets = checkpoint.read(self.directory) if self.persistent else {}
-        ends = await consumer.end_offsets(list(self.changelogs.values()))
         processed: dict[str, ProcessedInput] = {}
         for tp in inputs:
             om = committed[tp] if committed is not None and tp in committed else await consumer.committed(tp)
@@ -174,10 +188,18 @@ class TaskStateManager:
             if start is None:
                 start = await consumer.position(tp)
             processed[tp.topic] = ProcessedInput(start, frozenset())
+        # What a commit writes to disk follows from it, a store without a changelog's too.
+        self.processed = processed
+        if not self.changelogs:
+            return 0
+        offsets = checkpoint.read(self.directory) if self.persistent else {}
+        self._checkpointed = dict(offsets)
+        ends = await consumer.end_offsets(list(self.changelogs.values()))
         self._log.debug("Restoring from changelog end offsets %s; input processed below %s",
                         {str(tp): o for tp, o in sorted(ends.items())},
                         {topic: p.offset for topic, p in sorted(processed.items())})
         total = 0
+        restored_to: dict[TopicPartition, int] = {}
         for name, tp in self.changelogs.items():
             store = self.stores[name]
             end = ends.get(tp, 0)
@@ -186,16 +208,26 @@ class TaskStateManager:
                 if start is not None:
                     self._log.warning("Checkpoint of store '%s' is past its changelog's end (%d > %d): "
                                       "restoring in full", name, start, end)
+                if self._checkpointed.pop(tp, None) is not None:
+                    # Before the store is emptied: a crash mid-restore must not find its old offset.
+                    checkpoint.write(self.directory, self._checkpointed)
                 store.inner.wipe()
                 start = 0
-            applied = await restore_store(store, tp, start, end, reader_factory, processed, listener)
+            applied, restored_end = await restore_store(store, tp, start, end, reader_factory, processed, listener)
             total += applied
+            if store.persistent:
+                restored_to[tp] = restored_end
             if end > start:
-                self._log.info("Restored store '%s' from %s offsets %d..%d: %d update(s)", name, tp, start, end,
-                               applied)
-        # From here on the local state moves ahead of any checkpoint: a crash must restore in full.
-        checkpoint.remove(self.directory)
+                self._log.info("Restored store '%s' from %s offsets %d..%d: %d update(s)", name, tp, start,
+                               restored_end, applied)
+        if restored_to:
+            # The disk now holds every update that counts up to these offsets; those left out are
+            # of records processed again, whose updates the changelog gets anew past them.
+            for store in self.stores.values():
+                store.flush()
+            self._write_checkpoint({**self._checkpointed, **restored_to})
         self.restored = total
+        self._restored = True
         return total
 
     async def open_stores(self, patience_s: float = 60.0) -> None:
@@ -239,24 +271,67 @@ class TaskStateManager:
             store.expire()
         return flushed
 
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> int:
+        """The commit protocol committed ``offsets`` (its step 4): the persistent stores write the
+        updates it covers to disk, one batch each; returns how many keys went down."""
+        for tp, om in offsets.items():
+            done = decode_completed(om.offset, om.metadata) if om.metadata else set()
+            self.processed[tp.topic] = ProcessedInput(om.offset, frozenset(done))
+        written = 0
+        for store in self.stores.values():
+            held = store.uncommitted
+            if held is not None:
+                written += held.commit(self.processed)
+        return written
+
+    def discard_uncommitted(self) -> int:
+        """Drop the writes no commit covered (a transaction aborted): their records run again."""
+        return sum(s.uncommitted.discard() for s in self.stores.values() if s.uncommitted is not None)
+
+    def checkpoint_commit(self, end_offsets: Mapping[TopicPartition, int]) -> None:
+        """After a commit: ``end_offsets``, the changelogs' ends just read. Each persistent store's
+        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``).
+        Nothing while the stores restore: their disk is not at the changelog's end yet."""
+        if not self._restored:
+            return
+        moved = dict(self._checkpointed)
+        for name, tp in self.changelogs.items():
+            held = self.stores[name].uncommitted
+            if held is None or tp not in end_offsets:
+                continue
+            offset = held.checkpoint_offset(held.candidate(end_offsets[tp]))
+            if offset is not None:
+                moved[tp] = offset
+        if moved != self._checkpointed:
+            self._write_checkpoint(moved)
+
     async def write_checkpoint(self, end_offsets: Mapping[TopicPartition, int]) -> None:
-        """After the last commit of a clean close: the persistent stores hold everything up to
-        these changelog offsets, and nothing more. (Never while the task runs: its local state
-        moves ahead of the commit, and a kill must then lead to a full restore.)"""
+        """A standby's: its persistent stores hold every update up to these changelog offsets."""
         if not self.persistent:
             return
         for store in self.stores.values():
             store.flush()
-        offsets = {tp: end_offsets[tp] for name, tp in self.changelogs.items()
-                   if self.stores[name].persistent and tp in end_offsets}
+        self._write_checkpoint({tp: end_offsets[tp] for name, tp in self.changelogs.items()
+                                if self.stores[name].persistent and tp in end_offsets})
+
+    def _write_checkpoint(self, offsets: dict[TopicPartition, int]) -> None:
         checkpoint.write(self.directory, offsets)
+        self._checkpointed = dict(offsets)
+
+    @property
+    def checkpoint_behind(self) -> bool:
+        """Whether a store's checkpoint waits for a later commit (a busy commit's writes were held)."""
+        return any(s.uncommitted.checkpoint_behind for s in self.stores.values() if s.uncommitted is not None)
+
+    @property
+    def checkpointed(self) -> dict[TopicPartition, int]:
+        """The changelog offsets the checkpoint file names (a copy)."""
+        return dict(self._checkpointed)
 
     # -- close --------------------------------------------------------------------
     def close(self, clean: bool) -> None:
-        """Close every store. After a dirty close the local state may be ahead of the commit: no checkpoint."""
-        if not clean:
-            # Before the stores close: a thread waiting for their locks must not find it.
-            checkpoint.remove(self.directory)
+        """Close every store. Writes no commit covered are dropped; the disk and its checkpoint stay
+        at the last commit, clean or not (a restart restores the changelog's tail)."""
         for store in self.stores.values():
             try:
                 store.close()

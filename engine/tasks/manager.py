@@ -10,6 +10,7 @@ failure is ``streamloop.tasks.revival``, built on these open and close steps.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -295,7 +296,8 @@ class TaskManager:
             # Records in flight finish out of order: their updates go down at once, uncached, and
             # each record journals its own (a retried one undoes its updates first).
             None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "),
-            journal=RecordJournals() if in_flight else None)
+            journal=RecordJournals() if in_flight else None, budget=settings.uncommitted,
+            request_commit=functools.partial(setattr, context, "commit_requested", True))
         if tracing is not None:
             tracing.trace_flushes(manager)
         return manager
@@ -405,17 +407,15 @@ class TaskManager:
                             sorted(map(str, kept)))
 
     async def _release_producer(self, task: StreamTask, clean: bool, timeout: float) -> None:  # noqa: ASYNC109
-        """Exactly-once: abort a dirty task's transaction, wipe its local state, close its producer."""
+        """Exactly-once: abort a dirty task's transaction, close its producer."""
         producer = task.collector.producer if task.collector is not None else None
-        if not clean:
-            if task.state_manager is not None:
-                # Its stores may hold writes of the aborted transaction: restore them in full.
-                task.state_manager.wipe()
-            if producer is not None:
-                try:
-                    await producer.abort_transaction()  # type: ignore[attr-defined]  # an exactly-once producer
-                except Exception as exc:  # fenced or unreachable: the next owner aborts it
-                    self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
+        # Its stores dropped the aborted transaction's writes when they closed (they were held until
+        # a commit: streamloop.state.uncommitted); the disk and its checkpoint are the last commit's.
+        if not clean and producer is not None:
+            try:
+                await producer.abort_transaction()  # type: ignore[attr-defined]  # an exactly-once producer
+            except Exception as exc:  # fenced or unreachable: the next owner aborts it
+                self._log.warning("Could not abort the transaction of task %s: %s", task.id, exc)
         if producer is not None:
             # Shielded and bounded: a cancellation (the thread failing meanwhile) must not skip the
             # close, which asyncio.wait_for does when cancelled before the close started.

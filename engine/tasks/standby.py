@@ -133,7 +133,7 @@ class StandbyTask:
         for tp, store in logged.items():
             start = offsets.get(tp)
             if start is None or start > ends.get(tp, 0):
-                store.inner.wipe()
+                store.durable.wipe()
                 start = 0
             reader.seek(tp, start)
             self.positions[tp] = start
@@ -142,7 +142,7 @@ class StandbyTask:
                        {str(tp): o for tp, o in sorted(self.positions.items())})
 
     async def _follow(self, reader: Consumer, logged: dict[TopicPartition, StateStore]) -> None:
-        stores = {tp: store.inner for tp, store in logged.items()}
+        stores = {tp: store.durable for tp, store in logged.items()}
         next_checkpoint = _now_ms() + self._checkpoint_interval_ms
         while not self._stop.is_set():
             if self._pending:

@@ -496,7 +496,11 @@ class StreamTask:
             await self.flush_state()
 
     def mark_committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """``offsets`` are committed (none moved: ``{}``): the positions move, and the persistent
+        stores write to disk the updates the commit covers (``streamloop.state.uncommitted``)."""
         self.positions.mark_committed(offsets)
+        if self.state_manager is not None:
+            self.state_manager.commit(offsets)
 
     def commit_needed(self) -> bool:
         return self.context.commit_requested

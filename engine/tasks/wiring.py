@@ -16,6 +16,7 @@ from streamloop.config import StreamsConfig, load_handler
 from streamloop.handlers.responses import Answer
 from streamloop.serdes import BytesSerde, Serde, as_serde
 from streamloop.state.task_state import StateSettings
+from streamloop.state.uncommitted import UncommittedBudget
 from streamloop.timestamps import load_timestamp_extractor
 
 from .error_handling import ErrorHandling
@@ -78,11 +79,15 @@ def task_timers(config: StreamsConfig, monotonic_ms: Callable[[], int]) -> Calla
 
 def state_settings(config: StreamsConfig, state_dir: str, cache: ThreadCache, reader_factory: Callable[[], Any],
                    restore_listener: StateRestoreListener | None = None,
-                   global_stores: Mapping[str, Any] | None = None) -> StateSettings:
+                   global_stores: Mapping[str, Any] | None = None,
+                   uncommitted: UncommittedBudget | None = None) -> StateSettings:
     """Where the tasks' stores live and how they restore (``reader_factory``: a groupless reader);
-    ``global_stores``: the client's global tables' stores, which every task reads."""
+    ``global_stores``: the client's global tables' stores, which every task reads; ``uncommitted``:
+    the thread's bound of persistent stores' writes held until a commit (the whole setting if None)."""
+    if uncommitted is None:
+        uncommitted = UncommittedBudget(config[cfg.STATESTORE_UNCOMMITTED_MAX_BYTES])
     return StateSettings(state_dir, config[cfg.DEFAULT_DSL_STORE] == "rocksDB", cache, reader_factory,
-                         restore_listener, dict(global_stores or {}))
+                         restore_listener, dict(global_stores or {}), uncommitted)
 
 
 def task_manager(

@@ -116,7 +116,8 @@ class ClientThreads:
 
     def resize_caches(self) -> int:
         """Split ``cache.max.bytes.buffering`` over the alive threads; returns the share."""
-        return self._registry.resize_caches(self._config[cfg.CACHE_MAX_BYTES_BUFFERING])
+        return self._registry.resize_caches(self._config[cfg.CACHE_MAX_BYTES_BUFFERING],
+                                            self._config[cfg.STATESTORE_UNCOMMITTED_MAX_BYTES])
 
     # -- start -------------------------------------------------------------------------
     def create(self) -> StreamThread:

@@ -193,7 +193,7 @@ class ThreadLoop:
         state = wiring.state_settings(
             config, config[cfg.STATE_DIR], thread.cache,
             lambda: thread.transport.reader(f"{thread.name}-restore-consumer", read_committed=exactly_once),
-            thread.restore_listener, thread.global_stores)
+            thread.restore_listener, thread.global_stores, thread.uncommitted)
         self.standbys = StandbyTasks(
             config[cfg.APPLICATION_ID], thread.topology, state,
             wiring.default_serde(config, cfg.DEFAULT_KEY_SERDE), wiring.default_serde(config, cfg.DEFAULT_VALUE_SERDE),

@@ -59,10 +59,13 @@ class ThreadRegistry:
         """The stream thread the caller runs on, if any."""
         return next((t for t in self.snapshot() if t.is_current), None)
 
-    def resize_caches(self, total: int) -> int:
-        """Split ``total`` evenly over the alive threads; returns the share."""
+    def resize_caches(self, total: int, uncommitted: int = -1) -> int:
+        """Split ``total`` (and ``uncommitted``, the bound of writes held until a commit; -1: none)
+        evenly over the alive threads; returns the cache share."""
         alive = self.alive()
         share = total // len(alive) if alive else total
+        held = uncommitted // len(alive) if alive and uncommitted >= 0 else uncommitted
         for thread in alive:
             thread.resize_cache(share)
+            thread.uncommitted.resize(held)
         return share

@@ -28,6 +28,7 @@ from streamloop.state.cache import ThreadCache
 from streamloop.state.metadata import StreamsMetadataState
 from streamloop.state.restore import StateRestoreListener
 from streamloop.state.store import StateStore
+from streamloop.state.uncommitted import UncommittedBudget
 from streamloop.tasks.assignor import ShutdownRequest, StreamsAssignor
 from streamloop.tasks.error_handling import ErrorHandling
 from streamloop.tasks.membership import Membership
@@ -117,6 +118,8 @@ class StreamThread:
         self.cache_size = cache_size
         # The record cache of this thread's tasks' stores: its share of cache.max.bytes.buffering.
         self.cache = ThreadCache(cache_size)
+        # Its share of statestore.uncommitted.max.bytes (set with the cache's, ``resize_caches``).
+        self.uncommitted = UncommittedBudget(config[cfg.STATESTORE_UNCOMMITTED_MAX_BYTES])
         self.error: BaseException | None = None
         # The client's metadata of queries across instances: each assignment updates it.
         self.assignor = StreamsAssignor(

@@ -231,10 +231,11 @@ async def test_exactly_once_on_the_memory_broker_is_a_config_error(names) -> Non
 @pytest.mark.timeout(240)
 async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Cluster, names, tmp_path,
                                                                      caplog) -> None:
-    """The whole process dies with SIGKILL mid-transaction (no abort, no leave-group, no checkpoint)
-    while counting into a RocksDB store. The restart wipes the local store (it may hold uncommitted
-    counts), restores it from the committed changelog, and its producers fence the dead one's
-    transactions: per key the committed output is 1, 2, … n, each once."""
+    """The whole process dies with SIGKILL mid-transaction (no abort, no leave-group, no clean close)
+    while counting into a RocksDB store. The store on disk holds only committed counts (its writes
+    wait for the commit: streamloop.state.uncommitted); the restart restores the committed changelog
+    past its checkpoint, and its producers fence the dead one's transactions: per key the committed
+    output is 1, 2, … n, each once."""
     import json
     import logging
     import os
@@ -303,7 +304,7 @@ async def test_sigkill_mid_stream_then_restart_counts_each_input_once(kafka: Clu
     for record in sorted(await read_committed(kafka, sink), key=lambda r: (r.partition, r.offset)):
         per_key.setdefault(INT.deserialize(record.key), []).append(LONG.deserialize(record.value))
     assert per_key == {k: list(range(1, n + 1)) for k, n in expected.items()}
-    # The killed process left RocksDB stores and no checkpoint: the restart restored from the changelog.
+    # The killed process left RocksDB stores at a commit and their checkpoint: the restart restored the tail.
     assert any("Restored store 'counts'" in r.getMessage() for r in caplog.records)
 
 

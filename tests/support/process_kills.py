@@ -74,6 +74,8 @@ class AppProcess:
         self.stderr = stderr
         self.processed = 0
         self.tasks = 0
+        # The app's other events as they came (``restore``, ``state``, ``starting``), for tests that read them.
+        self.events: list[dict[str, Any]] = []
 
     @classmethod
     async def start(cls, args: list[str], stderr: IO[bytes]) -> AppProcess:
@@ -95,6 +97,8 @@ class AppProcess:
                 self.processed += 1
             elif event["event"] == "tasks":
                 self.tasks = event["count"]
+            else:
+                self.events.append(event)
 
     def stderr_tail(self, chars: int = 3000) -> str:
         self.stderr.seek(0)

@@ -113,7 +113,7 @@ def test_a_changelog_truncated_by_its_retention_restores_from_its_log_start_and_
                           lambda: 0, lambda: None)
     store.inner.open()
     reader = TruncatedReader(changelog(UPDATES), log_start=4)
-    applied = asyncio.run(restore_store(store, CHANGELOG, 0, 6, lambda: reader,  # type: ignore[arg-type,return-value]
+    applied, _end = asyncio.run(restore_store(store, CHANGELOG, 0, 6, lambda: reader,  # type: ignore[arg-type,return-value]
                                         {"in": ProcessedInput(6, frozenset())}, None, poll_ms=1))
     assert (applied, dict(store.all())) == (2, {"a": 3, "b": 2})
     assert [r.getMessage() for r in caplog.records if "has nothing" in r.getMessage()] == [

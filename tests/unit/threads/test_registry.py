@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from streamloop.state.uncommitted import UncommittedBudget
 from streamloop.threads.registry import ThreadRegistry
 from streamloop.threads.stream_thread import StreamThreadState
 
@@ -26,6 +27,7 @@ class FakeThread:
     state: FakeState = field(default_factory=lambda: FakeState(S.RUNNING))
     cache_size: int | None = None
     os_thread: threading.Thread | None = None
+    uncommitted: UncommittedBudget = field(default_factory=lambda: UncommittedBudget(-1))
 
     @property
     def is_alive(self) -> bool:
@@ -169,6 +171,16 @@ def test_cache_is_split_evenly_over_alive_threads() -> None:
 
     assert share == 33
     assert [t.cache_size for t in threads] == [33, 33, 33]
+
+
+def test_the_bound_of_uncommitted_writes_is_split_like_the_cache_and_unbounded_stays_unbounded() -> None:
+    threads = [FakeThread(1), FakeThread(2)]
+    registry = registry_with(*threads)
+
+    registry.resize_caches(100, 64)
+    assert [t.uncommitted.max_bytes for t in threads] == [32, 32]
+    registry.resize_caches(100, -1)
+    assert [t.uncommitted.max_bytes for t in threads] == [-1, -1]
 
 
 def test_threads_shutting_down_get_no_share_of_the_cache() -> None:
