@@ -60,6 +60,7 @@ from streamloop.timestamps import (
 )
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.builder import KStream, StreamsBuilder
+from streamloop.topology.emit_strategy import EmitStrategy
 from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
@@ -80,6 +81,7 @@ __all__ = [
     "ConfigError",
     "ConsumedRecord",
     "DeserializationError",
+    "EmitStrategy",
     "FailOnInvalidTimestamp",
     "GlobalKTable",
     "HandledRecordError",

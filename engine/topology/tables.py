@@ -26,6 +26,7 @@ from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from streamloop.state.windows import TimeWindows
+from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_window_table
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.suppressed import Suppressed, suppress_table
@@ -34,6 +35,8 @@ from streamloop.topology.windowed_streams import SessionWindowedKStream, Sliding
 
 if TYPE_CHECKING:
     from streamloop.topology.builder import KStream, StreamsBuilder
+
+ON_WINDOW_UPDATE = EmitStrategy.on_window_update()
 
 
 def _sync(fn: Any, what: str) -> None:
@@ -131,9 +134,16 @@ class KGroupedStream:
 class TimeWindowedKStream:
     """A grouped stream cut into time windows; the table's keys are ``Windowed(key, start, end)``."""
 
-    def __init__(self, grouped: KGroupedStream, windows: TimeWindows) -> None:
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows,
+                 strategy: EmitStrategy = ON_WINDOW_UPDATE) -> None:
         self._grouped = grouped
         self._windows = windows
+        self._strategy = strategy
+
+    def emit_strategy(self, strategy: EmitStrategy) -> TimeWindowedKStream:
+        """When the aggregation's results go downstream: ``EmitStrategy.on_window_update()`` (the
+        default) or ``EmitStrategy.on_window_close()``, once per window when it closes."""
+        return TimeWindowedKStream(self._grouped, self._windows, check_emit_strategy(strategy))
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         return self._aggregate("count", lambda: 0, lambda _k, _v, n: n + 1, materialized, name, LongSerde())
@@ -156,6 +166,9 @@ class TimeWindowedKStream:
         _sync(aggregator, f"{what}() aggregator")
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+        if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
+            return final_window_table(grouped, windows, self._strategy, store, materialized, value_serde,
+                                      initializer, aggregator, name)
         return grouped._table(
             store, materialized, value_serde,
             lambda: WindowedAggregateProcessor(store, windows, initializer, aggregator),

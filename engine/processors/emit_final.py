@@ -1,0 +1,121 @@
+"""A time-windowed aggregation that emits each window once, when it closes (``EmitStrategy.on_window_close()``).
+
+As Kafka Streams' ``KStreamWindowAggregate`` with ``EmitStrategy.onWindowClose()``
+(KIP-825): the store is updated per record as with ``on_window_update``, but
+nothing goes downstream on an update. Once the close time (stream time, or the
+wall clock after the idle time with a ``WallClockClose``) passes a window's end
+plus the grace period, the window goes out once with its final aggregate and the
+largest record timestamp in it, oldest window first and then by key. Records for
+closed windows are dropped as late, as they are with ``on_window_update``.
+
+The windows not emitted yet are kept in memory as a heap ordered by their end,
+so a record or a wall-clock check costs one look at the heap's top plus the
+windows it emits; the heap is built from the store once per task start (after
+its restore) and after a retried record's writes were undone. Kafka Streams
+range-fetches a time-ordered store at most once per emit interval instead.
+
+The close time of the last emission is kept in a store with a changelog
+(``streamloop.processors.window_close.CloseTime``): after a restart the windows
+that were emitted are not emitted again, and stay closed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from streamloop.processors.api import ProcessorContext
+from streamloop.processors.change import ChangeRecord
+from streamloop.processors.stateful import WindowedAggregateProcessor
+from streamloop.processors.window_close import CloseTime
+from streamloop.records import Headers, Record
+from streamloop.state.sliding_windows import TimestampedWindowStore
+from streamloop.state.windows import TimeWindows
+
+_LONG = struct.Struct(">q")
+
+
+class FinalWindowAggregateProcessor(WindowedAggregateProcessor):
+    def __init__(self, store_name: str, windows: TimeWindows, initializer: Callable[[], Any],
+                 aggregator: Callable[[Any, Any, Any], Any], closing: CloseTime) -> None:
+        super().__init__(store_name, windows, initializer, aggregator)
+        self.closing = closing
+        self.emitted = 0
+
+    def init(self, context: ProcessorContext) -> None:
+        # No flush listener: an update goes nowhere, only a closed window does.
+        self.context = context
+        self.store: TimestampedWindowStore = context.get_state_store(self.store_name)
+        self.store.undo_listener = self._stale
+        self.closing.init(context, self._on_wall_clock, self._stale)
+        # Loaded at the first record or check: a task restores its stores after its processors' init.
+        self._loaded = False
+
+    def _stale(self) -> None:
+        self._loaded = False
+
+    def _load(self) -> None:
+        """The windows not emitted yet: those ending after the close time of the last emission."""
+        emitted_to = self.closing.restored()
+        self.observe_stream_time(emitted_to)
+        closed = emitted_to - self.windows.grace_ms
+        size = self.windows.size_ms
+        self._order: list[tuple[int, bytes]] = []
+        for raw, _value in self.store._range(None, None):
+            end = _LONG.unpack(raw[-8:])[0] + size
+            if end > closed:
+                self._order.append((end, raw))
+        heapq.heapify(self._order)
+        self._loaded = True
+
+    def process(self, record: Record) -> None:
+        if not self._loaded:
+            self._load()
+        self.closing.arrived()
+        if not self._admit(record):
+            return
+        store = self.store
+        key, size = record.key, self.windows.size_ms
+        for start in self._open_windows(record):
+            found = store.fetch_with_timestamp(key, start, start)
+            if found:
+                _, old, stamp = found[0]
+                stamp = max(stamp, record.timestamp)
+            else:
+                old, stamp = self.initializer(), record.timestamp
+                heapq.heappush(self._order, (start + size, store._composite(key, start)))
+            store.put_with_timestamp(key, self.aggregator(key, record.value, old), start, stamp)
+        self._emit_closed(record.headers)
+
+    def _on_wall_clock(self, now: int) -> None:
+        if not self._loaded:
+            self._load()
+        self.observe_stream_time(now)
+        self._emit_closed(())
+
+    def _emit_closed(self, headers: Headers) -> None:
+        """Every window the close time has passed, once; as Kafka Streams, a record's emissions carry
+        its headers."""
+        order = self._order
+        closed = self.observed_time - self.windows.grace_ms
+        if not order or order[0][0] > closed:
+            return
+        store = self.store
+        emitted = 0
+        while order and order[0][0] <= closed:
+            _end, raw = heapq.heappop(order)
+            data = store._get(raw)
+            if data is None:
+                continue  # gone since (a retried record's window, undone)
+            window, value = store._decode_key(raw), store._decode_value(data)
+            timestamp = _LONG.unpack(data[-8:])[0]
+            if self.send_old_values:
+                self.context.forward(ChangeRecord(window, value, timestamp, headers, None))
+            else:
+                self.context.forward(Record(window, value, timestamp, headers))
+            emitted += 1
+        if emitted:
+            self.emitted += emitted
+            self.closing.save(self.observed_time)
