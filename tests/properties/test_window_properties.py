@@ -14,7 +14,15 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamloop import BufferConfig, SessionWindows, SlidingWindows, StreamsBuilder, Suppressed, TimeWindows
+from streamloop import (
+    BufferConfig,
+    EmitStrategy,
+    SessionWindows,
+    SlidingWindows,
+    StreamsBuilder,
+    Suppressed,
+    TimeWindows,
+)
 from streamloop.serdes import LongSerde, StringSerde
 from streamloop.testing import TopologyTestDriver
 
@@ -158,3 +166,87 @@ def test_suppressed_final_counts_equal_the_model(size: int, grace: int, records:
         got = [(k.split("/")[0], int(k.split("/")[1]), n)
                for k, n in driver.create_output_topic("out", STR, LONG).read_key_values()]
         assert got == suppressed_model(records, size, grace)
+
+
+# -- windows that close on window close, by stream time or on a quiet wall clock -------------------
+# ("record", key, ms from the wall clock), ("wall", "", ms to move it on) or ("restart", "", 0): records
+# come with timestamps near the wall clock, a little late or early, as in a live application.
+Event = tuple[str, str, int]
+
+
+def final_model(events: list[Event], size: int, advance: int, grace: int,
+                idle: int) -> list[tuple[str, int, int, int]]:
+    """``(key, window start, count, largest timestamp)`` in the order ``EmitStrategy.on_window_close()``
+    with a wall-clock close (checked every ms) emits them: a window once, when the close time reaches
+    its end + grace, oldest end first, then by key (``KStreamWindowAggregateTest.shouldEmitWithInterval0``).
+    The close time is the largest record timestamp, or the wall clock at a check once no record came
+    for ``idle`` ms; records for closed windows are late. A restart (a new task over the restored
+    stores) starts the quiet again and keeps the close time of the last emission."""
+    windows: dict[tuple[int, str], tuple[int, int]] = {}
+    emitted: list[tuple[str, int, int, int]] = []
+    done: set[tuple[int, str]] = set()
+    close = largest = saved = -1
+    wall = quiet_since = 0
+
+    def emit() -> None:
+        nonlocal saved
+        closing = sorted(w for w in windows if w not in done and w[0] + size + grace <= close)
+        for start, key in closing:
+            done.add((start, key))
+            emitted.append((key, start, *windows[(start, key)]))
+        if closing:
+            saved = close
+
+    for kind, key, offset in events:
+        if kind == "record":
+            value = max(0, wall + offset)
+            quiet_since, largest, close = wall, max(largest, value), max(close, value)
+            first = max(0, value - size + 1)
+            for start in range(-(-first // advance) * advance, value - value % advance + 1, advance):
+                if start + size + grace > close:
+                    count, stamp = windows.get((start, key), (0, value))
+                    windows[(start, key)] = (count + 1, max(stamp, value))
+            emit()
+        elif kind == "wall":
+            wall += offset
+            if wall - quiet_since >= idle:
+                close = max(close, wall)
+                emit()
+        else:
+            quiet_since, close = wall, max(largest, saved)
+    return emitted
+
+
+@st.composite
+def final_case(draw: st.DrawFn) -> tuple[int, int, int, int, list[Event]]:
+    size = draw(st.integers(1, 12))
+    advance, grace, idle = draw(st.integers(1, size)), draw(st.integers(0, 6)), draw(st.integers(1, 20))
+    events = draw(st.lists(st.one_of(
+        st.tuples(st.just("record"), KEYS, st.integers(-30, 10)),
+        st.tuples(st.just("wall"), st.just(""), st.integers(1, 25)),
+        st.tuples(st.just("restart"), st.just(""), st.just(0))), min_size=1, max_size=30))
+    return size, advance, grace, idle, events
+
+
+@settings(max_examples=80, deadline=None)
+@given(final_case())
+def test_final_window_results_equal_the_model(case: tuple[int, int, int, int, list[Event]]) -> None:
+    size, advance, grace, idle, events = case
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(TimeWindows.of_size_and_grace(size, grace).advance_by(advance))
+            .emit_strategy(EmitStrategy.on_window_close().with_wall_clock_close(idle, check_interval_ms=1))
+            .count(materialized="c")
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        output = driver.create_output_topic("out", STR, LONG)
+        for kind, key, value in events:
+            if kind == "record":
+                source.pipe_input(key, "v", max(0, driver.wall_clock_ms + value))
+            elif kind == "wall":
+                driver.advance_wall_clock_time(value)
+            else:
+                driver.rebalance(driver.task_ids[0])
+        got = [(r.key.split("/")[0], int(r.key.split("/")[1]), r.value, r.timestamp) for r in output.read_records()]
+        assert got == final_model(events, size, advance, grace, idle)

@@ -243,3 +243,14 @@ def test_the_close_time_has_a_changelogged_store_of_its_own() -> None:
     assert "(stores: [agg, agg-close-time])" in topology.describe()
     topology.set_application_id("app")
     assert "app-agg-close-time-changelog" in topology.internal_topics({"in": 2})
+
+
+def test_the_wall_clock_may_move_before_any_record() -> None:
+    """The driver restores a task's stores before its first wall-clock punctuation, as a stream thread
+    does (it punctuated a task whose stores were not open yet, and the check failed reading them)."""
+    strategy = EmitStrategy.on_window_close().with_wall_clock_close(1_000)
+    with TopologyTestDriver(final_aggregate(MINUTE, strategy).build(), initial_wall_clock_ms=START) as driver:
+        driver.advance_wall_clock_time(5_000)
+        pipe(driver, [("k", "1", START + 5_000)])
+        tick(driver, 70_000)
+        assert [v for _, v, _ in out(driver)] == ["0+1"]
