@@ -31,12 +31,16 @@ from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.suppressed import Suppressed, suppress_table
 from streamloop.topology.table_ops import filter_table, join_tables, map_table_values
-from streamloop.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
+from streamloop.topology.windowed_streams import (
+    ON_WINDOW_UPDATE,
+    SessionWindowedKStream,
+    SlidingWindowedKStream,
+    windowed_stream,
+)
 
 if TYPE_CHECKING:
     from streamloop.topology.builder import KStream, StreamsBuilder
 
-ON_WINDOW_UPDATE = EmitStrategy.on_window_update()
 
 
 def _sync(fn: Any, what: str) -> None:

@@ -19,11 +19,13 @@ from streamloop.serdes import LongSerde, Serde
 from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreSupplier, StoreType
+from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_window_table
 
 if TYPE_CHECKING:
     from streamloop.topology.tables import KGroupedStream, KTable
 
 Aggregator = Callable[[Any, Any, Any], Any]
+ON_WINDOW_UPDATE = EmitStrategy.on_window_update()
 
 
 def _sync(fn: Any, what: str) -> None:
@@ -88,9 +90,16 @@ class SlidingWindowedKStream:
     """A grouped stream aggregated over sliding windows (Kafka Streams' ``TimeWindowedKStream`` of
     ``SlidingWindows``)."""
 
-    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows) -> None:
+    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows,
+                 strategy: EmitStrategy = ON_WINDOW_UPDATE) -> None:
         self._grouped = grouped
         self._windows = windows
+        self._strategy = strategy
+
+    def emit_strategy(self, strategy: EmitStrategy) -> SlidingWindowedKStream:
+        """When the aggregation's results go downstream: ``EmitStrategy.on_window_update()`` (the
+        default) or ``EmitStrategy.on_window_close()``, once per window when it closes."""
+        return SlidingWindowedKStream(self._grouped, self._windows, check_emit_strategy(strategy))
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         return self._aggregate("count", lambda: 0, _count, materialized, name, LongSerde())
@@ -111,6 +120,9 @@ class SlidingWindowedKStream:
         _sync(aggregator, f"{what}() aggregator")
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+        if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
+            return final_window_table(grouped, windows, self._strategy, store, materialized, value_serde,
+                                      initializer, aggregator, name)
         return grouped._table(
             store, materialized, value_serde,
             lambda: SlidingWindowAggregateProcessor(store, windows, initializer, aggregator),

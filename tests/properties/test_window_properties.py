@@ -250,3 +250,28 @@ def test_final_window_results_equal_the_model(case: tuple[int, int, int, int, li
                 driver.rebalance(driver.task_ids[0])
         got = [(r.key.split("/")[0], int(r.key.split("/")[1]), r.value, r.timestamp) for r in output.read_records()]
         assert got == final_model(events, size, advance, grace, idle)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 20), records_within(60), st.booleans())
+def test_sliding_windows_emitted_on_close_equal_the_model(diff: int, records: list[tuple[str, int]],
+                                                          restart: bool) -> None:
+    """Each sliding window once, with its final count and largest timestamp, when a record far ahead
+    closes them all: in the order of their ends, then by key (``KStreamSlidingWindowAggregateTest``)."""
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SlidingWindows.of_time_difference_and_grace(diff, 1000))
+            .emit_strategy(EmitStrategy.on_window_close()).count(materialized="w")
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for key, t in records:
+            source.pipe_input(key, "v", t)
+        if restart:
+            driver.rebalance(driver.task_ids[0])
+        source.pipe_input("z", "v", 60 + 2 * diff + 1002)
+        got = [(r.key.split("/")[0], int(r.key.split("/")[1]), r.value, r.timestamp)
+               for r in driver.create_output_topic("out", STR, LONG).read_records()]
+        expected = sliding_model(records, diff)
+        assert got == [(key, start, *expected[(key, start)]) for key, start in
+                       sorted(expected, key=lambda w: (w[1], w[0]))]

@@ -12,6 +12,7 @@ from streamloop import (
     BufferConfig,
     EmitStrategy,
     Materialized,
+    SlidingWindows,
     StreamsBuilder,
     Suppressed,
     TimeWindows,
@@ -254,3 +255,26 @@ def test_the_wall_clock_may_move_before_any_record() -> None:
         pipe(driver, [("k", "1", START + 5_000)])
         tick(driver, 70_000)
         assert [v for _, v, _ in out(driver)] == ["0+1"]
+
+
+@pytest.mark.parametrize("config", CACHES)
+def test_sliding_windows_go_out_once_when_they_close(config: dict[str, Any]) -> None:
+    """Matches KStreamSlidingWindowAggregateTest.testAggregateSmallInput (ON_WINDOW_CLOSE): at stream
+    time 30 with grace 5 the windows ending before 25 go out, each once with its final aggregate and
+    largest timestamp; [15, 25] is still open."""
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SlidingWindows.of_time_difference_and_grace(10, 5))
+            .emit_strategy(EmitStrategy.on_window_close())
+            .aggregate(lambda: "0", lambda _k, v, agg: f"{agg}+{v}", materialized=Materialized("agg", value_serde=STR))
+            .to_stream().map(lambda w, v: (f"{w.key}@{w.start}/{w.end}", v))
+            .to("out", key_serde=STR, value_serde=STR))
+    with TopologyTestDriver(builder.build(), config) as driver:
+        pipe(driver, [("A", "1", 10), ("A", "2", 10), ("A", "3", 14), ("A", "4", 15), ("A", "5", 20),
+                      ("A", "6", 22), ("A", "7", 30)])
+        assert out(driver) == [("A@0/10", "0+1+2", 10), ("A@4/14", "0+1+2+3", 14), ("A@5/15", "0+1+2+3+4", 15),
+                               ("A@10/20", "0+1+2+3+4+5", 20), ("A@11/21", "0+3+4+5", 20),
+                               ("A@12/22", "0+3+4+5+6", 22)]
+        driver.rebalance(driver.task_ids[0])
+        pipe(driver, [("A", "8", 31)])  # closes [15, 25] only, and nothing twice
+        assert out(driver) == [("A@15/25", "0+4+5+6", 22)]
