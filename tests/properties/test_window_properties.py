@@ -275,3 +275,78 @@ def test_sliding_windows_emitted_on_close_equal_the_model(diff: int, records: li
         expected = sliding_model(records, diff)
         assert got == [(key, start, *expected[(key, start)]) for key, start in
                        sorted(expected, key=lambda w: (w[1], w[0]))]
+
+
+def suppressed_wall_model(events: list[Event], size: int, grace: int, idle: int) -> list[tuple[str, int, int, int]]:
+    """``(key, window start, count, timestamp)`` as tumbling counts suppressed until their windows close,
+    with a wall-clock close checked every ms, emit them. The count takes records by its own stream
+    time; the suppression's close time is the largest timestamp it was sent, or the wall clock at a
+    check once it was quiet for ``idle`` ms, and it drops an update of a window it closed. A record
+    the count drops does not reach it, so the quiet starts at the next check. A restart starts the
+    quiet again; the close time comes back as the task's stream time or the close of the last
+    wall-clock emission, whichever is later."""
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    held: dict[tuple[int, str], tuple[int, int]] = {}
+    emitted: list[tuple[str, int, int, int]] = []
+    stream_time = close = saved = -1
+    wall = quiet_since = task_records = own = last_task = seen = 0
+
+    def enforce() -> int:
+        closing = sorted((w for w in held if w[0] + size <= close - grace), key=lambda w: (w[0] + size, w[1]))
+        for start, key in closing:
+            emitted.append((key, start, *held.pop((start, key))))
+        return len(closing)
+
+    for kind, key, offset in events:
+        if kind == "record":
+            t = max(0, wall + offset)
+            task_records += 1
+            stream_time = max(stream_time, t)
+            start = t - t % size
+            if start + size <= stream_time - grace:
+                continue  # late for the count
+            counts[(start, key)] += 1
+            quiet_since, own = wall, own + 1
+            if (start, key) not in held and start + size <= close - grace:
+                continue  # the suppression closed the window already
+            held[(start, key)] = (counts[(start, key)], t)
+            close = max(close, t)
+            enforce()
+        elif kind == "wall":
+            wall += offset
+            if task_records - last_task > own - seen:
+                quiet_since = max(quiet_since, wall)
+            last_task, seen = task_records, own
+            if wall - quiet_since >= idle and wall > close:
+                close = wall
+                if enforce():
+                    saved = close
+        else:
+            quiet_since, task_records, own, last_task, seen = wall, 0, 0, 0, 0
+            close = max(stream_time, saved)
+    return emitted
+
+
+@settings(max_examples=150, deadline=None)
+@given(final_case())
+def test_suppressed_final_counts_with_a_wall_clock_close_equal_the_model(
+        case: tuple[int, int, int, int, list[Event]]) -> None:
+    size, _advance, grace, idle, events = case
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(TimeWindows.of_size_and_grace(size, grace)).count(materialized="c")
+            .suppress(Suppressed.until_window_closes(BufferConfig.unbounded())
+                      .with_wall_clock_close(idle, check_interval_ms=1))
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        output = driver.create_output_topic("out", STR, LONG)
+        for kind, key, value in events:
+            if kind == "record":
+                source.pipe_input(key, "v", max(0, driver.wall_clock_ms + value))
+            elif kind == "wall":
+                driver.advance_wall_clock_time(value)
+            else:
+                driver.rebalance(driver.task_ids[0])
+        got = [(r.key.split("/")[0], int(r.key.split("/")[1]), r.value, r.timestamp) for r in output.read_records()]
+        assert got == suppressed_wall_model(events, size, grace, idle)
