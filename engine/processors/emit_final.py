@@ -1,12 +1,14 @@
 """Windowed aggregations that emit each window once, when it closes (``EmitStrategy.on_window_close()``).
 
-As Kafka Streams' ``KStreamWindowAggregate`` and ``KStreamSlidingWindowAggregate``
-with ``EmitStrategy.onWindowClose()`` (KIP-825): the store is updated per record as with ``on_window_update``, but
-nothing goes downstream on an update. Once the close time (stream time, or the
-wall clock after the idle time with a ``WallClockClose``) passes a window's end
-plus the grace period, the window goes out once with its final aggregate and the
-largest record timestamp in it, oldest window first and then by key. Records for
-closed windows are dropped as late, as they are with ``on_window_update``.
+As Kafka Streams' ``KStreamWindowAggregate``, ``KStreamSlidingWindowAggregate`` and
+``KStreamSessionWindowAggregate`` with ``EmitStrategy.onWindowClose()`` (KIP-825):
+the store is updated per record as with ``on_window_update``, but nothing goes
+downstream on an update. Once the close time (stream time, or the wall clock
+after the idle time with a ``WallClockClose``) passes a window's end plus the
+grace period (sessions: plus the gap), the window goes out once with its final
+aggregate and the largest record timestamp in it (a session: its end), oldest
+first and then by key. Records for closed windows are dropped as late, as they
+are with ``on_window_update``.
 
 The windows not emitted yet are kept in memory as a heap ordered by their end,
 so a record or a wall-clock check costs one look at the heap's top plus the
@@ -28,12 +30,14 @@ from typing import Any
 
 from streamloop.processors.api import ProcessorContext
 from streamloop.processors.change import ChangeRecord
+from streamloop.processors.session_aggregate import SessionWindowAggregateProcessor
 from streamloop.processors.sliding_aggregate import SlidingWindowAggregateProcessor, Stamped
 from streamloop.processors.stateful import WindowedAggregateProcessor
 from streamloop.processors.window_close import CloseTime
 from streamloop.records import Headers, Record
+from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows, TimestampedWindowStore
-from streamloop.state.windows import TimeWindows
+from streamloop.state.windows import TimeWindows, Windowed
 
 _LONG = struct.Struct(">q")
 
@@ -63,6 +67,15 @@ class _EmitsOnClose:
         """The close time from which the window starting at ``start`` is closed."""
         raise NotImplementedError
 
+    def _closed_at_raw(self, raw: bytes) -> int:
+        """The close time from which the window stored under ``raw`` is closed (window stores end
+        their keys with the window's start)."""
+        return self._closed_at(_LONG.unpack(raw[-8:])[0])
+
+    def _timestamp(self, window: Windowed, data: bytes) -> int:
+        """What a closed window goes out with: its largest record timestamp (kept after its value)."""
+        return int(_LONG.unpack(data[-8:])[0])
+
     def init(self, context: ProcessorContext) -> None:
         # No flush listener: an update goes nowhere, only a closed window does.
         self.context = context
@@ -82,7 +95,7 @@ class _EmitsOnClose:
         closed = emitted_to - self.grace_ms
         self._order: list[tuple[int, bytes]] = []
         for raw, _value in self.store._range(None, None):
-            closes = self._closed_at(_LONG.unpack(raw[-8:])[0])
+            closes = self._closed_at_raw(raw)
             if closes > closed:
                 self._order.append((closes, raw))
         heapq.heapify(self._order)
@@ -121,7 +134,7 @@ class _EmitsOnClose:
             if data is None:
                 continue  # gone since (a merged session, or a retried record's window, undone)
             window, value = store._decode_key(entry[1]), store._decode_value(data)
-            timestamp = _LONG.unpack(data[-8:])[0]
+            timestamp = self._timestamp(window, data)
             if self.send_old_values:
                 self.context.forward(ChangeRecord(window, value, timestamp, headers, None))
             else:
@@ -196,3 +209,35 @@ class FinalSlidingWindowAggregateProcessor(_EmitsOnClose, SlidingWindowAggregate
     def _create_right(self, record: Record, stamped: Stamped) -> None:
         super()._create_right(record, stamped)
         self._push(record.key, record.timestamp + 1)
+
+
+class FinalSessionWindowAggregateProcessor(_EmitsOnClose, SessionWindowAggregateProcessor):
+    """Sessions: ``[start, end]`` (both inclusive) is closed once its end is before stream time - gap -
+    grace, as the aggregation's own lateness says; it goes out with its end as its timestamp. A
+    session merged away is gone from the store, so its heap entry is passed over."""
+
+    def __init__(self, store_name: str, windows: SessionWindows, initializer: Callable[[], Any],
+                 aggregator: Callable[[Any, Any, Any], Any], merger: Callable[[Any, Any, Any], Any],
+                 closing: CloseTime) -> None:
+        super().__init__(store_name, windows, initializer, aggregator, merger)
+        self.closing = closing
+        self.emitted = 0
+
+    @property
+    def grace_ms(self) -> int:
+        return self.windows.close_after_ms
+
+    def _closed_at_raw(self, raw: bytes) -> int:
+        return int(_LONG.unpack(raw[-16:-8])[0]) + 1  # a session store's key ends with (end, start)
+
+    def _timestamp(self, window: Windowed, data: bytes) -> int:
+        return window.end
+
+    def process(self, record: Record) -> None:
+        self._before()
+        super().process(record)
+        self._emit_closed(record.headers)
+
+    def _store_session(self, session: Windowed, aggregate: Any) -> None:
+        super()._store_session(session, aggregate)
+        heapq.heappush(self._order, (session.end + 1, self.store._composite(session)))

@@ -1,6 +1,6 @@
 """When a windowed aggregation sends its results downstream: ``windowed_by(...).emit_strategy(...)``.
 
-Kafka Streams' ``EmitStrategy`` (KIP-825), for time and sliding windows: ``on_window_update()`` (the default)
+Kafka Streams' ``EmitStrategy`` (KIP-825), for every kind of window: ``on_window_update()`` (the default)
 sends every update of a window (coalesced by the cache, if any);
 ``on_window_close()`` sends each window once, with its final value, when stream
 time passes its end plus the grace period, with no suppression buffer.
@@ -17,11 +17,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from streamloop.errors import TopologyError
-from streamloop.processors.emit_final import FinalSlidingWindowAggregateProcessor, FinalWindowAggregateProcessor
 from streamloop.processors.window_close import CloseTime, WallClockClose, close_time_store
 from streamloop.serdes import BytesSerde, Serde
+from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
-from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType
+from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier
 from streamloop.state.windows import TimeWindows
 
 if TYPE_CHECKING:
@@ -65,31 +65,17 @@ def check_emit_strategy(strategy: object) -> EmitStrategy:
     return strategy
 
 
-def final_window_table(grouped: KGroupedStream, windows: TimeWindows | SlidingWindows, strategy: EmitStrategy,
-                       store: str, materialized: Materialized | str | None, value_serde: Serde | None,
-                       initializer: Callable[[], Any], aggregator: Callable[[Any, Any, Any], Any],
-                       name: str | None) -> KTable:
-    """The table of a time- or sliding-windowed aggregation that emits on window close: its window
-    store keeps each window's largest record timestamp (what the window goes out with), and a second
-    store the close time of its last emission."""
+def final_table(grouped: KGroupedStream, windows: TimeWindows | SlidingWindows | SessionWindows,
+                strategy: EmitStrategy, store: str, materialized: Materialized | str | None,
+                value_serde: Serde | None, processor: Callable[[CloseTime], Any], prefix: str, name: str | None,
+                store_supplier: Callable[[bool | None], StoreSupplier]) -> KTable:
+    """The table of a windowed aggregation that emits on window close: ``processor(close_time)`` over
+    the window store of ``store_supplier`` and a second store, with a changelog, holding the close
+    time of its last emission."""
     closes = close_time_store(store)
     wall = strategy.wall_clock
-    if isinstance(windows, TimeWindows):
-        time_windows, size, prefix = windows, windows.size_ms, "KSTREAM-AGGREGATE"
-
-        def supplier() -> Any:
-            return FinalWindowAggregateProcessor(store, time_windows, initializer, aggregator,
-                                                 CloseTime(closes, wall))
-    else:
-        sliding, size, prefix = windows, windows.time_difference_ms, "KSTREAM-SLIDINGWINDOWAGGREGATE"
-
-        def supplier() -> Any:
-            return FinalSlidingWindowAggregateProcessor(store, sliding, initializer, aggregator,
-                                                        CloseTime(closes, wall))
-    table = grouped._table(
-        store, materialized, value_serde, supplier, prefix, name, windows,
-        lambda persistent: StoreSupplier(store, persistent, StoreType.WINDOW, windows.retention_ms, size,
-                                         timestamped=True))
+    table = grouped._table(store, materialized, value_serde, lambda: processor(CloseTime(closes, wall)), prefix,
+                           name, windows, store_supplier)
     grouped._builder._topology.add_state_store(
         StoreBuilder(StoreSupplier(closes, False), BytesSerde(), BytesSerde()), table._node)
     return table

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from streamloop.errors import TopologyError
 from streamloop.processors.change import TableView
+from streamloop.processors.emit_final import FinalWindowAggregateProcessor
 from streamloop.processors.stateful import (
     AggregateProcessor,
     ReduceProcessor,
@@ -26,7 +27,7 @@ from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from streamloop.state.windows import TimeWindows
-from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_window_table
+from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_table
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.suppressed import Suppressed, suppress_table
@@ -171,8 +172,13 @@ class TimeWindowedKStream:
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
         if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
-            return final_window_table(grouped, windows, self._strategy, store, materialized, value_serde,
-                                      initializer, aggregator, name)
+            # Each window's store entry keeps its largest record timestamp: what it goes out with.
+            return final_table(
+                grouped, windows, self._strategy, store, materialized, value_serde,
+                lambda closing: FinalWindowAggregateProcessor(store, windows, initializer, aggregator, closing),
+                "KSTREAM-AGGREGATE", name,
+                lambda persistent: StoreSupplier(store, persistent, StoreType.WINDOW, windows.retention_ms,
+                                                 windows.size_ms, timestamped=True))
         return grouped._table(
             store, materialized, value_serde,
             lambda: WindowedAggregateProcessor(store, windows, initializer, aggregator),

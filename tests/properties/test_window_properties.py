@@ -350,3 +350,30 @@ def test_suppressed_final_counts_with_a_wall_clock_close_equal_the_model(
                 driver.rebalance(driver.task_ids[0])
         got = [(r.key.split("/")[0], int(r.key.split("/")[1]), r.value, r.timestamp) for r in output.read_records()]
         assert got == suppressed_wall_model(events, size, grace, idle)
+
+
+@settings(max_examples=40, deadline=None)
+@given(session_case(), st.booleans())
+def test_sessions_emitted_on_close_equal_the_model(case: tuple[int, int, list[tuple[str, int]]],
+                                                   restart: bool) -> None:
+    """Each session of the model once, with its count and its end as timestamp, when a record far ahead
+    closes them all, by end and then by key; none merged away goes out
+    (``KStreamSessionWindowAggregateProcessorTest``, ON_WINDOW_CLOSE)."""
+    gap, grace, records = case
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_and_grace(gap, grace))
+            .emit_strategy(EmitStrategy.on_window_close()).count(materialized="s")
+            .to_stream().map(lambda w, n: (f"{w.key}/{w.start}/{w.end}", n)).to("out", key_serde=STR, value_serde=LONG))
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for key, t in records:
+            source.pipe_input(key, "v", t)
+        if restart:
+            driver.rebalance(driver.task_ids[0])
+        source.pipe_input("z", "v", 10 * (2 * gap + grace) + 100)
+        output = driver.create_output_topic("out", STR, LONG)
+        got = [(*r.key.split("/"), r.value, r.timestamp) for r in output.read_records()]
+        expected = session_model(records, gap, grace)
+        assert got == [(key, str(start), str(end), n, end) for (key, start, end), n in
+                       sorted(expected.items(), key=lambda s: (s[0][2], s[0][0]))]

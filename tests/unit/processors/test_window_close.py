@@ -12,6 +12,7 @@ from streamloop import (
     BufferConfig,
     EmitStrategy,
     Materialized,
+    SessionWindows,
     SlidingWindows,
     StreamsBuilder,
     Suppressed,
@@ -278,3 +279,30 @@ def test_sliding_windows_go_out_once_when_they_close(config: dict[str, Any]) -> 
         driver.rebalance(driver.task_ids[0])
         pipe(driver, [("A", "8", 31)])  # closes [15, 25] only, and nothing twice
         assert out(driver) == [("A@15/25", "0+4+5+6", 22)]
+
+
+@pytest.mark.parametrize("config", CACHES)
+def test_sessions_go_out_once_when_they_close(config: dict[str, Any]) -> None:
+    """Matches KStreamSessionWindowAggregateProcessorTest.shouldHandleMultipleSessionsAndMerging
+    (ON_WINDOW_CLOSE): a session goes out once stream time - gap - grace is past its end, with its end
+    as timestamp; merged-away sessions never go out, and no tombstone does."""
+    gap = 5 * 60 * 1000
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(gap))
+            .emit_strategy(EmitStrategy.on_window_close())
+            .count(materialized="sessions")
+            .to_stream().map(lambda w, n: (f"{w.key}@{w.start}/{w.end}", str(n)))
+            .to("out", key_serde=STR, value_serde=STR))
+    with TopologyTestDriver(builder.build(), config) as driver:
+        pipe(driver, [("a", "1", 0), ("b", "1", 0), ("c", "1", 0), ("d", "1", 0), ("d", "2", gap // 2),
+                      ("a", "2", gap + 1), ("b", "2", gap + 1), ("a", "3", gap + 1 + gap // 2),
+                      ("c", "3", gap + 1 + gap // 2)])
+        assert out(driver) == [("a@0/0", "1", 0), ("b@0/0", "1", 0), ("c@0/0", "1", 0),
+                               (f"d@0/{gap // 2}", "2", gap // 2)]
+        driver.crash()
+        # a's second session [gap + 1, gap + 1 + gap / 2] merges with a record in its gap, then closes.
+        pipe(driver, [("a", "4", 2 * gap), ("z", "1", 10 * gap)])
+        assert out(driver) == [(f"b@{gap + 1}/{gap + 1}", "1", gap + 1),
+                               (f"c@{gap + 1 + gap // 2}/{gap + 1 + gap // 2}", "1", gap + 1 + gap // 2),
+                               (f"a@{gap + 1}/{2 * gap}", "3", 2 * gap)]
