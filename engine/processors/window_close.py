@@ -4,8 +4,8 @@ A window operation (``suppress(until_window_closes)``, a windowed aggregation th
 emits on window close) closes a window when its *close time* passes the window's
 end plus the grace period. The close time is the operation's stream time (the
 largest record timestamp it has seen), and with a ``WallClockClose`` also the
-wall clock: at a wall-clock check at time ``now``, when no record reached the
-operation in that task for ``idle_ms``, the close time moves up to ``now``. Record
+wall clock: at a wall-clock check at time ``now``, when the operation's task took
+no record for ``idle_ms``, the close time moves up to ``now``. Record
 timestamps and the wall clock are both epoch milliseconds, so "the window's end
 plus grace has passed on the wall clock" is ``end + grace <= now``.
 
@@ -72,7 +72,6 @@ class CloseTime:
             raise TopologyError(f"a wall-clock close needs a WallClockClose, got {wall_clock!r}")
         self.store_name = store_name
         self.wall_clock = wall_clock
-        self._arrived = 0
 
     def init(self, context: ProcessorContext, on_wall_clock: Callable[[int], Any],
              on_undo: Callable[[], None]) -> None:

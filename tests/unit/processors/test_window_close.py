@@ -19,7 +19,7 @@ from streamloop import (
     TimeWindows,
     TopologyError,
 )
-from streamloop.processors.emit_final import FinalWindowAggregateProcessor
+from streamloop.processors.emit_final import FinalSessionWindowAggregateProcessor, FinalWindowAggregateProcessor
 from streamloop.processors.suppress import SuppressProcessor
 from streamloop.serdes import LongSerde, StringSerde
 from streamloop.testing import TopologyTestDriver
@@ -306,3 +306,27 @@ def test_sessions_go_out_once_when_they_close(config: dict[str, Any]) -> None:
         assert out(driver) == [(f"b@{gap + 1}/{gap + 1}", "1", gap + 1),
                                (f"c@{gap + 1 + gap // 2}/{gap + 1 + gap // 2}", "1", gap + 1 + gap // 2),
                                (f"a@{gap + 1}/{2 * gap}", "3", 2 * gap)]
+
+
+def test_a_session_closes_on_the_wall_clock_once_the_input_is_quiet() -> None:
+    """A session goes out once its end + gap + grace has passed on the wall clock and the input was
+    quiet; a record inside it is late then (one that would make it end after the close time is not:
+    as on stream time, the longer session it makes goes out in turn)."""
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_and_grace(30_000, 1_000))
+            .emit_strategy(EmitStrategy.on_window_close().with_wall_clock_close(5_000))
+            .count(materialized="sessions")
+            .to_stream().map(lambda w, n: (f"{w.key}@{w.start}/{w.end}", str(n)))
+            .to("out", key_serde=STR, value_serde=STR))
+    with TopologyTestDriver(builder.build(), initial_wall_clock_ms=START) as driver:
+        pipe(driver, [("k", "1", START), ("k", "2", START + 10_000)])
+        tick(driver, 41_000)  # START + 10000 + gap + grace is START + 41000: not past yet
+        assert out(driver) == []
+        tick(driver, 1_000)
+        assert out(driver) == [(f"k@{START}/{START + 10_000}", "2", START + 10_000)]
+        pipe(driver, [("k", "3", START + 5_000)])
+        tick(driver, 60_000)
+        assert out(driver) == []
+        [processor] = processors(driver, FinalSessionWindowAggregateProcessor)
+        assert processor.dropped == 1
