@@ -65,6 +65,7 @@ from streamloop.timestamps import (
 from streamloop.topology.branches import BranchedKStream
 from streamloop.topology.builder import KStream, StreamsBuilder
 from streamloop.topology.cogroup import CogroupedKStream, SessionWindowedCogroupedKStream, TimeWindowedCogroupedKStream
+from streamloop.topology.emit_strategy import EmitStrategy
 from streamloop.topology.global_tables import GlobalKTable
 from streamloop.topology.grouped_table import KGroupedTable
 from streamloop.topology.joins import StreamJoined
@@ -89,6 +90,7 @@ __all__ = [
     "ConfigError",
     "ConsumedRecord",
     "DeserializationError",
+    "EmitStrategy",
     "FailOnInvalidTimestamp",
     "FixedKeyProcessor",
     "FixedKeyProcessorContext",

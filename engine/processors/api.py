@@ -60,6 +60,12 @@ class ProcessorContext(Protocol):
     def commit(self) -> None:
         """Ask for a commit as soon as possible (after this record)."""
 
+    def current_system_time_ms(self) -> int:
+        """The wall clock in ms (the test driver's own clock under ``TopologyTestDriver``)."""
+
+    def records_processed(self) -> int:
+        """How many records the task has processed so far (whether or not they reached this node)."""
+
     def get_state_store(self, name: str) -> Any:
         """The task's instance of the store ``name``; the processor must be connected to it."""
 

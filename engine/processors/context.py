@@ -32,6 +32,7 @@ class TaskContext:
         "application_id", "task_id", "forwarder", "topic", "partition", "offset",
         "timestamp", "headers", "commit_requested", "stream_time_schedules",
         "wall_clock_schedules", "wall_clock_ms", "stores", "spark", "default_serdes", "global_stores",
+        "records_processed",
     )
 
     def __init__(self, application_id: str, task_id: TaskId, wall_clock_ms: Callable[[], int],
@@ -56,6 +57,8 @@ class TaskContext:
         # default.key.serde and default.value.serde, set when the task's graph is built: a
         # processor that writes bytes itself (a foreign-key join) falls back on them.
         self.default_serdes: tuple[Serde, Serde] | None = None
+        # How many records the task has processed (set by the task; read between records).
+        self.records_processed: Callable[[], int] = lambda: 0
 
 
 class NodeContext:
@@ -122,6 +125,12 @@ class NodeContext:
 
     def commit(self) -> None:
         self._task.commit_requested = True
+
+    def current_system_time_ms(self) -> int:
+        return self._task.wall_clock_ms()
+
+    def records_processed(self) -> int:
+        return self._task.records_processed()
 
     def get_state_store(self, name: str) -> Any:
         if name not in self._stores:

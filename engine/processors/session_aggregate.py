@@ -54,4 +54,7 @@ class SessionWindowAggregateProcessor(_WindowedAggregate):
             # tombstone then its new value go downstream, coalesced by the cache if there is one).
             for session, _ in merged:
                 store.remove(session)
-        store.put(Windowed(record.key, start, end), self.aggregator(record.key, record.value, aggregate))
+        self._store_session(Windowed(record.key, start, end), self.aggregator(record.key, record.value, aggregate))
+
+    def _store_session(self, session: Windowed, aggregate: Any) -> None:
+        self.store.put(session, aggregate)

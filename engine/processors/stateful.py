@@ -124,16 +124,21 @@ class WindowedAggregateProcessor(_WindowedAggregate):
         if not self._admit(record):
             return
         store: WindowStore = self.store
-        windows = self.windows
-        closed_before = self.observed_time - windows.size_ms - windows.grace_ms
-        for start in windows.windows_for(record.timestamp):
-            if start <= closed_before:
-                self._drop(record, f"late: window [{start}, {start + windows.size_ms}) closed "
-                                   f"(stream time {self.observed_time}, grace {windows.grace_ms} ms)")
-                continue
+        for start in self._open_windows(record):
             old = store.fetch(record.key, start)
             store.put(record.key, self.aggregator(record.key, record.value,
                                                   self.initializer() if old is None else old), start)
+
+    def _open_windows(self, record: Record) -> list[int]:
+        """The starts of the windows of ``record`` still open; each closed one drops it (late) once."""
+        windows = self.windows
+        closed_before = self.observed_time - windows.size_ms - windows.grace_ms
+        starts = windows.windows_for(record.timestamp)
+        for start in starts:
+            if start <= closed_before:
+                self._drop(record, f"late: window [{start}, {start + windows.size_ms}) closed "
+                                   f"(stream time {self.observed_time}, grace {windows.grace_ms} ms)")
+        return [start for start in starts if start > closed_before]
 
 
 class TableSourceProcessor(_TableProcessor):

@@ -24,6 +24,7 @@ is the suppressed table's value for a join while the key is held back
 from __future__ import annotations
 
 import heapq
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +32,12 @@ from typing import Any
 from streamloop.errors import BufferFullError
 from streamloop.processors.api import BaseProcessor, ProcessorContext
 from streamloop.processors.change import ChangeRecord, old_value_of
+from streamloop.processors.window_close import CloseTime
 from streamloop.records import Record
 from streamloop.state.session_windows import SessionStore
 from streamloop.state.store import KeyValueStore, WindowStore
+
+log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct(">qqBH")  # buffer time, record timestamp, 1 if there is a value, header count
 _HEADER = struct.Struct(">HI")  # a header's name length and value length
@@ -82,7 +86,8 @@ class SuppressProcessor(BaseProcessor):
     send_old_values = False  # set when a table operation downstream needs the values updates replace
 
     def __init__(self, buffer_store: str, table_store: str, final_results: bool, delay_ms: int,
-                 max_records: int | None, max_bytes: int | None, shut_down_when_full: bool) -> None:
+                 max_records: int | None, max_bytes: int | None, shut_down_when_full: bool,
+                 closing: CloseTime | None = None) -> None:
         self.buffer_store = buffer_store
         self.table_store = table_store
         self.final_results = final_results
@@ -92,14 +97,20 @@ class SuppressProcessor(BaseProcessor):
         self.shut_down_when_full = shut_down_when_full
         self.observed_time = -1
         self.emitted = 0
+        # With a wall-clock close (final results only): the persisted close time of its last
+        # emission on the wall clock, and the updates dropped for windows closed already.
+        self.closing = closing
+        self.dropped = 0
 
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.buffer: KeyValueStore = context.get_state_store(self.buffer_store)
-        table = context.get_state_store(self.table_store)
+        table = self._table = context.get_state_store(self.table_store)
         self._encode_key, self._decode_key = _codec(table)
         self._value_serde = table.value_serde
         self.buffer.undo_listener = self._stale
+        if self.closing is not None:
+            self.closing.init(context, self._on_wall_clock, self._stale)
         # Loaded at the first record: a task restores its stores after its processors' init.
         self._loaded = False
 
@@ -121,16 +132,43 @@ class SuppressProcessor(BaseProcessor):
             self._order.append((buffer_time, key))
             self._bytes += len(key) + len(value) + _ENTRY_OVERHEAD
         heapq.heapify(self._order)
+        if self.closing is not None:
+            self.observe_stream_time(self.closing.restored())
         self._loaded = True
+
+    def _on_wall_clock(self, now: int) -> None:
+        """The input went quiet: the windows whose end plus grace is past ``now`` close."""
+        # The table's updates still in its cache came before the quiet: they go in first.
+        self._table.flush_cache()
+        if not self._loaded:
+            self._load()
+        if now <= self.observed_time or self.closing is None:
+            return
+        self.observe_stream_time(now)
+        held = len(self._times)
+        self._enforce()
+        if len(self._times) < held:
+            self.closing.save(self.observed_time)
 
     def process(self, record: Record) -> None:
         if not self._loaded:
             self._load()
         if record.key is None:
             return
-        self.observe_stream_time(record.timestamp)
         key = self._encode_key(record.key)
         buffer_time = self._times.get(key)
+        if self.closing is not None:
+            self.closing.arrived()
+            if buffer_time is None and record.key.end <= self.observed_time - self.delay_ms:
+                # Closed on the wall clock (the aggregation before, on stream time, still took it).
+                if record.value is None:
+                    return  # a closed window's tombstone: final results drop those anyway
+                self.dropped += 1
+                log.warning("Dropping an update of a closed window %s in suppression '%s' (closed up to "
+                            "%d, delay %d ms)", record.key, self.buffer_store, self.observed_time,
+                            self.delay_ms)
+                return
+        self.observe_stream_time(record.timestamp)
         if buffer_time is None:
             buffer_time = record.key.end if self.final_results else record.timestamp
             self._times[key] = buffer_time

@@ -135,6 +135,8 @@ class StreamTask:
         # (its attempts ran out: processing.retry.exhausted.answer applied).
         self.retries = 0
         self.retries_exhausted = 0
+        # What a wall-clock window close reads to tell whether the task's input went quiet.
+        context.records_processed = lambda: self.processed
         # The (extracted) timestamp of the record last taken to process; -1 when it could not be read.
         self.record_time = -1
         # The group's committed offsets as read when the task started (and by the lag metric), for

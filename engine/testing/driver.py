@@ -459,11 +459,7 @@ class TopologyTestDriver:
     async def _pump(self) -> None:
         """Fetch and process until no task has anything left, committing after each round."""
         while True:
-            for _id, task in sorted(self._manager.tasks.items()):
-                if task.state.state is TaskState.CREATED:
-                    # A new task restores its stores first, with or without records to process.
-                    self._runner.current = task
-                    await task.drain()
+            await self._start_created()
             fetched = self._consumer.fetch(self.config[cfg.MAX_POLL_RECORDS])
             if fetched:
                 self._manager.add_records(fetched)
@@ -476,7 +472,17 @@ class TopologyTestDriver:
             self._runner.current = None
             await self._manager.maybe_commit()
 
+    async def _start_created(self) -> None:
+        for _id, task in sorted(self._manager.tasks.items()):
+            if task.state.state is TaskState.CREATED:
+                # A new task restores its stores first, with or without records to process.
+                self._runner.current = task
+                await task.drain()
+        self._runner.current = None
+
     async def _punctuate_wall_clock(self) -> None:
+        # As in a stream thread, a task punctuates only once its stores are restored.
+        await self._start_created()
         for _id, task in sorted(self._manager.tasks.items()):
             if not task.is_paused:
                 self._runner.current = task

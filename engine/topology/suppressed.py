@@ -3,7 +3,9 @@
 ``Suppressed.until_window_closes(BufferConfig.unbounded())`` on a windowed table
 emits each window once, with its final value, when stream time passes its end
 plus the grace period (for sessions: plus the inactivity gap), as Kafka Streams
-does. ``Suppressed.until_time_limit(ms, buffer)`` emits a key's latest value once
+does; ``.with_wall_clock_close(idle_ms)`` also closes windows on the wall clock
+once the input went quiet (``streamloop.processors.window_close``).
+``Suppressed.until_time_limit(ms, buffer)`` emits a key's latest value once
 stream time is ``ms`` past its first buffered update. The buffer is a store with
 a changelog, so what it holds survives a restart or a moved task.
 """
@@ -17,6 +19,7 @@ from streamloop.errors import TopologyError
 from streamloop.processors.api import ProcessorContext
 from streamloop.processors.change import Getter, TableView, derived_getter
 from streamloop.processors.suppress import SuppressProcessor, prior_value
+from streamloop.processors.window_close import CloseTime, WallClockClose, close_time_store
 from streamloop.serdes import BytesSerde
 from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
@@ -83,6 +86,7 @@ class Suppressed:
     time_limit_ms: int
     buffer: BufferConfig
     name: str | None = None
+    wall_clock: WallClockClose | None = None
 
     @classmethod
     def until_window_closes(cls, buffer: BufferConfig) -> Suppressed:
@@ -103,6 +107,15 @@ class Suppressed:
 
     def with_name(self, name: str) -> Suppressed:
         return replace(self, name=check_store_name(name))
+
+    def with_wall_clock_close(self, idle_ms: int, check_interval_ms: int | None = None) -> Suppressed:
+        """Also close windows whose end plus grace has passed on the wall clock, once no record
+        reached the suppression (in a task) for ``idle_ms``; checked every ``check_interval_ms``
+        (default: a quarter of ``idle_ms``, at most a second). An update for a window closed already is dropped."""
+        if not self.final_results:
+            raise TopologyError("with_wall_clock_close() needs Suppressed.until_window_closes(...): a time "
+                                "limit counts from a key's first held update, not from a window's end")
+        return replace(self, wall_clock=WallClockClose.after_idle(idle_ms, check_interval_ms))
 
 
 def _close_after(windows: TimeWindows | SessionWindows | SlidingWindows) -> int:
@@ -130,13 +143,17 @@ def suppress_table(table: KTable, suppressed: Suppressed, name: str | None) -> K
         raise TopologyError("suppress() needs a table with a store: give the operation before it "
                             "materialized=\"<store name>\"")
     delay = _close_after(windows) if suppressed.final_results and windows is not None else suppressed.time_limit_ms
-    final, config = suppressed.final_results, suppressed.buffer
+    final, config, wall = suppressed.final_results, suppressed.buffer, suppressed.wall_clock
+    closes = close_time_store(store)
     builder._topology.add_processor(
         node, lambda: SuppressProcessor(store, upstream, final, delay, config.records_limit, config.bytes_limit,
-                                        config.shut_down),
+                                        config.shut_down, None if wall is None else CloseTime(closes, wall)),
         table._node, stores=[upstream])
     # The buffer holds the table store's own key and value bytes (see SuppressProcessor).
     builder._topology.add_state_store(StoreBuilder(StoreSupplier(store, False), BytesSerde(), BytesSerde()), node)
+    if wall is not None:
+        builder._topology.add_state_store(StoreBuilder(StoreSupplier(closes, False), BytesSerde(), BytesSerde()),
+                                          node)
     result = type(table)(builder, node, upstream, table._key_serde, table._value_serde, table._key_kind)
     result._windows = windows
     # A table operation after the suppression needs the values its updates replace: the buffer's

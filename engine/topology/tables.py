@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from streamloop.errors import TopologyError
 from streamloop.processors.change import TableView
+from streamloop.processors.emit_final import FinalWindowAggregateProcessor
 from streamloop.processors.stateful import (
     AggregateProcessor,
     ReduceProcessor,
@@ -28,16 +29,23 @@ from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier, StoreType, check_store_name
 from streamloop.state.windows import TimeWindows
 from streamloop.topology.cogroup import CogroupedKStream, cogroup
+from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_table
 from streamloop.topology.fk_join import foreign_key_join
 from streamloop.topology.grouped_table import KGroupedTable, group_table
 from streamloop.topology.patterns import refuse_join
 from streamloop.topology.suppressed import Suppressed, suppress_table
 from streamloop.topology.table_ops import filter_table, join_tables, map_table_values
 from streamloop.topology.table_transform import transform_table_values
-from streamloop.topology.windowed_streams import SessionWindowedKStream, SlidingWindowedKStream, windowed_stream
+from streamloop.topology.windowed_streams import (
+    ON_WINDOW_UPDATE,
+    SessionWindowedKStream,
+    SlidingWindowedKStream,
+    windowed_stream,
+)
 
 if TYPE_CHECKING:
     from streamloop.topology.builder import KStream, StreamsBuilder
+
 
 
 def _sync(fn: Any, what: str) -> None:
@@ -140,9 +148,16 @@ class KGroupedStream:
 class TimeWindowedKStream:
     """A grouped stream cut into time windows; the table's keys are ``Windowed(key, start, end)``."""
 
-    def __init__(self, grouped: KGroupedStream, windows: TimeWindows) -> None:
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows,
+                 strategy: EmitStrategy = ON_WINDOW_UPDATE) -> None:
         self._grouped = grouped
         self._windows = windows
+        self._strategy = strategy
+
+    def emit_strategy(self, strategy: EmitStrategy) -> TimeWindowedKStream:
+        """When the aggregation's results go downstream: ``EmitStrategy.on_window_update()`` (the
+        default) or ``EmitStrategy.on_window_close()``, once per window when it closes."""
+        return TimeWindowedKStream(self._grouped, self._windows, check_emit_strategy(strategy))
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         return self._aggregate("count", lambda: 0, lambda _k, _v, n: n + 1, materialized, name, LongSerde())
@@ -165,6 +180,14 @@ class TimeWindowedKStream:
         _sync(aggregator, f"{what}() aggregator")
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+        if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
+            # Each window's store entry keeps its largest record timestamp: what it goes out with.
+            return final_table(
+                grouped, windows, self._strategy, store, materialized, value_serde,
+                lambda closing: FinalWindowAggregateProcessor(store, windows, initializer, aggregator, closing),
+                "KSTREAM-AGGREGATE", name,
+                lambda persistent: StoreSupplier(store, persistent, StoreType.WINDOW, windows.retention_ms,
+                                                 windows.size_ms, timestamped=True))
         return grouped._table(
             store, materialized, value_serde,
             lambda: WindowedAggregateProcessor(store, windows, initializer, aggregator),

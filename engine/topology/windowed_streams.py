@@ -13,17 +13,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from streamloop.errors import TopologyError
+from streamloop.processors.emit_final import FinalSessionWindowAggregateProcessor, FinalSlidingWindowAggregateProcessor
 from streamloop.processors.session_aggregate import SessionWindowAggregateProcessor
 from streamloop.processors.sliding_aggregate import SlidingWindowAggregateProcessor
 from streamloop.serdes import LongSerde, Serde
 from streamloop.state.session_windows import SessionWindows
 from streamloop.state.sliding_windows import SlidingWindows
 from streamloop.state.stores import Materialized, StoreSupplier, StoreType
+from streamloop.topology.emit_strategy import EmitStrategy, StrategyType, check_emit_strategy, final_table
 
 if TYPE_CHECKING:
     from streamloop.topology.tables import KGroupedStream, KTable
 
 Aggregator = Callable[[Any, Any, Any], Any]
+ON_WINDOW_UPDATE = EmitStrategy.on_window_update()
 
 
 def _sync(fn: Any, what: str) -> None:
@@ -47,9 +50,17 @@ def windowed_stream(grouped: KGroupedStream,
 class SessionWindowedKStream:
     """A grouped stream cut into sessions (Kafka Streams' ``SessionWindowedKStream``)."""
 
-    def __init__(self, grouped: KGroupedStream, windows: SessionWindows) -> None:
+    def __init__(self, grouped: KGroupedStream, windows: SessionWindows,
+                 strategy: EmitStrategy = ON_WINDOW_UPDATE) -> None:
         self._grouped = grouped
         self._windows = windows
+        self._strategy = strategy
+
+    def emit_strategy(self, strategy: EmitStrategy) -> SessionWindowedKStream:
+        """When the aggregation's results go downstream: ``EmitStrategy.on_window_update()`` (the
+        default: every update, and a tombstone for each merged session) or
+        ``EmitStrategy.on_window_close()``, once per session when it closes."""
+        return SessionWindowedKStream(self._grouped, self._windows, check_emit_strategy(strategy))
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         """Records per session; merged sessions add their counts."""
@@ -77,20 +88,35 @@ class SessionWindowedKStream:
             _sync(fn, f"{what}() {role}")
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+
+        def session_store(persistent: bool | None) -> StoreSupplier:
+            return StoreSupplier(store, persistent, StoreType.SESSION, windows.retention_ms)
+        if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
+            return final_table(
+                grouped, windows, self._strategy, store, materialized, value_serde,
+                lambda closing: FinalSessionWindowAggregateProcessor(store, windows, initializer, aggregator,
+                                                                     merger, closing),
+                "KSTREAM-SESSION-AGGREGATE", name, session_store)
         return grouped._table(
             store, materialized, value_serde,
             lambda: SessionWindowAggregateProcessor(store, windows, initializer, aggregator, merger),
-            "KSTREAM-SESSION-AGGREGATE", name, windows,
-            lambda persistent: StoreSupplier(store, persistent, StoreType.SESSION, windows.retention_ms))
+            "KSTREAM-SESSION-AGGREGATE", name, windows, session_store)
 
 
 class SlidingWindowedKStream:
     """A grouped stream aggregated over sliding windows (Kafka Streams' ``TimeWindowedKStream`` of
     ``SlidingWindows``)."""
 
-    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows) -> None:
+    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows,
+                 strategy: EmitStrategy = ON_WINDOW_UPDATE) -> None:
         self._grouped = grouped
         self._windows = windows
+        self._strategy = strategy
+
+    def emit_strategy(self, strategy: EmitStrategy) -> SlidingWindowedKStream:
+        """When the aggregation's results go downstream: ``EmitStrategy.on_window_update()`` (the
+        default) or ``EmitStrategy.on_window_close()``, once per window when it closes."""
+        return SlidingWindowedKStream(self._grouped, self._windows, check_emit_strategy(strategy))
 
     def count(self, *, materialized: Materialized | str | None = None, name: str | None = None) -> KTable:
         return self._aggregate("count", lambda: 0, _count, materialized, name, LongSerde())
@@ -111,9 +137,17 @@ class SlidingWindowedKStream:
         _sync(aggregator, f"{what}() aggregator")
         grouped, windows = self._grouped, self._windows
         store = grouped._builder._store_name(materialized, "KSTREAM-AGGREGATE-STATE-STORE")
+
+        def sliding_store(persistent: bool | None) -> StoreSupplier:
+            return StoreSupplier(store, persistent, StoreType.WINDOW, windows.retention_ms,
+                                 windows.time_difference_ms, timestamped=True)
+        if self._strategy.type is StrategyType.ON_WINDOW_CLOSE:
+            return final_table(
+                grouped, windows, self._strategy, store, materialized, value_serde,
+                lambda closing: FinalSlidingWindowAggregateProcessor(store, windows, initializer, aggregator,
+                                                                     closing),
+                "KSTREAM-SLIDINGWINDOWAGGREGATE", name, sliding_store)
         return grouped._table(
             store, materialized, value_serde,
             lambda: SlidingWindowAggregateProcessor(store, windows, initializer, aggregator),
-            "KSTREAM-SLIDINGWINDOWAGGREGATE", name, windows,
-            lambda persistent: StoreSupplier(store, persistent, StoreType.WINDOW, windows.retention_ms,
-                                             windows.time_difference_ms, timestamped=True))
+            "KSTREAM-SLIDINGWINDOWAGGREGATE", name, windows, sliding_store)
