@@ -34,7 +34,7 @@ from itertools import islice
 from typing import Any
 
 from streamloop.errors import TopologyError
-from streamloop.state.bytes_stores import BytesStore
+from streamloop.state.bytes_stores import BytesStore, InMemoryBytesStore
 from streamloop.state.cache import ThreadCache
 from streamloop.state.store import KeyValueStore
 from streamloop.state.timestamped import TimestampedKeyValueStore
@@ -212,7 +212,10 @@ class TtlTimestampedKeyValueStore(TimestampedKeyValueStore, TtlKeyValueStore):
 
 def _scan(inner: BytesStore, low: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
     """Up to ``limit`` entries from ``low`` on, taken before any is deleted (a store's range may
-    read its keys as it goes)."""
+    read its keys as it goes). RocksDB's range iterates lazily; the in-memory store's copies the
+    keys it covers first, so it has a bounded scan of its own."""
+    if isinstance(inner, InMemoryBytesStore):
+        return inner.scan(low, limit)
     return list(islice(inner.range(low, None), limit))
 
 
