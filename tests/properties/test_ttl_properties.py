@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,6 +151,7 @@ def play(partitions: int, steps: list[Step], persistent: bool, caching: bool, sw
         assert dict(store.all()) == model.live(), "the store restored from its changelog"
 
 
+@pytest.mark.timeout(600)  # shrinking a counter-example takes minutes
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios(), persistent=st.booleans(), caching=st.booleans(),
        sweep_interval=st.sampled_from([1, 10, TTL]), sweep_entries=st.sampled_from([1, 2, 100]))
