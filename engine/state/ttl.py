@@ -42,7 +42,7 @@ from streamloop.state.timestamped import TimestampedKeyValueStore
 _STAMP = struct.Struct(">q")
 _NO_CAUSE = object()
 # A store whose clock is not bound (a standby's copy) never finds an entry expired.
-_NEVER = -(2**63)
+NEVER = -(2**63)
 DEFAULT_SWEEP_ENTRIES = 1000
 # The sweep runs every ``ttl`` of its clock, at most this long apart (and at least 1 ms).
 MAX_DEFAULT_SWEEP_INTERVAL_MS = 60_000
@@ -141,7 +141,7 @@ class TtlKeyValueStore(KeyValueStore):
     def _horizon(self) -> int:
         """Entries stamped at or before this have expired."""
         now = self._now()
-        return _NEVER if now == _NEVER else now - self.ttl.ttl_ms
+        return NEVER if now == NEVER else now - self.ttl.ttl_ms
 
     # -- the typed API -------------------------------------------------------------------
     def get(self, key: Any) -> Any:
@@ -220,4 +220,4 @@ def _scan(inner: BytesStore, low: bytes | None, limit: int) -> list[tuple[bytes,
 
 
 def _unbound() -> int:
-    return _NEVER
+    return NEVER

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING
 
 from streamloop.processors.context import TaskContext
 from streamloop.state.task_state import TaskStateManager
-from streamloop.state.ttl import ExpiryClock, TtlKeyValueStore
+from streamloop.state.ttl import NEVER, ExpiryClock, TtlKeyValueStore
 
 if TYPE_CHECKING:
     from .task import StreamTask
 
 
-def schedule_expiry(state: TaskStateManager, context: TaskContext, task: Callable[[], StreamTask]) -> int:
+def schedule_expiry(state: TaskStateManager, context: TaskContext, task: Callable[[], StreamTask | None]) -> int:
     """Bind the clocks of ``state``'s stores with a time to live and schedule their sweeps in
-    ``context``; returns how many stores that was."""
+    ``context``; returns how many stores that was. ``task()`` is None until the task exists (a
+    processor's ``init`` may read a store before): nothing has expired then."""
     stores = [s for s in state.stores.values() if isinstance(s, TtlKeyValueStore)]
     for store in stores:
         ttl = store.ttl
@@ -38,15 +39,18 @@ def schedule_expiry(state: TaskStateManager, context: TaskContext, task: Callabl
     return len(stores)
 
 
-def _stream_time(task: StreamTask) -> int:
+def _stream_time(task: StreamTask | None) -> int:
     """The task's stream time, counting the record in progress (as Kafka Streams' stream time
     does: it moves when a record is taken, before the record is processed)."""
+    if task is None:
+        return NEVER
     return max(task.input.stream_time, task.record_time)
 
 
-def _sweep_on_stream_time(store: TtlKeyValueStore, task: Callable[[], StreamTask]) -> Callable[[int], int]:
+def _sweep_on_stream_time(store: TtlKeyValueStore, task: Callable[[], StreamTask | None]) -> Callable[[int], int]:
     def sweep(now: int) -> int:
-        cause = _next_record(task())
+        current = task()
+        cause = None if current is None else _next_record(current)
         # Stream time moves only as records pass, so one has; without its position no tombstone
         # could be tagged, and an untagged one would be applied by a restore too early.
         return 0 if cause is None else store.sweep(now, cause)

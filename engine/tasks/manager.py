@@ -214,7 +214,7 @@ class TaskManager:
         if state is not None:
             settings = self._state
             inputs = sorted(partitions)
-            schedule_expiry(state, context, lambda: holder[0])
+            schedule_expiry(state, context, lambda: holder[0] if holder else None)
 
             async def restore(committed: Committed) -> None:
                 assert settings is not None  # a task has stores only with state settings

@@ -222,3 +222,25 @@ def test_ttl_arguments_are_checked_with_typed_errors() -> None:
     with pytest.raises(TopologyError, match="of a global table cannot have a time to live"):
         StreamsBuilder().global_table("g", key_serde=STR, value_serde=STR,
                                       materialized=Materialized("g").with_ttl(10))
+
+
+class ReadsAtInit(Remember):
+    """Reads its store in ``init``, before the task that runs it exists."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        self.at_init = self.store.get("a")
+
+
+def test_a_processor_may_read_a_ttl_store_in_init() -> None:
+    builder = StreamsBuilder()
+    builder.add_state_store(Stores.key_value_store_builder(Stores.in_memory_key_value_store("seen"), STR, STR)
+                            .with_ttl(1_000))
+    builder.stream("in", key_serde=STR, value_serde=STR).process(ReadsAtInit, stores=["seen"]).to(
+        "out", key_serde=STR, value_serde=STR)
+    with TopologyTestDriver(builder.build()) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        source.pipe_input("a", "1", timestamp=5)
+        driver.rebalance(driver.task_ids[0])  # new processors, their init reading the restored store
+        source.pipe_input("a", "?", timestamp=6)
+        assert driver.create_output_topic("out", STR, STR).read_values() == ["1"]
