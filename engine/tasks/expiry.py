@@ -34,7 +34,7 @@ def schedule_expiry(state: TaskStateManager, context: TaskContext, task: Callabl
         else:
             store.bind_clock(context.wall_clock_ms)
             context.wall_clock_schedules.schedule(
-                context.wall_clock_ms(), ttl.sweep_interval_ms, _sweep_on_wall_clock(store),
+                context.wall_clock_ms(), ttl.sweep_interval_ms, _sweep_on_wall_clock(store, task),
                 f"ttl-sweep-{store.name}")
     return len(stores)
 
@@ -50,15 +50,22 @@ def _stream_time(task: StreamTask | None) -> int:
 def _sweep_on_stream_time(store: TtlKeyValueStore, task: Callable[[], StreamTask | None]) -> Callable[[int], int]:
     def sweep(now: int) -> int:
         current = task()
-        cause = None if current is None else _next_record(current)
+        if current is None or not current.is_running:
+            return 0
+        cause = _next_record(current)
         # Stream time moves only as records pass, so one has; without its position no tombstone
         # could be tagged, and an untagged one would be applied by a restore too early.
         return 0 if cause is None else store.sweep(now, cause)
     return sweep
 
 
-def _sweep_on_wall_clock(store: TtlKeyValueStore) -> Callable[[int], int]:
+def _sweep_on_wall_clock(store: TtlKeyValueStore, task: Callable[[], StreamTask | None]) -> Callable[[int], int]:
     def sweep(now: int) -> int:
+        current = task()
+        # Only once the store is restored (the test driver fires wall-clock punctuations of a task
+        # that has not started yet when its clock is moved before any record).
+        if current is None or not current.is_running:
+            return 0
         # Untagged: a restore always applies these tombstones. The wall clock only moves on, so
         # an entry expired when one was written is expired for every record replayed after it.
         return store.sweep(now, None)

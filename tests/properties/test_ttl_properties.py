@@ -52,11 +52,12 @@ class Ops(BaseProcessor):
             self.context.forward(record.with_value(f"{index}={'none' if found is None else found}"))
 
 
-def topology(persistent: bool, caching: bool, sweep_interval: int, sweep_entries: int) -> Any:
+def topology(persistent: bool, caching: bool, sweep_interval: int, sweep_entries: int,
+             by: str = "record_time") -> Any:
     supplier = (Stores.persistent_key_value_store("ttl") if persistent
                 else Stores.in_memory_key_value_store("ttl"))
     store = Stores.key_value_store_builder(supplier, STR, STR).with_ttl(
-        TTL, by="record_time", sweep_interval=sweep_interval, sweep_entries=sweep_entries)
+        TTL, by=by, sweep_interval=sweep_interval, sweep_entries=sweep_entries)
     builder = StreamsBuilder()
     builder.add_state_store(store.with_caching_enabled() if caching else store)
     builder.stream("in", key_serde=STR, value_serde=STR).process(Ops, stores=["ttl"]).to(
@@ -160,3 +161,61 @@ def test_reads_and_restores_of_a_ttl_store_equal_the_model(scenario: tuple[int, 
                                                            sweep_entries: int) -> None:
     partitions, steps = scenario
     play(partitions, steps, persistent, caching, sweep_interval, sweep_entries)
+
+
+@st.composite
+def wall_clock_scenarios(draw: st.DrawFn) -> list[Step]:
+    """Records (their timestamps play no part), the wall clock moving by up to 1.5 TTL, crashes and
+    rebalances."""
+    keys = KEYS[:draw(st.integers(1, len(KEYS)))]
+    steps: list[Step] = []
+    for index in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["record"] * 6 + ["tick", "tick", "crash", "rebalance"]))
+        if kind == "record":
+            op = draw(st.sampled_from(["put", "put", "get", "get", "del"]))
+            steps.append(Input("in", draw(st.sampled_from(keys)), f"{op}:{index}", draw(st.integers(0, 10**6)),
+                               partition=0))
+        elif kind == "tick":
+            steps.append(AdvanceWallClock(draw(st.integers(0, 3 * TTL // 2))))
+        elif kind == "crash":
+            steps.append(Crash())
+        else:
+            steps.append(Rebalance(TaskId(0, 0)))
+    return steps
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=wall_clock_scenarios(), persistent=st.booleans(), caching=st.booleans(),
+       sweep_interval=st.sampled_from([1, 10, TTL]), sweep_entries=st.sampled_from([1, 2, 100]))
+def test_a_wall_clock_ttl_store_equals_the_model_across_crashes_and_restores(
+        steps: list[Step], persistent: bool, caching: bool, sweep_interval: int, sweep_entries: int) -> None:
+    """By wall clock, committing after every record (so that a crash replays nothing and each write's
+    stamp is the wall clock when it was first made): what each read answers, the store at the end and
+    the store restored from its changelog alone are the model's, sweeps and restores in between."""
+    config = {"commit.interval.ms": 0, "cache.max.bytes.buffering": (1 << 20) if caching else 0}
+    entries: dict[str, tuple[str, int]] = {}
+    expected: list[str] = []
+    wall = 0
+    for step in steps:
+        if isinstance(step, AdvanceWallClock):
+            wall += step.ms
+        elif isinstance(step, Input):
+            op, index = step.value.split(":")
+            if op == "put":
+                entries[step.key] = (index, wall)
+            elif op == "del":
+                entries.pop(step.key, None)
+            else:
+                found = entries.get(step.key)
+                expected.append(f"{index}={found[0] if found is not None and found[1] > wall - TTL else 'none'}")
+    live = {key: value for key, (value, stamp) in entries.items() if stamp > wall - TTL}
+    ttl_topology = topology(persistent, caching, sweep_interval, sweep_entries, "wall_clock")
+    with TopologyTestDriver(ttl_topology, config) as driver:
+        out = driver.create_output_topic("out", STR, STR)
+        driver.play(steps, {"in": (STR, STR)})
+        assert out.read_values() == expected
+        store = driver.get_key_value_store("ttl")
+        assert dict(store.all()) == live
+        driver.rebalance(driver.task_ids[0])
+        assert dict(store.all()) == live, "the store restored from its changelog"

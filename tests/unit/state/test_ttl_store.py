@@ -244,3 +244,21 @@ def test_a_processor_may_read_a_ttl_store_in_init() -> None:
         driver.rebalance(driver.task_ids[0])  # new processors, their init reading the restored store
         source.pipe_input("a", "?", timestamp=6)
         assert driver.create_output_topic("out", STR, STR).read_values() == ["1"]
+
+
+def test_the_wall_clock_may_move_before_the_first_record_with_a_persistent_ttl_store() -> None:
+    """The driver fires a task's wall-clock punctuations before it has started (restored, opened its
+    stores) when its clock moves before any record: the sweep waits for the task to run."""
+    builder = StreamsBuilder()
+    builder.add_state_store(Stores.key_value_store_builder(Stores.persistent_key_value_store("seen"), STR, STR)
+                            .with_ttl(100, by="wall_clock", sweep_interval=1))
+    builder.stream("in", key_serde=STR, value_serde=STR).process(Remember, stores=["seen"]).to(
+        "out", key_serde=STR, value_serde=STR)
+    with TopologyTestDriver(builder.build()) as driver:
+        driver.advance_wall_clock_time(5)
+        driver.create_input_topic("in", STR, STR).pipe_input("a", "1")
+        driver.advance_wall_clock_time(99)
+        assert driver.get_key_value_store("seen").get("a") == "1"
+        driver.advance_wall_clock_time(1)
+        assert driver.get_key_value_store("seen").get("a") is None
+        assert changelog(driver) == [("a", "1"), ("a", None)]
