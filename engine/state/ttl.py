@@ -35,7 +35,6 @@ from typing import Any
 
 from streamloop.errors import TopologyError
 from streamloop.state.bytes_stores import BytesStore, InMemoryBytesStore
-from streamloop.state.cache import ThreadCache
 from streamloop.state.store import KeyValueStore
 from streamloop.state.timestamped import TimestampedKeyValueStore
 
@@ -185,16 +184,12 @@ class TtlKeyValueStore(KeyValueStore):
         # The smallest key after the last one looked at; from the start again once at the end.
         self.cursor = batch[-1][0] + b"\x00" if len(batch) == limit else None
         horizon = now - self.ttl.ttl_ms
-        ns = self._ns
         deleted = 0
-        for key, stored in batch:
-            if ns is not None:
-                entry = ThreadCache.peek(ns, key)
-                if entry is not None:
-                    if entry.value is None:
-                        continue  # deleted in the cache already
-                    stored = entry.value  # a newer value than the store's, not flushed yet
-            if _STAMP.unpack_from(stored)[0] <= horizon:
+        for key, _stored in batch:
+            # What a read finds, not what the bytes store holds: the cache may hold a newer value
+            # (or a delete) that has not gone down yet.
+            stored = self._get(key)
+            if stored is not None and _STAMP.unpack_from(stored)[0] <= horizon:
                 self._cause = cause
                 try:
                     self._write(key, None)
