@@ -120,9 +120,6 @@ class TtlKeyValueStore(KeyValueStore):
         """``now()``: the current time on the store's clock (the task's stream or wall-clock time)."""
         self._now = now
 
-    def now(self) -> int:
-        return self._now()
-
     def _update_source(self) -> tuple[str, int] | None:
         cause = self._cause
         return self._record_source() if cause is _NO_CAUSE else cause
