@@ -2,9 +2,9 @@
 expire by record time or by wall clock, reads leave expired entries out before the sweep deletes
 them, the sweep deletes in bounded steps with changelog tombstones, and a restore agrees.
 
-Kafka Streams has no time to live of its own: these follow its users' pattern (a punctuator that
-deletes old entries, as in ``KeyValueStoreTestDriver``-based tests of TTL stores) and check what
-that pattern leaves to the user here: reads, the changelog and the restore."""
+Kafka Streams has no time to live for its stores (its users delete old entries from a punctuator
+of their own), so no case here matches a Kafka Streams test; the window stores' retention is the
+nearest thing it has."""
 
 from __future__ import annotations
 
