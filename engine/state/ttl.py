@@ -153,6 +153,17 @@ class TtlKeyValueStore(KeyValueStore):
         # What goes down to a table's listener: expired or not, it is what the store held.
         return self.value_serde.deserialize(None if value is None else value[_STAMP.size:])
 
+    def _down(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None,
+              *objects: Any) -> None:
+        """An update that has expired by the time it goes down (one that sat in the cache past its
+        expiry, or a late record's) goes down as the delete a read already sees: the sweep walks
+        the bytes store only, and would find it only at a later punctuation, if any came."""
+        if value is not None and _STAMP.unpack_from(value)[0] <= self._horizon():
+            value = None
+            objects = (*objects[:1], None) if objects else ()
+            self.expired += 1
+        super()._down(key, value, timestamp, source, *objects)
+
     def _range(self, low: bytes | None, high: bytes | None) -> list[tuple[bytes, bytes]]:
         horizon = self._horizon()
         live = self._live

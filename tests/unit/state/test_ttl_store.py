@@ -170,6 +170,22 @@ def test_a_cached_store_sweeps_by_the_cached_value_and_sends_its_deletes_down_at
         assert changelog(driver) == [("a", "1"), ("a", "2"), ("b", "1"), ("a", None)]
 
 
+def test_an_update_that_expired_in_the_cache_goes_down_as_a_delete() -> None:
+    """Stream time passes an entry's expiry while its update is still cached (no commit since): the
+    sweeps find nothing in the store, and the flush sends the delete down instead of the value."""
+    topology = remember(100, caching=True, sweep_interval=50)
+    config = {"cache.max.bytes.buffering": 1 << 20, "commit.interval.ms": 60_000}
+    driver = TopologyTestDriver(topology, config)
+    source = driver.create_input_topic("in", STR, STR)
+    source.pipe_input("a", "1", timestamp=0)
+    source.pipe_input("a", "2", timestamp=60)    # coalesces in the cache with the first
+    source.pipe_input("b", "1", timestamp=200)   # "a" (stamp 60) expired at 160, still cached
+    assert list(driver.get_key_value_store("seen").all()) == [("b", "1")]
+    assert changelog(driver) == []  # nothing flushed yet
+    driver.close()
+    assert changelog(driver) == [("a", None), ("b", "1")]
+
+
 def test_a_timestamped_store_with_a_ttl_reads_values_with_timestamps() -> None:
     with TopologyTestDriver(remember(1_000, timestamped=True, sweep_interval=timedelta(hours=1))) as driver:
         source = driver.create_input_topic("in", STR, STR)
