@@ -94,6 +94,16 @@ class InMemoryBytesStore:
         for key, value in entries:
             self.put(key, value)
 
+    def scan(self, low: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` entries from ``low`` on, in key order, copying no more keys than that
+        (``range`` copies every key it covers first): a bounded step over a large store."""
+        keys = self._keys
+        if threading.get_ident() != self._writer:
+            keys = list(keys)  # as in ``range``: the writer may insert while this reads
+        start = 0 if low is None else bisect.bisect_left(keys, low)
+        data = self._data
+        return [(key, data[key]) for key in keys[start:start + limit] if key in data]
+
     def approximate_num_entries(self) -> int:
         return len(self._data)
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from enum import Enum
 
 from streamloop.errors import TopologyError
 from streamloop.serdes import Serde, as_serde
+from streamloop.state.ttl import DEFAULT_SWEEP_ENTRIES, ExpiryClock, TimeToLive
 
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -57,6 +59,14 @@ class StoreBuilder:
     value_serde: Serde | None = None
     caching: bool = False
     logging: bool = True
+    # Entries expire (streamloop.state.ttl); key-value stores only, not versioned ones.
+    ttl: TimeToLive | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttl is not None and (self.supplier.type is not StoreType.KEY_VALUE or self.supplier.versioned):
+            kind = "versioned" if self.supplier.versioned else self.supplier.type.value
+            raise TopologyError(f"Store '{self.supplier.name}' is a {kind} store: a time to live (with_ttl) is "
+                                "for key-value stores (a window store's retention expires its windows)")
 
     @property
     def name(self) -> str:
@@ -81,6 +91,13 @@ class StoreBuilder:
 
     def with_logging_disabled(self) -> StoreBuilder:
         return replace(self, logging=False)
+
+    def with_ttl(self, ttl: timedelta | int, *, by: ExpiryClock | str = "record_time",
+                 sweep_interval: timedelta | int | None = None,
+                 sweep_entries: int | None = None) -> StoreBuilder:
+        """Entries expire ``ttl`` (a timedelta or ms) after they were written, by ``"record_time"``
+        (stream time) or ``"wall_clock"``; ``streamloop.state.ttl`` has the details."""
+        return replace(self, ttl=_ttl(self.name, ttl, by, sweep_interval, sweep_entries))
 
 
 def check_store_name(name: object) -> str:
@@ -199,7 +216,21 @@ class Materialized:
     value_serde: Serde | type | None = None
     caching: bool = True
     logging: bool = True
+    ttl: TimeToLive | None = None
 
     @classmethod
     def as_(cls, name: str) -> Materialized:
         return cls(name=check_store_name(name))
+
+    def with_ttl(self, ttl: timedelta | int, *, by: ExpiryClock | str = "record_time",
+                 sweep_interval: timedelta | int | None = None,
+                 sweep_entries: int | None = None) -> Materialized:
+        """The table's rows expire ``ttl`` after their last update (``StoreBuilder.with_ttl``); an
+        expired row is deleted and the delete forwarded downstream, as any other."""
+        return replace(self, ttl=_ttl(self.name or "(unnamed)", ttl, by, sweep_interval, sweep_entries))
+
+
+def _ttl(store: str, ttl: timedelta | int, by: ExpiryClock | str, sweep_interval: timedelta | int | None,
+         sweep_entries: int | None) -> TimeToLive:
+    return TimeToLive.of(store, ttl, by, sweep_interval,
+                         DEFAULT_SWEEP_ENTRIES if sweep_entries is None else sweep_entries)

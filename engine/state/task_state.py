@@ -36,6 +36,7 @@ from streamloop.state.sliding_windows import TimestampedWindowStore
 from streamloop.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
 from streamloop.state.stores import StoreBuilder, StoreType
 from streamloop.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
+from streamloop.state.ttl import TtlKeyValueStore, TtlTimestampedKeyValueStore
 from streamloop.state.uncommitted import UncommittedBudget, UncommittedWrites
 from streamloop.state.versioned import VersionedKeyValueStore
 from streamloop.transport.base import Consumer, OffsetAndMetadata
@@ -143,10 +144,13 @@ class TaskStateManager:
                                           history_retention_ms=supplier.retention_ms or 0)
         if supplier.timestamped:
             # Values are stored with their timestamps, in the changelog too: a restore brings both back.
-            return TimestampedKeyValueStore(name, inner, builder.key_serde or default_key_serde,
-                                            ValueAndTimestampSerde(value_serde), changelog,
-                                            cache if builder.caching else None, f"{self.task_id}/{name}",
-                                            timestamp, source)
+            timestamped = (name, inner, builder.key_serde or default_key_serde, ValueAndTimestampSerde(value_serde),
+                           changelog, cache if builder.caching else None, f"{self.task_id}/{name}", timestamp, source)
+            if builder.ttl is not None:
+                return TtlTimestampedKeyValueStore(*timestamped, ttl=builder.ttl)
+            return TimestampedKeyValueStore(*timestamped)
+        if builder.ttl is not None:
+            return TtlKeyValueStore(*args, ttl=builder.ttl)
         return KeyValueStore(*args)
 
     @property

@@ -38,6 +38,7 @@ from streamloop.transport.base import Consumer, Producer
 from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
+from .expiry import schedule_expiry
 from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
 from .loops import InFlightPlan
 from .revival import TaskRevival
@@ -214,6 +215,7 @@ class TaskManager:
         if state is not None:
             settings = self._state
             inputs = sorted(partitions)
+            schedule_expiry(state, context, lambda: holder[0] if holder else None)
 
             async def restore(committed: Committed) -> None:
                 assert settings is not None  # a task has stores only with state settings

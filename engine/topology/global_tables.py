@@ -49,6 +49,9 @@ def global_table(builder: StreamsBuilder, topic: str, key_serde: Serde | type | 
     store = builder._store_name(materialized, f"{source}-STATE-STORE")
     processor = builder._name(None, "KTABLE-SOURCE")
     spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
+    if spec.ttl is not None:
+        raise TopologyError(f"Store '{store}' of a global table cannot have a time to live (with_ttl): it is "
+                            "the topic's copy on every client; expire a table's rows (builder.table) instead")
     # Materialized serdes, where given, are the ones the topic is read with (Kafka Streams'
     # ``globalTable(topic, Materialized.with(...))``): the store keeps the topic's bytes as they are.
     ks = _serde(spec.key_serde, f"key serde of store '{store}'") or _serde(key_serde, f"key serde of '{source}'")

@@ -83,7 +83,7 @@ def add_table_store(builder: StreamsBuilder, store: str, materialized: Materiali
     ks = None if spec.key_serde is None else as_serde(spec.key_serde, f"key serde of store '{store}'")
     vs = None if spec.value_serde is None else as_serde(spec.value_serde, f"value serde of store '{store}'")
     store_builder = StoreBuilder(StoreSupplier(store, spec.persistent), ks or key_serde, vs or value_serde,
-                                 caching=spec.caching, logging=spec.logging)
+                                 caching=spec.caching, logging=spec.logging, ttl=spec.ttl)
     builder._topology.add_state_store(store_builder, node)
     return store_builder
 

@@ -133,7 +133,7 @@ class KGroupedStream:
             supplier_spec,
             _serde(spec.key_serde, f"key serde of store '{store}'") or self._key_serde,
             _serde(spec.value_serde, f"value serde of store '{store}'") or value_serde,
-            caching=spec.caching, logging=spec.logging)
+            caching=spec.caching, logging=spec.logging, ttl=spec.ttl)
         node = builder._name(name, prefix)
         builder._topology.add_processor(node, supplier, self._node)
         builder._topology.add_state_store(store_builder, node)
@@ -343,7 +343,7 @@ def table_source(builder: StreamsBuilder, source: str, materialized: Materialize
         StoreSupplier(store, spec.persistent),
         _serde(spec.key_serde, f"key serde of store '{store}'") or key_serde,
         _serde(spec.value_serde, f"value serde of store '{store}'") or value_serde,
-        caching=spec.caching, logging=spec.logging), node)
+        caching=spec.caching, logging=spec.logging, ttl=spec.ttl), node)
     return KTable(builder, node, store, key_serde, value_serde)
 
 
