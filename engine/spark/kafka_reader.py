@@ -9,8 +9,6 @@ stage's serdes (shipped pickled in the ``spec`` option) and ``streamloop.spark.s
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,28 +33,14 @@ from .kafka_source import (
     ReadSpec,
     full_schema,
     pack_error,
+    register_source,
 )
 from .schema import SchemaMismatch, align
-
-# Sessions the data source is registered with. Tasks of several stream threads start their first
-# range at once, on worker threads: registering twice fails (DATA_SOURCE_ALREADY_EXISTS), so the
-# check and the registration are one step.
-_registered: weakref.WeakSet[Any] = weakref.WeakSet()
-_registering = threading.Lock()
 
 
 def register(session: Any) -> None:
     """Register the data source with ``session`` (once per session; safe from any thread)."""
-    with _registering:
-        if session in _registered:
-            return
-        try:
-            session.dataSource.register(KafkaRangeSource)
-        except Exception as exc:
-            # Another wrapper of the same JVM session registered it already: that is what is wanted.
-            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
-                raise
-        _registered.add(session)
+    register_source(session, KafkaRangeSource)
 
 
 class RangePartition(InputPartition):

@@ -24,6 +24,8 @@ import base64
 import copyreg
 import pickle
 import struct
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,6 +119,29 @@ def encode_option(spec: object) -> str:
 
 def decode_option(text: str) -> Any:
     return pickle.loads(base64.b64decode(text))
+
+
+# The sessions each of our data sources is registered with. Tasks of several stream threads start
+# their first range at once, on worker threads: registering twice fails
+# (DATA_SOURCE_ALREADY_EXISTS), so the check and the registration are one step.
+_registered: dict[str, weakref.WeakSet[Any]] = {}
+_registering = threading.Lock()
+
+
+def register_source(session: Any, source: type) -> None:
+    """Register the Python data source ``source`` with ``session`` (once per session; safe from any thread)."""
+    name = source.name()  # type: ignore[attr-defined]  # a pyspark DataSource's classmethod
+    with _registering:
+        sessions = _registered.setdefault(name, weakref.WeakSet())
+        if session in sessions:
+            return
+        try:
+            session.dataSource.register(source)
+        except Exception as exc:
+            # Another wrapper of the same JVM session registered it already: that is what is wanted.
+            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        sessions.add(session)
 
 
 def _picklable_structs() -> None:

@@ -18,8 +18,6 @@ imports pyspark at the top, as ``kafka_reader`` does.
 from __future__ import annotations
 
 import itertools
-import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +30,7 @@ from streamloop.transport.kafka.range_write import write_records
 from streamloop.transport.partitioner import key_hash
 
 from .frames import to_records
-from .kafka_source import decode_option, encode_option
+from .kafka_source import decode_option, encode_option, register_source
 
 WRITE_SOURCE_NAME = "streamloop_kafka_write"
 
@@ -66,22 +64,9 @@ class Written(WriterCommitMessage):
     records: int
 
 
-_registered: weakref.WeakSet[Any] = weakref.WeakSet()
-_registering = threading.Lock()
-
-
 def register(session: Any) -> None:
-    """Register the data source with ``session`` (once per session; safe from any thread: tasks
-    of several stream threads write their first range at once)."""
-    with _registering:
-        if session in _registered:
-            return
-        try:
-            session.dataSource.register(KafkaTopicSink)
-        except Exception as exc:
-            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
-                raise
-        _registered.add(session)
+    """Register the data source with ``session`` (once per session; safe from any thread)."""
+    register_source(session, KafkaTopicSink)
 
 
 class KafkaTopicSink(DataSource):
