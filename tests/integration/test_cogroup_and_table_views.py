@@ -20,7 +20,7 @@ from streamloop.errors import TopologyError
 from streamloop.serdes import JsonSerde, LongSerde, StringSerde
 from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
-from tests.support.cluster import EVERY_BROKER, Cluster
+from tests.support.cluster import Cluster
 from tests.support.event_time import recent_ms
 
 pytestmark = pytest.mark.asyncio
@@ -49,7 +49,6 @@ def cogroup_topology(clicks: str, buys: str, refunds: str, out: str) -> Any:
     return builder.build()
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_cogrouped_totals_survive_a_restart_from_their_one_changelog(cluster: Cluster, names,
                                                                           tmp_path: Path) -> None:
     clicks, buys, refunds, out = names("clicks"), names("buys"), names("refunds"), names("totals")
@@ -83,7 +82,6 @@ async def test_cogrouped_totals_survive_a_restart_from_their_one_changelog(clust
                                what="the restored totals with the later records")
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_session_windowed_cogroup_merges_across_inputs_and_a_restart(cluster: Cluster, names,
                                                                          tmp_path: Path) -> None:
     """Views and likes of a page in one session per page: a record of either input joins the
@@ -151,7 +149,6 @@ class Shouting:
         pass
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_fixed_key_values_made_a_table_transformed_and_printed(cluster: Cluster, names, tmp_path: Path) -> None:
     source, out = names("events"), names("shown")
     await cluster.create_topics({source: 2, out: 2})

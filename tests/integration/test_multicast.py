@@ -12,7 +12,7 @@ import pytest
 from streamloop import BroadcastPartitioner, Produced, Repartitioned, StreamPartitioner, StreamsBuilder
 from streamloop.serdes import StringSerde
 from tests.support.apps import make_streams
-from tests.support.cluster import EVERY_BROKER, Cluster, by_partition
+from tests.support.cluster import Cluster, by_partition
 
 pytestmark = pytest.mark.asyncio
 
@@ -29,7 +29,6 @@ class ByValue(StreamPartitioner):
         return set() if spec == "-" else {int(p) for p in spec.split(",")}
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
 async def test_each_record_reaches_every_partition_its_partitioner_names(
         cluster: Cluster, names: Any, guarantee: str) -> None:
@@ -55,7 +54,6 @@ async def test_each_record_reaches_every_partition_its_partitioner_names(
         assert [STR.deserialize(r.value) for r in parts.get(partition, [])] == expected
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_repartition_with_a_broadcasting_partitioner_writes_every_partition(
         cluster: Cluster, names: Any) -> None:
     """Matches KStreamRepartitionIntegrationTest.shouldRepartitionToMultiplePartitions."""

@@ -21,7 +21,7 @@ from streamloop.serdes import LongSerde, StringSerde
 from streamloop.state import Stores
 from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
-from tests.support.cluster import EVERY_BROKER, Cluster
+from tests.support.cluster import Cluster
 from tests.support.event_time import recent_ms
 
 pytestmark = pytest.mark.asyncio
@@ -44,7 +44,6 @@ async def last_values(cluster: Cluster, topic: str, stamped: bool = False) -> di
             for r in await cluster.read_all(topic)}
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_expired_counts_leave_the_store_changelog_and_table_and_stay_gone_after_a_restore(
         cluster: Cluster, names, tmp_path) -> None:
     source, sink = names("visits"), names("visit-counts")
@@ -91,7 +90,6 @@ class Sessions(BaseProcessor):
         self.store.put(record.key, record.value)
 
 
-@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_wall_clock_expiry_deletes_entries_without_any_record(cluster: Cluster, names, tmp_path) -> None:
     source = names("logins")
     changelog = f"{names.app}-sessions-changelog"
