@@ -114,7 +114,7 @@ class RecordCollector:
 
     async def partition_count(self, topic: str) -> int:
         """``topic``'s partition count, looked up once; ``MissingSinkTopicError`` if it does not exist.
-        Caller: ``send`` and the executors' writes (``streamloop.tasks.bulk_exec``), which partition
+        Caller: ``send``, ``send_raw`` and the executors' writes (``streamloop.tasks.bulk_exec``), which partition
         by this count as ``default_partition`` does."""
         count = self._partitions.get(topic)
         if count is None:
@@ -127,12 +127,7 @@ class RecordCollector:
     async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
                        headers: Headers) -> None:
         """Send bytes as they are (dead letters), partitioned like any record."""
-        count = self._partitions.get(topic)
-        if count is None:
-            count = await self._lookup(topic)
-            if count is None:
-                raise MissingSinkTopicError([topic])
-            self._partitions[topic] = count
+        count = await self.partition_count(topic)
         self.producer.append(topic, self.default_partition(topic, key, count), key, value, timestamp, headers)
 
     def append_raw(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int,
