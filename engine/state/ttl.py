@@ -179,11 +179,13 @@ class TtlKeyValueStore(KeyValueStore):
         """One bounded step: look at up to ``sweep_entries`` entries from the cursor and delete those
         expired at ``now``; returns how many were deleted. Caller: the task's sweep punctuation.
 
-        Each tombstone is tagged with ``cause`` as its source: under record time, the task's next
-        record on a partition. A restore applies it only when the commit covers that record, that
-        is when the commit came after this sweep; one made after the commit is left out, and the
-        records replayed from the commit see the entry as they did the first time (present until
-        stream time passes its expiry again, when reads leave it out and a sweep deletes it).
+        Each tombstone is tagged with ``cause`` as its source: under record time, a record taken
+        once stream time had reached ``now`` (``streamloop.tasks.expiry``). A restore applies it only
+        when the commit covers that record, as every commit after this sweep does; from an earlier
+        commit it is left out, and the records replayed from there see the entry as they did the
+        first time (present until stream time passes its expiry again, when reads leave it out and
+        a sweep deletes it). Covered by the commit after it, the tombstone stands in for every write
+        of the key the record cache replaced with it.
         """
         if not self.open:
             return 0

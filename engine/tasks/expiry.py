@@ -52,7 +52,7 @@ def _sweep_on_stream_time(store: TtlKeyValueStore, task: Callable[[], StreamTask
         current = task()
         if current is None or not current.is_running:
             return 0
-        cause = _next_record(current)
+        cause = _last_taken(current)
         # Stream time moves only as records pass, so one has; without its position no tombstone
         # could be tagged, and an untagged one would be applied by a restore too early.
         return 0 if cause is None else store.sweep(now, cause)
@@ -72,12 +72,18 @@ def _sweep_on_wall_clock(store: TtlKeyValueStore, task: Callable[[], StreamTask 
     return sweep
 
 
-def _next_record(task: StreamTask) -> tuple[str, int] | None:
-    """The next record to process (not yet processed) of the task's partition with the latest time:
-    the source a record-time sweep tags its tombstones with (``TtlKeyValueStore.sweep``). A commit
-    covers it only once it was processed, after the sweep."""
+def _last_taken(task: StreamTask) -> tuple[str, int] | None:
+    """The last record taken of the task's partition with the latest time: one after which stream
+    time had reached the sweep's "now" (it runs as the records pass). The source a record-time sweep
+    tags its tombstones with (``TtlKeyValueStore.sweep``): a restore applies one once a commit covers
+    that record, as the first commit after the sweep does, and never from an earlier commit, whose
+    replayed records saw the entry before it expired.
+
+    Not the next record: a sweep's delete may replace a covered write of the key in the record
+    cache (a late write, expired when made), and a commit that did not count the delete would
+    restore the key's older value instead of either."""
     positions = task.positions.next
     if not positions:
         return None
     tp = max(positions, key=lambda p: (task.input.partition_time(p), p))
-    return tp[0], positions[tp]
+    return tp[0], positions[tp] - 1

@@ -152,10 +152,6 @@ def play(partitions: int, steps: list[Step], persistent: bool, caching: bool, sw
         assert dict(store.all()) == model.live(), "the store restored from its changelog"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug (issue #35, TTL): in one make test after the merge with the uncommitted-writes layer this "
-    "property found a key that should have expired visible after a restore ({'a': '20', 'b': '2'} against "
-    "{'a': '20'}); it passed in the runs before, so it is random which run finds it. Not traced yet"))
 @pytest.mark.timeout(600)  # shrinking a counter-example takes minutes
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios(), persistent=st.booleans(), caching=st.booleans(),

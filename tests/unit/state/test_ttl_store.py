@@ -278,3 +278,25 @@ def test_the_wall_clock_may_move_before_the_first_record_with_a_persistent_ttl_s
         driver.advance_wall_clock_time(1)
         assert driver.get_key_value_store("seen").get("a") is None
         assert changelog(driver) == [("a", "1"), ("a", None)]
+
+
+def test_a_sweep_delete_that_replaced_a_cached_write_counts_at_the_commit_after_it() -> None:
+    """Found by the TTL property (``test_ttl_properties``): a late write, expired when it was made,
+    sits in the cache over a committed value; the sweep at the next record caches its delete in its
+    place. The commit after that sweep (a clean rebalance) must count the delete in a restore: the
+    cache replaced the late write with it, so a restore that left the delete out would go back to
+    the committed value and bring an expired key back. The delete is tagged with the record whose
+    stream time the sweep ran at, which that commit covers (it was tagged with the next record,
+    which no commit covered until a later record came)."""
+    topology = remember(100, caching=True, sweep_interval=1)
+    config = {"cache.max.bytes.buffering": 1 << 20, "commit.interval.ms": 1_000}
+    with TopologyTestDriver(topology, config) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        source.pipe_input("a", "0", timestamp=1_000)
+        driver.advance_wall_clock_time(1_000)         # a commit: "a" = "0" flushed and committed
+        source.pipe_input("a", "late", timestamp=900)  # stamped 900: expired at stream time 1000
+        source.pipe_input("b", "?", timestamp=1_001)   # the sweep at 1001 deletes "a" in the cache
+        store = driver.get_key_value_store("seen")
+        assert dict(store.all()) == {}
+        driver.rebalance(driver.task_ids[0])           # committed, closed, restored from the changelog
+        assert dict(store.all()) == {}, f"restored {dict(store.all())}, changelog {changelog(driver)}"
