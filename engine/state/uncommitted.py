@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from streamloop.state.restore import ProcessedInput
 
 _ABSENT = object()
+_thread_id = threading.get_ident
 # Bookkeeping per held write beyond its key and value bytes (the log tuple, the dict slots).
 WRITE_OVERHEAD = 96
 Source = tuple[str, int] | None
@@ -114,9 +115,9 @@ class UncommittedWrites:
         return self.base.get(key)
 
     def put(self, key: bytes, value: bytes | None, source: Source = None) -> None:
-        self._writer = threading.get_ident()
-        self.seq += 1
-        self._log.append((self.seq, key, value, source))
+        self._writer = _thread_id()
+        seq = self.seq = self.seq + 1
+        self._log.append((seq, key, value, source))
         latest = self._latest
         if key not in latest:
             self._keys.append(key)
