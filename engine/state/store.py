@@ -333,6 +333,20 @@ class KeyValueStore(StateStore):
         """Store ``value`` under ``key``; ``None`` deletes it."""
         self._write(self._key(key), None if value is None else self.value_serde.serialize(value), key, value)
 
+    def aggregate(self, key: Any, value: Any, initializer: Callable[[], Any],
+                  aggregator: Callable[[Any, Any, Any], Any]) -> None:
+        """An aggregation's update of ``key`` as one call: ``get``, then ``put`` of
+        ``aggregator(key, value, old or initializer())``, with the key serialised once.
+        Caller: ``AggregateProcessor``, for a store of exactly this class (a subclass's ``get``
+        and ``put`` may do more, as a TTL store's do)."""
+        if not self.open:
+            self._check_open()
+        data = self._key(key)
+        serde = self.value_serde
+        old = serde.deserialize(self._get(data))
+        new = aggregator(key, value, initializer() if old is None else old)
+        self._write(data, None if new is None else serde.serialize(new), key, new)
+
     def put_if_absent(self, key: Any, value: Any) -> Any:
         """Store ``value`` unless the key has one; returns the value it had (None if none)."""
         old = self.get(key)

@@ -127,8 +127,8 @@ class UncommittedWrites:
         self.bytes += size
         budget = self._budget
         if budget is not None:
-            budget.held += size
-            if budget.exceeded and self._on_full is not None:
+            held = budget.held = budget.held + size
+            if 0 <= budget.max_bytes < held and self._on_full is not None:  # ``budget.exceeded``, inline
                 self._on_full()
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
