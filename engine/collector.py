@@ -63,8 +63,25 @@ class RecordCollector:
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
         ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended)."""
-        key_bytes, value_bytes = self.serialize(topic, record, sink)
-        return self.send_serialized(topic, record, sink, key_bytes, value_bytes)
+        # ``serialize`` and ``send_serialized``'s common case (a known topic, Kafka's default
+        # partitioning) inlined: this runs once per output record.
+        try:
+            key_bytes = sink.key_serde.serialize(record.key)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "key", record.key, exc) from exc
+        try:
+            value_bytes = sink.value_serde.serialize(record.value)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "value", record.value, exc) from exc
+        count = self._partitions.get(topic)
+        if count is None or sink.partitioner is not None or key_bytes is None:
+            return self.send_serialized(topic, record, sink, key_bytes, value_bytes)
+        hashed = self._hash_cache.get(key_bytes)
+        if hashed is None:
+            hashed = self._hash(key_bytes)
+        self.producer.append(topic, hashed % count, key_bytes, value_bytes, record.timestamp, record.headers)
+        self.sent += 1
+        return None
 
     def serialize(self, topic: str, record: Record, sink: SinkNode) -> tuple[bytes | None, bytes | None]:
         """The key and value bytes of ``record`` as the sink writes them to ``topic``.
@@ -144,10 +161,15 @@ class RecordCollector:
             return next(counter) % count
         hashed = self._hash_cache.get(key)
         if hashed is None:
-            if len(self._hash_cache) >= _HASH_CACHE_LIMIT:
-                self._hash_cache.clear()
-            hashed = self._hash_cache[key] = key_hash(key)
+            hashed = self._hash(key)
         return hashed % count
+
+    def _hash(self, key: bytes) -> int:
+        """murmur2 of ``key``, remembered (the memory bounded by clearing it when full)."""
+        if len(self._hash_cache) >= _HASH_CACHE_LIMIT:
+            self._hash_cache.clear()
+        hashed = self._hash_cache[key] = key_hash(key)
+        return hashed
 
     def buffered(self) -> int:
         return self.producer.buffered()

@@ -52,6 +52,8 @@ class StringSerde:
         self.encoding = encoding
 
     def serialize(self, value: str | None) -> bytes | None:
+        if value.__class__ is str:  # the common case first: one check
+            return value.encode(self.encoding)
         if value is None:
             return None
         if not isinstance(value, str):
@@ -78,8 +80,13 @@ class IntegerSerde:
         if size not in (4, 8):
             raise ValueError(f"IntegerSerde size must be 4 or 8, got {size}")
         self._struct = struct.Struct(">i" if size == 4 else ">q")
+        self._pack = self._struct.pack
+        self._unpack = self._struct.unpack
+        self._limit = 1 << (size * 8 - 1)
 
     def serialize(self, value: int | None) -> bytes | None:
+        if value.__class__ is int and -self._limit <= value < self._limit:
+            return self._pack(value)  # the common case: one check, no try
         if value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool):
@@ -94,9 +101,10 @@ class IntegerSerde:
     def deserialize(self, data: bytes | None) -> int | None:
         if data is None:
             return None
-        if len(data) != self._struct.size:
-            raise ValueError(f"IntegerSerde expects {self._struct.size} bytes, got {len(data)}")
-        return int(self._struct.unpack(data)[0])
+        try:
+            return self._unpack(data)[0]  # type: ignore[no-any-return]  # ">i"/">q" unpack an int
+        except struct.error:
+            raise ValueError(f"IntegerSerde expects {self._struct.size} bytes, got {len(data)}") from None
 
     def __repr__(self) -> str:
         return f"IntegerSerde({self._struct.size})"

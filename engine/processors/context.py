@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -116,12 +117,19 @@ class NodeContext:
 
     def forward(self, record: Record, to: str | None = None) -> None:
         children = self._node.children
-        if to is not None:
-            children = [c for c in children if c.name == to]
-            if not children:
-                names = [c.name for c in self._node.children]
-                raise ValueError(f"Node '{self._node.name}' has no child named '{to}' (children: {names})")
+        if to is None:
+            self._task.forwarder.forward(children, record)
+            return
+        children = [c for c in children if c.name == to]
+        if not children:
+            names = [c.name for c in self._node.children]
+            raise ValueError(f"Node '{self._node.name}' has no child named '{to}' (children: {names})")
         self._task.forwarder.forward(children, record)
+
+    def forward_to_children(self) -> Callable[[Record], None]:
+        """``forward(record)`` to every child, as one direct call: for a built-in processor that
+        forwards each record it gets (a table's updates), bound once at ``init``."""
+        return functools.partial(self._task.forwarder.forward, self._node.children)
 
     def commit(self) -> None:
         self._task.commit_requested = True

@@ -160,6 +160,17 @@ class SourceNode(Node):
         return None
 
 
+class PassThroughNode(Node):
+    """Forwards each record unchanged (a table's ``to_stream``, a stream's ``merge``): a direct
+    forward, without the user-function call of a peek."""
+
+    __slots__ = ()
+
+    def process(self, record: Record) -> None:
+        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
+        return None
+
+
 class ProcessorNode(Node):
     """Runs a user (or built-in) ``Processor``; its ``context.forward`` goes to this node's children."""
 

@@ -36,16 +36,19 @@ class _TableProcessor(BaseProcessor):
     def init(self, context: ProcessorContext) -> None:
         super().init(context)
         self.store: Any = context.get_state_store(self.store_name)
+        # The engine's own context forwards an update with one call; any other, through ``forward``.
+        bind = getattr(context, "forward_to_children", None)
+        self._send: Callable[[Record], None] = bind() if bind is not None else context.forward
         if self.send_old_values:
             self.store.set_flush_listener(self._forward_change, old_values=True)
         else:
             self.store.set_flush_listener(self._forward)
 
     def _forward(self, key: Any, value: Any, timestamp: int) -> None:
-        self.context.forward(Record(key, value, timestamp))
+        self._send(Record(key, value, timestamp))
 
     def _forward_change(self, key: Any, value: Any, timestamp: int, old: Any) -> None:
-        self.context.forward(ChangeRecord(key, value, timestamp, old_value=old))
+        self._send(ChangeRecord(key, value, timestamp, old_value=old))
 
     def _drop(self, record: Record, why: str) -> None:
         self.dropped += 1
@@ -60,12 +63,21 @@ class AggregateProcessor(_TableProcessor):
         self.initializer = initializer
         self.aggregator = aggregator
 
+    def init(self, context: ProcessorContext) -> None:
+        super().init(context)
+        # A plain key-value store takes the read-modify-write as one call; any other (TTL,
+        # timestamped, a test's) through its own get and put.
+        self._plain = type(self.store) is KeyValueStore
+
     def process(self, record: Record) -> None:
         if record.key is None or record.value is None:
             # As in Kafka Streams: aggregations ignore records without a key or a value.
             self._drop(record, "it has no key" if record.key is None else "it has no value")
             return
         store: KeyValueStore = self.store
+        if self._plain:
+            store.aggregate(record.key, record.value, self.initializer, self.aggregator)
+            return
         old = store.get(record.key)
         store.put(record.key, self.aggregator(record.key, record.value, self.initializer() if old is None else old))
 

@@ -28,6 +28,7 @@ Source = Callable[[], "tuple[str, int] | None"]
 # Key types whose serialised form cannot change while the object lives (same object, same bytes).
 _IMMUTABLE_KEYS = frozenset({str, bytes, int})
 _NO_KEY = object()
+_UNSEEN: Any = object()
 FlushListener = Callable[[Any, Any, int], None]
 # The object classes each built-in serde gives back unchanged from its own bytes (equal value, same
 # class): for these, the object written is what decoding its bytes would give, so a table forwards
@@ -128,7 +129,8 @@ class StateStore:
         if journal is not None and journal.active:
             journal.remember(self, key)
         cache, ns = self._cache, self._ns
-        if ns is not None and cache is not None and cache.enabled:
+        # ``cache.enabled`` inlined (a property call per write otherwise).
+        if ns is not None and cache is not None and cache.max_bytes > 0:
             cache.put(ns, key, CacheEntry(value, self._timestamp(), self._source()))
         else:
             self._down(key, value, self._timestamp(), self._source(), key_object, value_object)
@@ -204,8 +206,8 @@ class StateStore:
     # -- the read path -------------------------------------------------------------
     def _get(self, key: bytes) -> bytes | None:
         ns = self._ns
-        if ns is not None:
-            entry = ThreadCache.peek(ns, key)
+        if ns is not None and ns.entries:  # ``ThreadCache.peek`` inlined; an empty cache holds nothing
+            entry = ns.entries.get(key)
             if entry is not None:
                 return entry.value
         value = self.inner.get(key)
@@ -268,10 +270,11 @@ class Journal:
 
     def __init__(self) -> None:
         self.active = False
-        self._before: dict[tuple[int, bytes], tuple[StateStore, bytes, CacheEntry | None, bytes | None]] = {}
+        # Keyed by (store, key): a store hashes by identity, as ``id(store)`` would, without the call.
+        self._before: dict[tuple[StateStore, bytes], tuple[StateStore, bytes, CacheEntry | None, bytes | None]] = {}
         # Stored values the record read of keys the cache did not hold: a key's pre-image if it
         # is written next (nothing else changes a store's key within a record but its writes).
-        self._seen: dict[tuple[int, bytes], bytes | None] = {}
+        self._seen: dict[tuple[StateStore, bytes], bytes | None] = {}
         self._source: Source | None = None
 
     def begin(self, source: Source) -> None:
@@ -291,20 +294,21 @@ class Journal:
 
     def seen(self, store: StateStore, key: bytes, stored: bytes | None) -> None:
         """``stored`` was read from ``store``'s bytes store for ``key``, which its cache does not hold."""
-        slot = (id(store), key)
+        slot = (store, key)
         if slot not in self._before:  # after a write the store holds this record's value, not the old one
             self._seen[slot] = stored
 
     def remember(self, store: StateStore, key: bytes) -> None:
-        slot = (id(store), key)
-        if slot not in self._before:
-            seen = self._seen
-            if slot in seen:
+        slot = (store, key)
+        before = self._before
+        if slot not in before:
+            stored = self._seen.pop(slot, _UNSEEN)
+            if stored is not _UNSEEN:
                 # Not cached when read, and nothing of this record was written to it since.
-                self._before[slot] = (store, key, None, seen.pop(slot))
+                before[slot] = (store, key, None, stored)
                 return
             cached, stored = store._before(key)
-            self._before[slot] = (store, key, cached, stored)
+            before[slot] = (store, key, cached, stored)
 
     def undo(self) -> int:
         """Put every key the record wrote back as it was; returns how many."""
@@ -321,12 +325,27 @@ class KeyValueStore(StateStore):
     """A task's key-value store (Kafka Streams' ``KeyValueStore``); ``None`` values mean absent."""
 
     def get(self, key: Any) -> Any:
-        self._check_open()
+        if not self.open:
+            self._check_open()
         return self.value_serde.deserialize(self._get(self._key(key)))
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key``; ``None`` deletes it."""
         self._write(self._key(key), None if value is None else self.value_serde.serialize(value), key, value)
+
+    def aggregate(self, key: Any, value: Any, initializer: Callable[[], Any],
+                  aggregator: Callable[[Any, Any, Any], Any]) -> None:
+        """An aggregation's update of ``key`` as one call: ``get``, then ``put`` of
+        ``aggregator(key, value, old or initializer())``, with the key serialised once.
+        Caller: ``AggregateProcessor``, for a store of exactly this class (a subclass's ``get``
+        and ``put`` may do more, as a TTL store's do)."""
+        if not self.open:
+            self._check_open()
+        data = self._key(key)
+        serde = self.value_serde
+        old = serde.deserialize(self._get(data))
+        new = aggregator(key, value, initializer() if old is None else old)
+        self._write(data, None if new is None else serde.serialize(new), key, new)
 
     def put_if_absent(self, key: Any, value: Any) -> Any:
         """Store ``value`` unless the key has one; returns the value it had (None if none)."""

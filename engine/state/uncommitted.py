@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from streamloop.state.restore import ProcessedInput
 
 _ABSENT = object()
+_thread_id = threading.get_ident
 # Bookkeeping per held write beyond its key and value bytes (the log tuple, the dict slots).
 WRITE_OVERHEAD = 96
 Source = tuple[str, int] | None
@@ -114,9 +115,9 @@ class UncommittedWrites:
         return self.base.get(key)
 
     def put(self, key: bytes, value: bytes | None, source: Source = None) -> None:
-        self._writer = threading.get_ident()
-        self.seq += 1
-        self._log.append((self.seq, key, value, source))
+        self._writer = _thread_id()
+        seq = self.seq = self.seq + 1
+        self._log.append((seq, key, value, source))
         latest = self._latest
         if key not in latest:
             self._keys.append(key)
@@ -126,8 +127,8 @@ class UncommittedWrites:
         self.bytes += size
         budget = self._budget
         if budget is not None:
-            budget.held += size
-            if budget.exceeded and self._on_full is not None:
+            held = budget.held = budget.held + size
+            if 0 <= budget.max_bytes < held and self._on_full is not None:  # ``budget.exceeded``, inline
                 self._on_full()
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:

@@ -24,7 +24,7 @@ from streamloop.processors.builtin import (
     SelectKeyNode,
 )
 from streamloop.processors.fixed_key import FixedKeyProcessorSupplier
-from streamloop.processors.nodes import Node, Partitioner
+from streamloop.processors.nodes import Node, Partitioner, PassThroughNode
 from streamloop.processors.partitioners import StreamPartitioner
 from streamloop.serdes import Serde, as_serde
 from streamloop.state.join_windows import JoinWindows
@@ -544,8 +544,5 @@ def _made(node: Node, blocking: bool) -> Node:
 
 
 def _pass_through(name: str) -> Callable[[], Node]:
-    return lambda: PeekNode(name, _ignore)
+    return lambda: PassThroughNode(name)
 
-
-def _ignore(_key: Any, _value: Any) -> None:
-    return None
