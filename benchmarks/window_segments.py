@@ -2,7 +2,7 @@
 
 A 1-hour hopping window count (advancing by ``--advance-min`` minutes) over ``--records`` records
 through the ``TopologyTestDriver`` (the store cost is what is measured, not a broker's), on the
-in-memory and the RocksDB store. Records are 18 ms of stream time apart (1M records: 5 h, so
+in-memory and the RocksDB store. Records are 18 ms of stream time apart by default (1M records: 5 h, so
 windows expire from the second hour on) over a key space that grows with the run, so that the
 store grows too. A commit (cache flush, expiry, RocksDB write batch) follows every 1 000 records.
 
