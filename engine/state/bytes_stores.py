@@ -251,6 +251,12 @@ class RocksDBBytesStore:
                 batch.put(key, value)
         self._db.write(batch, self._durable)
 
+    def delete_range(self, low: bytes, high: bytes) -> None:
+        """Delete every key with ``low <= key < high`` at once (a segmented store's expired segments),
+        logged and synced as ``write_batch`` is: rare, and a dropped range should stay dropped."""
+        self._write_pending()
+        self._db.delete_range(low, high, self._durable)
+
     def _stored_range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()
         if low is None:

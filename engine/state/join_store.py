@@ -102,6 +102,11 @@ class JoinWindowStore(WindowStore):
             # a restoring task too), and reading its time and sequence now would miss what is still
             # to come. As a base window store before its first put, nothing has expired yet.
             return 0
+        if self._segments is not None:
+            # The segments now wholly past the retention, without reading the store; returns how many.
+            # Persistent: the segments move with what each commit writes (``SegmentedBytesStore.write_batch``):
+            # dropping by the time of writes no commit covers yet would leave a disk no commit had.
+            return 0 if self.uncommitted is not None else self._segments.advance(self._stream_time())
         horizon = self._stream_time() - self.retention_ms
         # A sweep reads the whole store: once per window size of stream time, as the base store does.
         if horizon <= 0 or self._stream_time() - self._expired_at < max(self.window_size_ms, 1):

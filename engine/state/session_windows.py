@@ -4,7 +4,8 @@ A session is ``[start, end]`` with both ends inclusive: the first and the last
 record timestamp in it. A record within the gap of existing sessions merges them
 into one (Kafka Streams' ``SessionWindows``). The session store keeps one entry
 per session, keyed ``key bytes + end + start`` (8 bytes big-endian each) so that a
-key's sessions are adjacent and ordered by end, which is what a merge looks up.
+key's sessions are adjacent and ordered by end, which is what a merge looks up;
+a task's session store is segmented by session end (``streamloop.state.segments``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamloop.state.segments import SegmentedBytesStore
 from streamloop.state.store import StateStore
 from streamloop.state.windows import Windowed, millis
 
@@ -57,6 +59,16 @@ class SessionStore(StateStore):
         self.retention_ms = retention_ms
         self.observed_time = -1
         self._expired_at = -1
+        durable = self.durable
+        self._segments = durable if isinstance(durable, SegmentedBytesStore) else None
+
+    def _live_from(self) -> int:
+        """The oldest session end within the retention of the newest end put (here or beneath: a restore's)."""
+        observed = self.observed_time
+        segments = self._segments
+        if segments is not None and segments.observed > observed:
+            observed = segments.observed
+        return observed - self.retention_ms
 
     def put(self, session: Windowed, value: Any) -> None:
         """Store ``value`` for the session; ``None`` removes it."""
@@ -70,6 +82,8 @@ class SessionStore(StateStore):
     def fetch_session(self, key: Any, start: int, end: int) -> Any:
         """The value of ``key``'s session ``[start, end]`` (None if there is none)."""
         self._check_open()
+        if end < self._live_from():
+            return None
         return self._decode_value(self._get(self._composite(Windowed(key, start, end))))
 
     def find_sessions(self, key: Any, earliest_end: int, latest_start: int) -> list[tuple[Windowed, Any]]:
@@ -77,7 +91,7 @@ class SessionStore(StateStore):
         by end time."""
         self._check_open()
         raw = self._key(key)
-        low = raw + _TIMES.pack(max(earliest_end, 0), 0)
+        low = raw + _TIMES.pack(max(earliest_end, self._live_from(), 0), 0)
         high = raw + _TIMES.pack(_MAX, _MAX)
         found = []
         for stored, value in self._range(low, high):
@@ -95,11 +109,18 @@ class SessionStore(StateStore):
 
     def all(self) -> Iterator[tuple[Windowed, Any]]:
         self._check_open()
+        live_from = self._live_from()
         for stored, value in self._range(None, None):
-            yield self._decode_key(stored), self._decode_value(value)
+            if _TIMES.unpack(stored[-16:])[0] >= live_from:
+                yield self._decode_key(stored), self._decode_value(value)
 
     def expire(self) -> int:
         """Drop sessions that ended more than the retention before the latest session end."""
+        if self._segments is not None:
+            # The segments now wholly past it, without reading the store; returns how many.
+            # Persistent: the segments move with what each commit writes (``SegmentedBytesStore.write_batch``):
+            # dropping by the time of writes no commit covers yet would leave a disk no commit had.
+            return 0 if self.uncommitted is not None else self._segments.advance(self.observed_time)
         horizon = self.observed_time - self.retention_ms
         if horizon <= 0 or self.observed_time - self._expired_at < self.retention_ms:
             return 0

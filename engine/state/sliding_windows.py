@@ -76,7 +76,7 @@ class TimestampedWindowStore(WindowStore):
         ``[time_from, time_to]``, oldest first."""
         self._check_open()
         raw_key = self._key(key)
-        low = raw_key + _TIMESTAMP.pack(max(time_from, 0))
+        low = raw_key + _TIMESTAMP.pack(max(time_from, self._live_from(), 0))
         high = raw_key + _TIMESTAMP.pack(max(time_to, 0))
         found = []
         for stored, value in self._range(low, high):

@@ -21,6 +21,7 @@ from streamloop.state.bytes_stores import BytesStore
 from streamloop.state.cache import CacheEntry, NamedCache, ThreadCache
 from streamloop.state.cache import FlushListener as CacheFlush
 from streamloop.state.changelog import Changelogger
+from streamloop.state.segments import SegmentedBytesStore
 from streamloop.state.uncommitted import UncommittedWrites
 from streamloop.state.windows import Windowed
 
@@ -388,7 +389,10 @@ class WindowStore(StateStore):
     """A task's window store: values per (key, window start), kept for ``retention_ms``.
 
     A stored key is the serialized key followed by the window start as 8 bytes
-    big-endian, so one key's windows are adjacent and in time order.
+    big-endian, so one key's windows are adjacent and in time order. A window is kept
+    while its end is within the retention of stream time (the newest window start put):
+    reads leave out older ones, and expiry drops them, by whole segments when the bytes
+    store is segmented (``streamloop.state.segments``; the task's stores are).
     """
 
     def __init__(self, *args: Any, window_size_ms: int, retention_ms: int, **kwargs: Any) -> None:
@@ -397,6 +401,19 @@ class WindowStore(StateStore):
         self.retention_ms = retention_ms
         self.observed_time = -1
         self._expired_at = -1
+        durable = self.durable
+        self._segments = durable if isinstance(durable, SegmentedBytesStore) else None
+
+    def _window_time(self) -> int:
+        """The newest window start put: through this store, or beneath it (a restore's)."""
+        segments = self._segments
+        if segments is not None and segments.observed > self.observed_time:
+            return segments.observed
+        return self.observed_time
+
+    def _live_from(self) -> int:
+        """The oldest window start within the retention."""
+        return self._window_time() - self.retention_ms - self.window_size_ms + 1
 
     def put(self, key: Any, value: Any, window_start: int) -> None:
         if window_start > self.observed_time:
@@ -406,13 +423,15 @@ class WindowStore(StateStore):
     def fetch(self, key: Any, window_start: int) -> Any:
         """The value of ``key`` in the window starting at ``window_start`` (None if none)."""
         self._check_open()
+        if window_start < self._live_from():
+            return None
         return self._decode_value(self._get(self._composite(key, window_start)))
 
     def fetch_range(self, key: Any, time_from: int, time_to: int) -> Iterator[tuple[int, Any]]:
         """``(window_start, value)`` of ``key``'s windows starting within ``[time_from, time_to]``."""
         self._check_open()
         raw_key = self._key(key)
-        low = raw_key + _START.pack(max(time_from, 0))
+        low = raw_key + _START.pack(max(time_from, self._live_from(), 0))
         high = raw_key + _START.pack(max(time_to, 0))
         for stored, value in self._range(low, high):
             if len(stored) == len(raw_key) + 8:
@@ -421,6 +440,7 @@ class WindowStore(StateStore):
     def fetch_all(self, time_from: int, time_to: int) -> Iterator[tuple[Windowed, Any]]:
         """Every ``(Windowed(key, start, end), value)`` with a start within ``[time_from, time_to]``."""
         self._check_open()
+        time_from = max(time_from, self._live_from())
         for stored, value in self._range(None, None):
             start = _START.unpack(stored[-8:])[0]
             if time_from <= start <= time_to:
@@ -430,7 +450,13 @@ class WindowStore(StateStore):
         return self.fetch_all(0, 2**63 - 1)
 
     def expire(self) -> int:
-        """Drop windows older than the retention (locally; the changelog's retention drops them there)."""
+        """Drop windows older than the retention (locally; the changelog's retention drops them there).
+
+        Segmented: the segments now wholly past it, without reading the store; returns how many."""
+        if self._segments is not None:
+            # Persistent: the segments move with what each commit writes (``SegmentedBytesStore.write_batch``):
+            # dropping by the time of writes no commit covers yet would leave a disk no commit had.
+            return 0 if self.uncommitted is not None else self._segments.advance(self.observed_time)
         horizon = self.observed_time - self.retention_ms
         # A sweep reads the whole store: do it once per window size of stream time, not per commit.
         if horizon <= 0 or self.observed_time - self._expired_at < self.window_size_ms:

@@ -31,10 +31,17 @@ from streamloop.state.cache import ThreadCache
 from streamloop.state.changelog import Append, Changelogger, changelog_topic
 from streamloop.state.join_store import JoinWindowStore
 from streamloop.state.restore import ProcessedInput, StateRestoreListener, restore_store
+from streamloop.state.segments import (
+    MemorySegments,
+    RocksDBSegments,
+    SegmentedBytesStore,
+    layout_reset,
+    segment_interval,
+)
 from streamloop.state.session_windows import SessionStore
 from streamloop.state.sliding_windows import TimestampedWindowStore
 from streamloop.state.store import Journal, KeyValueStore, Source, StateStore, WindowStore
-from streamloop.state.stores import StoreBuilder, StoreType
+from streamloop.state.stores import StoreBuilder, StoreSupplier, StoreType
 from streamloop.state.timestamped import TimestampedKeyValueStore, ValueAndTimestampSerde
 from streamloop.state.ttl import TtlKeyValueStore, TtlTimestampedKeyValueStore
 from streamloop.state.uncommitted import UncommittedBudget, UncommittedWrites
@@ -56,6 +63,32 @@ class StateSettings:
     global_stores: Mapping[str, StateStore] = field(default_factory=dict)
     # The thread's share of statestore.uncommitted.max.bytes (streamloop.state.uncommitted).
     uncommitted: UncommittedBudget | None = None
+
+
+def _segmented_store(supplier: StoreSupplier, directory: str, persistent: bool) -> SegmentedBytesStore | None:
+    """The segmented bytes store of a window, session or join-window store (None for other kinds).
+
+    Each kind's suffix and retention, as its store keys and expires them: a window (key + start)
+    is kept while its end is within the retention of the newest start; a session (key + end +
+    start) while its end is; a join record (key + time + sequence) while its time is."""
+    retention = supplier.retention_ms or 0
+    if supplier.type is StoreType.WINDOW and supplier.retain_duplicates:
+        suffix, span = 12, retention
+    elif supplier.type is StoreType.WINDOW:
+        retention = retention or 1
+        suffix, span = 8, retention + (supplier.window_size_ms or 1) - 1
+    elif supplier.type is StoreType.SESSION:
+        retention = retention or 1
+        suffix, span = 16, retention
+    else:
+        return None
+    segments: MemorySegments | RocksDBSegments
+    if persistent:
+        segments = RocksDBSegments(RocksDBBytesStore(supplier.name, directory))
+    else:
+        segments = MemorySegments(supplier.name)
+    return SegmentedBytesStore(supplier.name, segments, suffix=suffix, interval_ms=segment_interval(retention),
+                               span_ms=span)
 
 
 class TaskStateManager:
@@ -114,11 +147,16 @@ class TaskStateManager:
               timestamp: Callable[[], int], source: Source) -> StateStore:
         name = builder.name
         inner: BytesStore
-        if builder.is_persistent(default_persistent):
-            inner = UncommittedWrites(RocksDBBytesStore(name, os.path.join(self.directory, name)),
-                                      self._budget, self._request_commit)
+        persistent = builder.is_persistent(default_persistent)
+        segmented = _segmented_store(builder.supplier, os.path.join(self.directory, name), persistent)
+        if segmented is not None:
+            inner = segmented
+        elif persistent:
+            inner = RocksDBBytesStore(name, os.path.join(self.directory, name))
         else:
             inner = InMemoryBytesStore(name)
+        if persistent:
+            inner = UncommittedWrites(inner, self._budget, self._request_commit)
         changelog = None
         if builder.logging:
             tp = TopicPartition(changelog_topic(application_id, name), self.partition)
@@ -208,6 +246,8 @@ class TaskStateManager:
             store = self.stores[name]
             end = ends.get(tp, 0)
             start = offsets.get(tp) if store.persistent else None
+            if layout_reset(store.durable):
+                start = None  # opening it found the layout of before segments and wiped it
             if start is None or start > end:
                 if start is not None:
                     self._log.warning("Checkpoint of store '%s' is past its changelog's end (%d > %d): "

@@ -38,6 +38,7 @@ from streamloop.state import checkpoint
 from streamloop.state.bytes_stores import BytesStore
 from streamloop.state.changelog import decode_source
 from streamloop.state.restore import ProcessedInput
+from streamloop.state.segments import layout_reset
 from streamloop.state.store import StateStore
 from streamloop.state.task_state import StateSettings, TaskStateManager
 from streamloop.topology.topology import Topology
@@ -132,7 +133,7 @@ class StandbyTask:
         reader.assign(list(logged))
         for tp, store in logged.items():
             start = offsets.get(tp)
-            if start is None or start > ends.get(tp, 0):
+            if start is None or start > ends.get(tp, 0) or layout_reset(store.durable):
                 store.durable.wipe()
                 start = 0
             reader.seek(tp, start)

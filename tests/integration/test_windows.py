@@ -70,6 +70,8 @@ async def test_suppressed_session_counts_survive_a_restart(cluster: Cluster, nam
             await eventually_async(slid, timeout=30, what="a's sliding windows")
         except TimeoutError as exc:
             raise AssertionError(f"a's sliding windows (by start - t) are {sliding}") from exc
+        # The record after the restart merged into the restored session.
+        assert streams.store("sessions").fetch("a") == [(Windowed("a", t, t + 1200), 3)]
         # Past every session's end + gap, on each key's partition.
         for key in ("a", "b"):
             await cluster.produce(source, [(key, "late-enough")], STR, STR, partitions=2, timestamp=t + 9000)
@@ -77,5 +79,6 @@ async def test_suppressed_session_counts_survive_a_restart(cluster: Cluster, nam
         async def closed() -> bool:
             return await emitted() == [(f"a@{t}-{t + 1200}", 3), (f"b@{t + 100}-{t + 100}", 1)]
         await eventually_async(closed, timeout=30, what="the closed sessions, once each")
-        assert streams.store("sessions").fetch("a") == [(Windowed("a", t, t + 1200), 3),
-                                                        (Windowed("a", t + 9000, t + 9000), 1)]
+        # The merged session ended more than the store's retention (two gaps) before the newest one:
+        # reads leave it out, as Kafka Streams' session stores do.
+        assert streams.store("sessions").fetch("a") == [(Windowed("a", t + 9000, t + 9000), 1)]
