@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import measure
 from benchmarks.broker_io import create_topics, produce, produce_timed, warm_up
-from benchmarks.dsl_workloads import DSL_WORKLOADS, DslExpectation, DslWorkload
+from benchmarks.dsl_workloads import DSL_WORKLOADS, JOIN_GRACE_ENV, JOIN_GRACE_MS, DslExpectation, DslWorkload
 from benchmarks.peers import PEERS
 from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown, raw_ratios
 from benchmarks.workloads import PARTITIONS, WORKLOADS, Expectation, Workload, make_inputs
@@ -201,7 +201,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
                 f", steady {result.steady_records_per_s:,.0f} records/s"
             print(f"  run {run_no + 1} {f.name:<22} {result.records_per_s:>10,.0f} records/s "
                   f"({result.seconds:.2f} s){steady}, peak RSS {rss}", flush=True)
-    if workload.latency and args.latency_seconds > 0:
+    if isinstance(workload, Workload) and workload.latency and args.latency_seconds > 0:
         rate = args.latency_rate or workload.latency_rate
         for key in peers:
             f = figures[key]
@@ -288,6 +288,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.0,
                         help="also print a steady rate: records/s after this fraction of the output "
                              "(e.g. 0.3), as a ratio to raw; 0: none")
+    parser.add_argument("--join-grace-ms", type=int,
+                        help=f"grace of the join workload (default {JOIN_GRACE_MS}): how far in event time one "
+                             "input may run ahead of the other before pairs are lost")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a peer may take for one run")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of: {', '.join(PEERS)}")
     parser.add_argument("--workloads", default="stateless,count,async-io,spark",
@@ -313,6 +316,8 @@ def main() -> None:
                and w.strip() not in (*WORKLOADS, *DSL_WORKLOADS, "spark")]
     if unknown:
         parser.error(f"unknown workloads {unknown}; known: {', '.join((*WORKLOADS, *DSL_WORKLOADS))}, spark")
+    if args.join_grace_ms is not None:
+        os.environ[JOIN_GRACE_ENV] = str(args.join_grace_ms)  # read by the peers' processes
     command = scrub("python benchmarks/compare.py " + " ".join(sys.argv[1:]))
 
     if args.bootstrap:

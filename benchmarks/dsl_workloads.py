@@ -24,6 +24,7 @@ Values are JSON (orjson here, Jackson in Java); outputs are compared as parsed J
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -35,7 +36,10 @@ import orjson
 from benchmarks.workloads import CUSTOMERS, PARTITIONS
 
 JOIN_WINDOW_MS = 10_000
-JOIN_GRACE_MS = 60_000
+# The join's grace: how far one input may run ahead of the other in event time before a pair is
+# lost. ``compare.py --join-grace-ms`` sets it for the peers it starts (through the environment).
+JOIN_GRACE_ENV = "STREAMLOOP_BENCH_JOIN_GRACE_MS"
+JOIN_GRACE_MS = int(os.environ.get(JOIN_GRACE_ENV, "60000"))
 # An order every JOIN_SPACING_MS; its payment 0 to JOIN_MAX_DELAY_MS later (a third outside the window).
 JOIN_SPACING_MS = 5
 JOIN_MAX_DELAY_MS = 15_000
@@ -50,9 +54,14 @@ FK_MOVES = 0.5
 TIERS = ("gold", "silver", "bronze")
 PAYMENT_METHODS = ("card", "transfer", "wallet")
 
-# Passed to the Java peer as system properties, so that both engines run one set of parameters.
-PARAMETERS = {"join.window.ms": JOIN_WINDOW_MS, "join.grace.ms": JOIN_GRACE_MS,
-              "suppress.window.ms": SUPPRESS_WINDOW_MS, "session.gap.ms": SESSION_GAP_MS}
+
+
+def parameters() -> dict[str, int]:
+    """Passed to the Java peer as system properties, so that both engines run one set of parameters."""
+    grace = int(os.environ.get(JOIN_GRACE_ENV, str(JOIN_GRACE_MS)))
+    return {"join.window.ms": JOIN_WINDOW_MS, "join.grace.ms": grace,
+            "suppress.window.ms": SUPPRESS_WINDOW_MS, "session.gap.ms": SESSION_GAP_MS}
+
 
 Input = tuple[str, bytes, bytes, int]
 """One input record: topic role (an index into the workload's topics), key, value, timestamp."""
@@ -87,7 +96,7 @@ def partition_of(key: bytes) -> int:
     """The partition Kafka's default partitioner (murmur2) gives a key, as the input producer does."""
     from aiokafka.partitioner import murmur2
 
-    return (murmur2(key) & 0x7FFFFFFF) % PARTITIONS
+    return int(murmur2(key) & 0x7FFFFFFF) % PARTITIONS
 
 
 @dataclass
@@ -107,6 +116,10 @@ class DslExpectation:
     counts = False
     _matched: int = field(default=0, init=False)
     _keys: list[bytes] = field(default_factory=list, init=False)
+
+    def begin(self) -> None:
+        """A new run's output is read: no key found yet (one expectation serves every peer's run)."""
+        self._matched = 0
 
     def complete(self, _out_records: int, last_values: dict[bytes, Any]) -> bool:
         """Every expected key's last value is the expected one (keys found so stay found until
@@ -299,12 +312,12 @@ def make_fk_join(count: int, base: int) -> list[Input]:
 
     def order(i: int, rng: random.Random) -> tuple[bytes, dict[str, Any]]:
         if orders and rng.random() < FK_ORDER_UPDATES:
-            earlier = dict(orders[rng.randrange(len(orders))])
+            earlier: dict[str, Any] = dict(orders[rng.randrange(len(orders))])
             earlier["amount"] = rng.randrange(100, 100_000)
             if rng.random() < FK_MOVES:
                 earlier["customer"] = _customer(rng)
             return earlier["id"].encode(), earlier
-        value = {"id": f"order-{i}", "customer": _customer(rng), "amount": rng.randrange(100, 100_000)}
+        value: dict[str, Any] = {"id": f"order-{i}", "customer": _customer(rng), "amount": rng.randrange(100, 100_000)}
         orders.append(value)
         return value["id"].encode(), value
 

@@ -108,7 +108,7 @@ class LatencyRun:
     rate: int
 
 
-def _ids(peer: ModuleType, workload: Workload, kind: str) -> tuple[str, str]:
+def _ids(peer: ModuleType, workload: Workload | DslWorkload, kind: str) -> tuple[str, str]:
     tag = f"{peer.__name__.rsplit('.', 1)[-1]}-{workload.name}-{kind}-{uuid.uuid4().hex[:6]}"
     return f"bench-{tag}", f"out-{tag}"
 
@@ -124,6 +124,7 @@ async def throughput(peer: ModuleType, workload: Workload | DslWorkload, bootstr
         tail = OutputTail(bootstrap, sink, counts=workload.name == "count", append_times=warmup > 0,
                           values=not expect.counts)
         group = GroupWatch(bootstrap, app_id)
+        expect.begin()
         await tail.start()
         await group.start()
         started: float | None = None

@@ -64,6 +64,9 @@ class Expectation:
     # The output is read as counts (ints), not as raw values.
     counts = True
 
+    def begin(self) -> None:
+        """A new run's output is read (nothing kept between runs here)."""
+
     def complete(self, out_records: int, last_values: dict[bytes, int]) -> bool:
         if self.records_out is not None:
             return out_records >= self.records_out

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from benchmarks.dsl_workloads import DSL_WORKLOADS, PARAMETERS
+from benchmarks.dsl_workloads import DSL_WORKLOADS, parameters
 from benchmarks.peers.process import PeerRun
 
 NAME = "Kafka Streams (Java)"
@@ -34,6 +34,8 @@ def setting(workload: str) -> str:
     threads = THREADS[workload]
     extra = "; Thread.sleep: no async processors" if workload == "async-io" else ""
     cache = "; statestore.cache.max.bytes=0" if workload == "count" or workload in DSL_WORKLOADS else ""
+    if workload == "join":
+        cache += f"; grace {parameters()['join.grace.ms'] // 1000} s"
     return f"num.stream.threads={threads}{extra}{cache}"
 
 
@@ -76,6 +78,6 @@ def prepare() -> None:
 def command(run: PeerRun) -> list[str]:
     classpath = f"{CACHE / 'classes'}:{CACHE / 'libs'}/*"
     # The DSL workloads' windows and gaps, from the one place both engines take them.
-    parameters = [f"-Dbench.{name}={value}" for name, value in PARAMETERS.items()]
-    return [_tool("java"), "-cp", classpath, f"-Djava.io.tmpdir={run.workdir}", *parameters, "StreamsBench",
+    properties = [f"-Dbench.{name}={value}" for name, value in parameters().items()]
+    return [_tool("java"), "-cp", classpath, f"-Djava.io.tmpdir={run.workdir}", *properties, "StreamsBench",
             run.workload, run.bootstrap, run.app_id, run.source, run.sink, str(THREADS[run.workload])]

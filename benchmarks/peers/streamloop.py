@@ -25,7 +25,10 @@ def setting(workload: str) -> str:
     if workload == "count":
         return "1 stream thread, RocksDB store with changelog, record cache off (every update goes out)"
     if workload in DSL_WORKLOADS:
-        return "1 stream thread, RocksDB stores with changelogs, record cache off"
+        from benchmarks.dsl_workloads import parameters
+
+        grace = f", grace {parameters()['join.grace.ms'] // 1000} s" if workload == "join" else ""
+        return "1 stream thread, RocksDB stores with changelogs, record cache off" + grace
     return "1 stream thread"
 
 
@@ -86,7 +89,7 @@ def dsl_topology(builder: StreamsBuilder, run: PeerRun) -> None:
     if run.workload == "join":
         orders = builder.stream(sources[0], key_serde=text, value_serde=json)
         payments = builder.stream(sources[1], key_serde=text, value_serde=json)
-        windows = JoinWindows.of_time_difference_and_grace(dsl.JOIN_WINDOW_MS, dsl.JOIN_GRACE_MS)
+        windows = JoinWindows.of_time_difference_and_grace(dsl.JOIN_WINDOW_MS, dsl.parameters()["join.grace.ms"])
         orders.join(payments, dsl.paid, windows).to(run.sink, key_serde=text, value_serde=json)
     elif run.workload == "suppress":
         (builder.stream(sources[0], key_serde=text, value_serde=BytesSerde())
