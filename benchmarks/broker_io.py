@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -43,6 +44,18 @@ async def create_topics(bootstrap: str, inputs: list[str], outputs: list[str]) -
                                   + [NewTopic(n, PARTITIONS, 1, topic_configs=append_time) for n in outputs])
     finally:
         await admin.close()
+
+
+async def produce_timed(bootstrap: str, records: list[tuple[str, bytes, bytes, int]]) -> None:
+    """``(topic, key, value, timestamp ms)`` records in their order, partitioned by key (murmur2)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        for topic, key, value, timestamp in records:
+            await producer.send(topic, value, key=key, timestamp_ms=timestamp)
+        await producer.flush()
+    finally:
+        await producer.stop()
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -104,9 +117,11 @@ class OutputTail:
     """
 
     def __init__(self, bootstrap: str, topic: str, *, counts: bool = False, latencies: bool = False,
-                 append_times: bool = False) -> None:
+                 append_times: bool = False, values: bool = False) -> None:
         self.topic = topic
         self._counts = counts
+        # The last raw value per key (None: a tombstone), for the DSL workloads' checks.
+        self._values = values
         self._latencies = latencies
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           max_partition_fetch_bytes=4 * 1024 * 1024)
@@ -117,7 +132,7 @@ class OutputTail:
         self.records = 0
         self.first_ms: int | None = None
         self.last_ms: int | None = None
-        self.last_values: dict[bytes, int] = {}
+        self.last_values: dict[bytes, Any] = {}
         self.latencies_ms: list[float] = []
         self.warmup_records = 0
         # Every record's append time, when asked for: the steady rate after a warm-up part needs them.
@@ -157,6 +172,8 @@ class OutputTail:
             self.append_times_ms.append(append_ms)
         if self._counts:
             self.last_values[key] = int(value)
+        elif self._values:
+            self.last_values[key] = value
         if self._latencies:
             order = orjson.loads(value)
             if order.get("warmup"):

@@ -37,10 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import measure
-from benchmarks.broker_io import create_topics, produce, warm_up
+from benchmarks.broker_io import create_topics, produce, produce_timed, warm_up
+from benchmarks.dsl_workloads import DSL_WORKLOADS, JOIN_GRACE_ENV, JOIN_GRACE_MS, DslExpectation, DslWorkload
 from benchmarks.peers import PEERS
 from benchmarks.report import PeerFigures, Report, WorkloadFigures, chart, markdown, raw_ratios
-from benchmarks.workloads import PARTITIONS, WORKLOADS, make_inputs
+from benchmarks.workloads import PARTITIONS, WORKLOADS, Expectation, Workload, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARK_STAGE = ROOT / "benchmarks" / "spark_stage.py"
@@ -138,16 +139,35 @@ async def run_spark_stage(bootstrap: str, records: int, timeout: float) -> list[
             "```text", output, "```", ""]
 
 
+async def dsl_input(workload: DslWorkload, count: int, bootstrap: str) -> tuple[str, DslExpectation]:
+    """A DSL workload's input topics (comma-separated, in the order the peers take them), filled."""
+    tag = uuid.uuid4().hex[:6]
+    topics = {role: f"bench-{workload.name}-{role}-{tag}" for role in workload.topics}
+    inputs = workload.inputs(count)
+    await create_topics(bootstrap, list(topics.values()), [])
+    await produce_timed(bootstrap, [(topics[role], key, value, at) for role, key, value, at in inputs])
+    for role, topic in topics.items():
+        await warm_up(bootstrap, topic, sum(1 for r in inputs if r[0] == role))
+    return ",".join(topics.values()), workload.expectation(inputs)
+
+
 async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peers: list[str]) -> WorkloadFigures:
-    workload = WORKLOADS[name]
-    count = args.async_records if name == "async-io" else args.records
-    source = f"bench-{name}-in-{uuid.uuid4().hex[:6]}"
-    inputs = make_inputs(count)
-    await create_topics(bootstrap, [source], [])
-    await produce(bootstrap, source, inputs)
-    await warm_up(bootstrap, source, len(inputs))
-    expect = workload.expectation(inputs)
-    print(f"\n{workload.title}: {count:,} records on {PARTITIONS} partitions in {source}", flush=True)
+    workload: Workload | DslWorkload
+    expect: Expectation | DslExpectation
+    if name in DSL_WORKLOADS:
+        workload = DSL_WORKLOADS[name]
+        count = args.records
+        source, expect = await dsl_input(workload, count, bootstrap)
+    else:
+        workload = WORKLOADS[name]
+        count = args.async_records if name == "async-io" else args.records
+        source = f"bench-{name}-in-{uuid.uuid4().hex[:6]}"
+        inputs = make_inputs(count)
+        await create_topics(bootstrap, [source], [])
+        await produce(bootstrap, source, inputs)
+        await warm_up(bootstrap, source, len(inputs))
+        expect = workload.expectation(inputs)
+    print(f"\n{workload.title}: {expect.records_in:,} records on {PARTITIONS} partitions in {source}", flush=True)
 
     figures = {key: PeerFigures(key, PEERS[key].NAME, PEERS[key].setting(name)) for key in peers}
     for key in peers:
@@ -181,7 +201,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
                 f", steady {result.steady_records_per_s:,.0f} records/s"
             print(f"  run {run_no + 1} {f.name:<22} {result.records_per_s:>10,.0f} records/s "
                   f"({result.seconds:.2f} s){steady}, peak RSS {rss}", flush=True)
-    if workload.latency and args.latency_seconds > 0:
+    if isinstance(workload, Workload) and workload.latency and args.latency_seconds > 0:
         rate = args.latency_rate or workload.latency_rate
         for key in peers:
             f = figures[key]
@@ -207,7 +227,30 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str, peer
               + ", ".join(f"{peer} {ratio:.2f}{times}" for peer, ratio in steady_figures.items()), flush=True)
     note = "Latency is not measured for this workload (its output is a count, not the stamped record)." \
         if not workload.latency else ""
-    return WorkloadFigures(name, workload.title, count, [figures[k] for k in peers], note)
+    if name in DSL_WORKLOADS:
+        note = "Latency is not measured for the DSL workloads; every output checked against the input."
+        against = to_kafka_streams(list(figures.values()))
+        if against:
+            print(f"  streamloop / Kafka Streams: {against}", flush=True)
+            note += f" streamloop / Kafka Streams: {against}."
+    return WorkloadFigures(name, workload.title, expect.records_in, [figures[k] for k in peers], note)
+
+
+def to_kafka_streams(peers: list[PeerFigures]) -> str:
+    """streamloop's median records/s (and steady records/s) over Kafka Streams', and its peak RSS over theirs."""
+    by_key = {p.peer: p for p in peers}
+    ours, theirs = by_key.get("streamloop"), by_key.get("kafka-streams")
+    if ours is None or theirs is None or not ours.median or not theirs.median:
+        return ""
+    parts = [f"records/s {ours.median / theirs.median:.2f}\u00d7 ({ours.median:,.0f} / {theirs.median:,.0f})"]
+    steady = [statistics.median(rates) for p in (ours, theirs)
+              if (rates := [r.steady_records_per_s for r in p.runs if r.steady_records_per_s is not None])]
+    if len(steady) == 2:
+        parts.append(f"steady {steady[0] / steady[1]:.2f}\u00d7 ({steady[0]:,.0f} / {steady[1]:,.0f})")
+    if ours.peak_rss and theirs.peak_rss:
+        parts.append(f"peak RSS {ours.peak_rss / theirs.peak_rss:.2f}\u00d7 "
+                     f"({ours.peak_rss / 2**20:,.0f} / {theirs.peak_rss / 2**20:,.0f} MiB)")
+    return ", ".join(parts)
 
 
 def steady_ratios(peers: list[PeerFigures]) -> dict[str, float]:
@@ -224,7 +267,8 @@ async def main_async(args: argparse.Namespace, bootstrap: str, command: str) -> 
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results = [await run_workload(name, args, bootstrap, peers) for name in names if name in WORKLOADS]
+    results = [await run_workload(name, args, bootstrap, peers) for name in names
+               if name in WORKLOADS or name in DSL_WORKLOADS]
     extra = await run_spark_stage(bootstrap, args.records, args.timeout) if "spark" in names else []
     return Report(command, started, machine(), versions(peers), METHOD, results, extra, args.quick, args.note)
 
@@ -234,7 +278,7 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="an existing broker; default: start the test broker once")
     parser.add_argument("--quick", action="store_true",
                         help="small inputs, one run, short latency runs: checks the harness, not final figures")
-    parser.add_argument("--records", type=int, help="input records of the stateless and count workloads")
+    parser.add_argument("--records", type=int, help="input records of the stateless, count and DSL workloads")
     parser.add_argument("--async-records", type=int, help="input records of the async-io workload")
     parser.add_argument("--runs", type=int, help="throughput runs per peer (default 3)")
     parser.add_argument("--latency-seconds", type=float, help="measured seconds of a latency run (0: none)")
@@ -244,10 +288,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.0,
                         help="also print a steady rate: records/s after this fraction of the output "
                              "(e.g. 0.3), as a ratio to raw; 0: none")
+    parser.add_argument("--join-grace-ms", type=int,
+                        help=f"grace of the join workload (default {JOIN_GRACE_MS}): how far in event time one "
+                             "input may run ahead of the other before pairs are lost")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a peer may take for one run")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of: {', '.join(PEERS)}")
     parser.add_argument("--workloads", default="stateless,count,async-io,spark",
-                        help="comma-separated, of: stateless, count, async-io, spark")
+                        help="comma-separated, of: stateless, count, async-io, spark, and the DSL workloads "
+                             f"(streamloop and Kafka Streams only): {', '.join(DSL_WORKLOADS)}")
     parser.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.md and benchmarks.png go")
     parser.add_argument("--no-docs", action="store_true", help="print the figures only")
     parser.add_argument("--note", action="append", default=[],
@@ -264,9 +312,12 @@ def main() -> None:
     unknown = [p for p in args.peers.split(",") if p.strip() and p.strip() not in PEERS]
     if unknown:
         parser.error(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
-    unknown = [w for w in args.workloads.split(",") if w.strip() and w.strip() not in (*WORKLOADS, "spark")]
+    unknown = [w for w in args.workloads.split(",") if w.strip()
+               and w.strip() not in (*WORKLOADS, *DSL_WORKLOADS, "spark")]
     if unknown:
-        parser.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}, spark")
+        parser.error(f"unknown workloads {unknown}; known: {', '.join((*WORKLOADS, *DSL_WORKLOADS))}, spark")
+    if args.join_grace_ms is not None:
+        os.environ[JOIN_GRACE_ENV] = str(args.join_grace_ms)  # read by the peers' processes
     command = scrub("python benchmarks/compare.py " + " ".join(sys.argv[1:]))
 
     if args.bootstrap:

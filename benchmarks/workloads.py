@@ -59,10 +59,22 @@ class Expectation:
     final_counts: dict[bytes, int] = field(default_factory=dict)
     """count: the last value per key."""
 
+    # Read the output as it grows (False), or only when it pauses (the DSL workloads' expectations).
+    settle = False
+    # The output is read as counts (ints), not as raw values.
+    counts = True
+
+    def begin(self) -> None:
+        """A new run's output is read (nothing kept between runs here)."""
+
     def complete(self, out_records: int, last_values: dict[bytes, int]) -> bool:
         if self.records_out is not None:
             return out_records >= self.records_out
         return all(last_values.get(k) == n for k, n in self.final_counts.items())
+
+    def verify(self, _out_records: int, _last_values: dict[bytes, int]) -> str | None:
+        """Why a complete output is wrong, or None: these workloads check completeness only."""
+        return None
 
 
 @dataclass(frozen=True)

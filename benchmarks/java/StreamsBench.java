@@ -1,7 +1,8 @@
 // The reference peer of benchmarks/compare.py: the same workloads on Apache Kafka Streams.
 //
 // Usage: java -cp <classes>:<libs>/* StreamsBench <workload> <bootstrap> <application.id> <source> <sink> <threads>
-// workload: stateless | async-io | count. Runs until SIGTERM, then closes the client.
+// workload: stateless | async-io | count, or a DSL workload of DslWorkloads.java. Runs until SIGTERM,
+// then closes the client.
 // Compiled and started by benchmarks/peers/kafka_streams.py; its jars come from pom.xml.
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -25,7 +26,7 @@ public final class StreamsBench {
 
     public static void main(String[] args) throws Exception {
         if (args.length != 6) {
-            System.err.println("usage: StreamsBench <stateless|async-io|count> <bootstrap> <application.id> "
+            System.err.println("usage: StreamsBench <workload> <bootstrap> <application.id> "
                 + "<source> <sink> <threads>");
             System.exit(2);
         }
@@ -38,35 +39,33 @@ public final class StreamsBench {
         props.put(StreamsConfig.producerPrefix("linger.ms"), 5);
         props.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
         props.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("java.io.tmpdir") + "/streams-bench-" + args[2]);
-        // Every count update goes out, as the Python peers do (no record cache holding updates back).
+        // Every count (and DSL) update goes out, as the Python peers do (no record cache holding updates back).
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
 
         StreamsBuilder builder = new StreamsBuilder();
-        KStream<String, String> input = builder.stream(args[3], Consumed.with(Serdes.String(), Serdes.String()));
+        // The DSL workloads read several topics: args[3] is then comma-separated, in their order.
+        String[] sources = args[3].split(",");
         Produced<String, String> out = Produced.with(Serdes.String(), Serdes.String());
         switch (workload) {
-            case "stateless" -> input
+            case "stateless" -> strings(builder, sources[0])
                 .mapValues(StreamsBench::parse)
                 .filter((key, order) -> order.get("amount").asDouble() >= 10)
                 .mapValues(order -> write(((ObjectNode) order).put("vip", order.get("amount").asDouble() > 1000)))
                 .to(args[4], out);
-            case "async-io" -> input
+            case "async-io" -> strings(builder, sources[0])
                 // Kafka Streams has no asynchronous processors: the 5 ms of I/O block the stream thread.
                 .mapValues(value -> {
                     sleep(5);
                     return value;
                 })
                 .to(args[4], out);
-            case "count" -> input
+            case "count" -> strings(builder, sources[0])
                 .groupByKey()
                 .count()
                 .toStream()
                 .mapValues(String::valueOf)
                 .to(args[4], out);
-            default -> {
-                System.err.println("unknown workload: " + workload);
-                System.exit(2);
-            }
+            default -> DslWorkloads.build(workload, builder, sources, args[4]);
         }
 
         KafkaStreams streams = new KafkaStreams(builder.build(), props);
@@ -84,7 +83,11 @@ public final class StreamsBench {
         stopped.await();
     }
 
-    private static JsonNode parse(String value) {
+    private static KStream<String, String> strings(StreamsBuilder builder, String topic) {
+        return builder.stream(topic, Consumed.with(Serdes.String(), Serdes.String()));
+    }
+
+    static JsonNode parse(String value) {
         try {
             return JSON.readTree(value);
         } catch (Exception exc) {
@@ -92,7 +95,7 @@ public final class StreamsBench {
         }
     }
 
-    private static String write(JsonNode node) {
+    static String write(JsonNode node) {
         try {
             return JSON.writeValueAsString(node);
         } catch (Exception exc) {

@@ -21,6 +21,12 @@ def setting(workload: str) -> str:
     return "one agent"
 
 
+def missing_feature(workload: str) -> str | None:
+    from benchmarks.dsl_workloads import not_available
+
+    return not_available(workload)
+
+
 def prepare() -> None:
     pass
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from benchmarks.dsl_workloads import DSL_WORKLOADS, parameters
 from benchmarks.peers.process import PeerRun
 
 NAME = "Kafka Streams (Java)"
@@ -18,7 +19,7 @@ KAFKA_STREAMS_VERSION = "4.1.1"  # the test broker's version (tests/support/kafk
 JAVA_DIR = Path(__file__).resolve().parents[1] / "java"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "kafka-streams-bench" / KAFKA_STREAMS_VERSION
 # Kafka Streams' knob for blocking work is the number of stream threads; 4 = one per partition.
-THREADS = {"stateless": 1, "count": 1, "async-io": 4}
+THREADS = {"stateless": 1, "count": 1, "async-io": 4, **dict.fromkeys(DSL_WORKLOADS, 1)}
 
 
 class JavaPeerError(RuntimeError):
@@ -32,7 +33,9 @@ def version() -> str:
 def setting(workload: str) -> str:
     threads = THREADS[workload]
     extra = "; Thread.sleep: no async processors" if workload == "async-io" else ""
-    cache = "; statestore.cache.max.bytes=0" if workload == "count" else ""
+    cache = "; statestore.cache.max.bytes=0" if workload == "count" or workload in DSL_WORKLOADS else ""
+    if workload == "join":
+        cache += f"; grace {parameters()['join.grace.ms'] // 1000} s"
     return f"num.stream.threads={threads}{extra}{cache}"
 
 
@@ -64,14 +67,17 @@ def prepare() -> None:
         shutil.rmtree(libs, ignore_errors=True)
         staging.rename(libs)
         marker.write_text(pom.read_text())
-    source = JAVA_DIR / "StreamsBench.java"
+    sources = sorted(JAVA_DIR.glob("*.java"))
     compiled = classes / "StreamsBench.class"
-    if not compiled.is_file() or compiled.stat().st_mtime < source.stat().st_mtime:
+    if not compiled.is_file() or any(compiled.stat().st_mtime < s.stat().st_mtime for s in sources):
         classes.mkdir(parents=True, exist_ok=True)
-        _run([_tool("javac"), "-cp", f"{libs}/*", "-d", str(classes), str(source)], "compiling StreamsBench.java")
+        _run([_tool("javac"), "-cp", f"{libs}/*", "-d", str(classes), *map(str, sources)],
+             "compiling StreamsBench.java")
 
 
 def command(run: PeerRun) -> list[str]:
     classpath = f"{CACHE / 'classes'}:{CACHE / 'libs'}/*"
-    return [_tool("java"), "-cp", classpath, f"-Djava.io.tmpdir={run.workdir}", "StreamsBench",
+    # The DSL workloads' windows and gaps, from the one place both engines take them.
+    properties = [f"-Dbench.{name}={value}" for name, value in parameters().items()]
+    return [_tool("java"), "-cp", classpath, f"-Djava.io.tmpdir={run.workdir}", *properties, "StreamsBench",
             run.workload, run.bootstrap, run.app_id, run.source, run.sink, str(THREADS[run.workload])]

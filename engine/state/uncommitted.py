@@ -43,6 +43,8 @@ WRITE_OVERHEAD = 96
 Source = tuple[str, int] | None
 # Changelog offsets kept waiting to become safe to checkpoint (one per commit).
 _CANDIDATES = 8
+# Up to this many keys new since the last range are inserted one by one; more are sorted in.
+_INSERT_MAX = 64
 
 
 class UncommittedBudget:
@@ -92,12 +94,13 @@ class UncommittedWrites:
         self.name = base.name
         self._budget = budget
         self._on_full = on_full
-        # The newest value of each held key (None: deleted), and its keys in order for ranges: sorted
-        # when a range needs them (``_sorted_keys``), not at each new key, which made a commit
-        # interval of new keys quadratic.
+        # The newest value of each held key (None: deleted), and its keys in order for ranges
+        # (``_keys``, always sorted) with the keys new since the last range apart (``_new``): they go
+        # into order when a range needs them (``_sorted_keys``), not at each new key, which made a
+        # commit interval of new keys quadratic when no range came.
         self._latest: dict[bytes, bytes | None] = {}
         self._keys: list[bytes] = []
-        self._unsorted = False
+        self._new: list[bytes] = []
         # Every held write in order: (seq, key, value, source).
         self._log: list[tuple[int, bytes, bytes | None, Source]] = []
         self.seq = 0
@@ -120,8 +123,7 @@ class UncommittedWrites:
         self._log.append((seq, key, value, source))
         latest = self._latest
         if key not in latest:
-            self._keys.append(key)
-            self._unsorted = True
+            self._new.append(key)
         latest[key] = value
         size = len(key) + (len(value) if value is not None else 0) + WRITE_OVERHEAD
         self.bytes += size
@@ -145,10 +147,20 @@ class UncommittedWrites:
         return overlay(held, self.base.range(low, high))
 
     def _sorted_keys(self) -> list[bytes]:
-        if self._unsorted:
-            # Timsort: the sorted run so far and the keys appended since merge in linear time.
-            self._keys.sort()
-            self._unsorted = False
+        new = self._new
+        if new:
+            keys = self._keys
+            if len(new) <= _INSERT_MAX:
+                # A range after every few writes (a join's fetch, a session lookup): a binary search
+                # and one C-level move per new key. Sorting instead compares every held key each time:
+                # quadratic over a commit interval, most of such a workload's time.
+                for key in new:
+                    bisect.insort(keys, key)
+            else:
+                # Timsort: the sorted run so far and the keys appended since merge in linear time.
+                keys.extend(new)
+                keys.sort()
+            self._new = []
         return self._keys
 
     def approximate_num_entries(self) -> int:
@@ -203,8 +215,9 @@ class UncommittedWrites:
         self.base.write_batch(list(batch.items()))
         kept_keys = {w[1] for w in kept}
         latest = self._latest
-        self._latest = {k: latest[k] for k in self._keys if k in kept_keys}
+        self._latest = {k: latest[k] for k in latest if k in kept_keys}
         self._keys = [k for k in self._keys if k in kept_keys]  # in the order they had
+        self._new = [k for k in self._new if k in kept_keys]
         self._log = kept
         self._release(sum(len(w[1]) + (len(w[2]) if w[2] is not None else 0) + WRITE_OVERHEAD for w in kept))
         self.committed_writes += len(batch)
@@ -215,6 +228,7 @@ class UncommittedWrites:
         dropped = len(self._log)
         self._latest = {}
         self._keys = []
+        self._new = []
         self._log = []
         self._release(0)
         return dropped
