@@ -48,6 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peers.aiokafka_in_flight import PeerThread
+from benchmarks.thread_cpu import named_threads_cpu_ns, thread_cpu_ns
 from streamloop import KafkaStreams, StreamsBuilder
 from streamloop.records import TopicPartition as EngineTP
 from streamloop.serdes import BytesSerde
@@ -89,6 +91,15 @@ class Result:
     records: int
     seconds: float
     check: str
+    # CPU time of the thread that runs the records (streamloop's stream thread, the aiokafka peer's
+    # loop thread) from the first output seen to the output complete, and the records output
+    # meanwhile: start-up and group join left out. None: not measured (faust).
+    cpu_ns: int | None = None
+    cpu_records: int = 0
+
+    @property
+    def cpu_us_per_record(self) -> float | None:
+        return None if self.cpu_ns is None or self.cpu_records <= 0 else self.cpu_ns / 1000 / self.cpu_records
 
     @property
     def rate(self) -> float:
@@ -279,18 +290,27 @@ def check_output(values: list[bytes], count: int) -> str:
 async def measure(side: Side, name: str, level: int, source: str, sink: str, count: int,
                   run: Callable[[asyncio.Event], Awaitable[None]],
                   failed: Callable[[], str | None] = lambda: None,
-                  status: Callable[[], str] = lambda: "") -> Result:
+                  status: Callable[[], str] = lambda: "",
+                  cpu_ns: Callable[[], int | None] = lambda: None) -> Result:
     """Run ``run`` until ``count`` records are out on ``sink``; seconds from the first
-    record taken up to the last one out."""
+    record taken up to the last one out, and ``cpu_ns()`` (the processing thread's CPU) then."""
     total = await side.output_total(sink)
     stop = asyncio.Event()
     runner = asyncio.create_task(run(stop))
     deadline = time.monotonic() + RUN_TIMEOUT
+    first: tuple[int, int] | None = None  # (records out, thread CPU) when output was first seen
+    cpu: int | None = None
     try:
         while True:
             out = await total()
+            if first is None and out > 0:
+                first_cpu = cpu_ns()
+                first = None if first_cpu is None else (out, first_cpu)
             if out >= count:
                 done_at = time.time()
+                last_cpu = cpu_ns()
+                if first is not None and last_cpu is not None:
+                    cpu = last_cpu - first[1]
                 break
             if runner.done():
                 runner.result()  # raises what ended it
@@ -306,9 +326,12 @@ async def measure(side: Side, name: str, level: int, source: str, sink: str, cou
         with contextlib.suppress(asyncio.CancelledError):
             await runner
     values = await side.read_values(sink)
-    result = Result(name, level, count, done_at - first_start(values), check_output(values, count))
-    print(f"  {name:<34} {count:>6} records out in {result.seconds:6.2f} s = {result.rate:>8,.0f} records/s   "
-          f"[{result.check}]", flush=True)
+    result = Result(name, level, count, done_at - first_start(values), check_output(values, count), cpu,
+                    count - (first[0] if first else count))
+    per_record = result.cpu_us_per_record
+    cpu_text = "" if per_record is None else f", thread CPU {per_record:5.1f} µs/record"
+    print(f"  {name:<34} {count:>6} records out in {result.seconds:6.2f} s = {result.rate:>8,.0f} records/s"
+          f"{cpu_text}   [{result.check}] (load {os.getloadavg()[0]:.1f})", flush=True)
     return result
 
 
@@ -359,7 +382,35 @@ async def run_streamloop(side: Side, level: int, count: int, exactly_once: bool 
             await stop.wait()
 
     name = f"streamloop{' eos' if exactly_once else ''} threads.per.task={level}"
-    return await measure(side, name, level, source, sink, count, run, status=status)
+    return await measure(side, name, level, source, sink, count, run, status=status,
+                         cpu_ns=lambda: named_threads_cpu_ns("StreamThread"))
+
+
+# -- the hand-written aiokafka loop ----------------------------------------------
+
+
+async def run_aiokafka(side: KafkaSide, level: int, count: int) -> Result:
+    source, sink = await fresh_topics(side, f"raw{level}", count)
+    peer = PeerThread(side.bootstrap, f"bench-inflight-raw-{uuid.uuid4().hex[:6]}-{level}", source, sink, level,
+                      simulated_io)
+
+    async def run(stop: asyncio.Event) -> None:
+        peer.start()
+        try:
+            await stop.wait()
+        finally:
+            await asyncio.to_thread(peer.stop)
+
+    def failed() -> str | None:
+        if peer.error is not None:
+            return f"the aiokafka loop failed: {peer.error!r}"
+        return None
+
+    def cpu() -> int | None:
+        return None if peer.native_id is None else thread_cpu_ns(peer.native_id)
+
+    return await measure(side, f"raw aiokafka in flight per partition={level}", level, source, sink, count, run,
+                         failed, cpu_ns=cpu)
 
 
 # -- faust-streaming -----------------------------------------------------------
@@ -451,16 +502,17 @@ def print_summary(title: str, results: dict[int, Result], in_flight_per_level: i
     one = results.get(1)
     print(f"\n  {title}")
     print(f"  {'setting':>8} {'in flight':>9} {'records':>8} {'records/s':>10} {'I/O bound':>10} "
-          f"{'speed-up':>9}  output")
+          f"{'speed-up':>9} {'CPU µs/rec':>10}  output")
     for level, r in results.items():
         speed_up = f"{r.rate / one.rate:.1f}x" if one else "-"
         in_flight = level * in_flight_per_level
+        cpu = "-" if r.cpu_us_per_record is None else f"{r.cpu_us_per_record:.1f}"
         print(f"  {level:>8} {in_flight:>9} {r.records:>8} {r.rate:>10,.0f} {in_flight / IO_SECONDS:>10,.0f} "
-              f"{speed_up:>9}  {r.check}")
+              f"{speed_up:>9} {cpu:>10}  {r.check}")
 
 
 async def main_async(bootstrap: str, memory: bool, levels: list[int], base: int, cap: int,
-                     with_faust: bool, exactly_once: bool = False) -> None:
+                     with_faust: bool, exactly_once: bool = False, with_raw: bool = True) -> None:
     side: Side = MemorySide(bootstrap) if memory else KafkaSide(bootstrap, read_committed=exactly_once)
     where = "embedded broker" if memory else "Kafka broker"
     guarantee = "exactly_once_v2, output read read_committed" if exactly_once else "at_least_once"
@@ -468,8 +520,13 @@ async def main_async(bootstrap: str, memory: bool, levels: list[int], base: int,
           f"1 stream thread, processing.ordering=partition, {guarantee}; {where} {bootstrap}\n", flush=True)
 
     ours: dict[int, Result] = {}
+    raw: dict[int, Result] = {}
+    # The raw loop has no exactly-once; each of its runs follows streamloop's at the same level.
+    with_raw = with_raw and isinstance(side, KafkaSide) and not exactly_once
     for level in levels:
         ours[level] = await run_streamloop(side, level, records_for(level, base, cap), exactly_once)
+        if with_raw and isinstance(side, KafkaSide):
+            raw[level] = await run_aiokafka(side, level, records_for(level, base, cap))
 
     theirs: dict[int, Result] = {}
     faust_note = None
@@ -495,7 +552,17 @@ async def main_async(bootstrap: str, memory: bool, levels: list[int], base: int,
 
     print_summary(f"streamloop: num.threads.per.task, records in flight per task ({PARTITIONS} tasks)",
                   ours, PARTITIONS)
+    print_summary(f"raw aiokafka: records in flight per partition ({PARTITIONS} partitions)", raw, PARTITIONS)
     print_summary("faust-streaming: agent concurrency, actors sharing the input in one worker", theirs, 1)
+    if ours and raw:
+        print(f"\n  streamloop against the raw aiokafka loop, same records in flight per task/partition:\n"
+              f"  {'in flight':>9} {'streamloop rec/s':>17} {'raw rec/s':>10} {'ratio':>7} "
+              f"{'streamloop CPU µs/rec':>22} {'raw CPU µs/rec':>15}")
+        for level in levels:
+            if level in ours and level in raw:
+                a, b = ours[level], raw[level]
+                print(f"  {level:>9} {a.rate:>17,.0f} {b.rate:>10,.0f} {a.rate / b.rate:>6.2f}x "
+                      f"{a.cpu_us_per_record or 0:>22.1f} {b.cpu_us_per_record or 0:>15.1f}")
     if ours and theirs:
         print(f"\n  side by side, same setting:\n  {'setting':>8} {'streamloop rec/s':>17} {'faust rec/s':>12} "
               f"{'ratio':>7}")
@@ -525,6 +592,7 @@ def main() -> None:
                         help="records per run at setting 1; scaled by the setting up to --max-records")
     parser.add_argument("--max-records", type=int, default=24_000)
     parser.add_argument("--no-faust", action="store_true", help="skip the faust-streaming comparison")
+    parser.add_argument("--no-raw", action="store_true", help="skip the hand-written aiokafka loop")
     parser.add_argument("--exactly-once", action="store_true",
                         help="streamloop under exactly_once_v2, output read read_committed (Kafka only)")
     # The faust child process (internal).
@@ -540,7 +608,8 @@ def main() -> None:
         return
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     run = lambda bootstrap: asyncio.run(main_async(  # noqa: E731
-        bootstrap, args.memory, levels, args.records, args.max_records, not args.no_faust, args.exactly_once))
+        bootstrap, args.memory, levels, args.records, args.max_records, not args.no_faust, args.exactly_once,
+        not args.no_raw))
     if args.memory:
         run(f"memory://in-flight-bench-{uuid.uuid4().hex[:6]}")
     elif args.bootstrap:
