@@ -55,9 +55,17 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit tests/properties
 
 # streamloop against raw aiokafka, faust-streaming, quixstreams and Kafka Streams on one broker;
-# writes docs/benchmarks.md and docs/benchmarks.png. Run it on a quiet machine.
+# writes docs/benchmarks.md and docs/benchmarks.png; then the tables of issue #34 (the DSL against
+# Kafka Streams, latency at 50% and 80% of each one's peak, window-store expiry, records in flight),
+# printed. Run it on a quiet machine: it takes about an hour.
 bench: kafka $(BENCH)
 	$(BIN)/python benchmarks/compare.py
+	$(BIN)/python benchmarks/compare.py --peers streamloop,kafka-streams \
+		--workloads suppress,session,table-join,fk-join,join --records 200000 --runs 1 \
+		--latency-seconds 0 --warmup 0.3 --no-docs
+	$(BIN)/python benchmarks/latency_load.py
+	$(BIN)/python benchmarks/window_segments.py
+	$(BIN)/python benchmarks/in_flight.py --levels 32,256 --records 1000 --max-records 24000 --no-faust
 
 bench-quick: kafka $(BENCH)
 	$(BIN)/python benchmarks/compare.py --quick --no-docs
