@@ -203,6 +203,16 @@ class MemoryConsumer:
         self._check_open()
         return self._broker.end_offsets([TopicPartition(*partition)])[TopicPartition(*partition)]
 
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        self._check_open()
+        if TopicPartition(*partition) not in self._assignment.partitions:
+            return None
+        position = self._assignment.position(partition)
+        if position is None:
+            return None  # not fetched yet: its position is resolved at the first poll
+        end = self.fetched_end(partition)
+        return None if end is None else max(0, end - position)
+
     def request_rejoin(self) -> None:
         """The next ``poll`` starts a rebalance of the whole group."""
         self._check_open()
