@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from streamloop import JoinWindows, KafkaStreams, StreamsBuilder
+from streamloop.records import TopicPartition
 from streamloop.serdes import StringSerde
 from streamloop.testing import eventually_async
 from tests.support.apps import make_streams
@@ -105,3 +106,27 @@ async def test_minus_one_goes_on_with_whichever_input_has_records(cluster: Clust
     joined, _ = await run_join(cluster, names, tmp_path, expect_all=False,
                                max_task_idle_ms=-1)
     assert len(joined) < len(EXPECTED)
+
+
+async def test_fetched_lag_is_unknown_until_a_fetch_answers_then_counts_what_is_left(cluster: Cluster,
+                                                                                   names) -> None:
+    """What a task's readiness reads, the same on both transports."""
+    topic = names("lagged")
+    await cluster.create_topics({topic: 1})
+    await cluster.produce(topic, [(f"k{i}", "v") for i in range(10)], STR, STR, partitions=1)
+    tp = TopicPartition(topic, 0)
+    reader = cluster.transport.reader("test-lag")
+    await reader.start()
+    try:
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        assert reader.fetched_lag(tp) is None
+        taken: list[object] = []
+        while not taken:
+            taken.extend((await reader.poll(1000, 3)).get(tp, []))
+        assert reader.fetched_lag(tp) == 10 - len(taken)
+        while len(taken) < 10:
+            taken.extend((await reader.poll(1000, 3)).get(tp, []))
+        assert reader.fetched_lag(tp) == 0
+    finally:
+        await reader.close()

@@ -205,13 +205,7 @@ class MemoryConsumer:
 
     def fetched_lag(self, partition: TopicPartition) -> int | None:
         self._check_open()
-        if TopicPartition(*partition) not in self._assignment.partitions:
-            return None
-        position = self._assignment.position(partition)
-        if position is None:
-            return None  # not fetched yet: its position is resolved at the first poll
-        end = self.fetched_end(partition)
-        return None if end is None else max(0, end - position)
+        return self._assignment.lag(TopicPartition(*partition))
 
     def request_rejoin(self) -> None:
         """The next ``poll`` starts a rebalance of the whole group."""
@@ -249,7 +243,10 @@ class MemoryConsumer:
 
     def _fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
         self._resolve_positions()
-        fetched = self._broker.fetch(self._assignment.fetch_requests(), max_records)
+        requests = self._assignment.fetch_requests()
+        if requests:
+            self._assignment.fetched(self._broker.log_ends(tp for tp, _ in requests))
+        fetched = self._broker.fetch(requests, max_records)
         if fetched:
             self._assignment.advance(fetched)
         return fetched
