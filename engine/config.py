@@ -211,6 +211,7 @@ COMMIT_INTERVAL_MS = "commit.interval.ms"
 CACHE_MAX_BYTES_BUFFERING = "cache.max.bytes.buffering"
 STATESTORE_UNCOMMITTED_MAX_BYTES = "statestore.uncommitted.max.bytes"
 TASK_TIMEOUT_MS = "task.timeout.ms"
+MAX_TASK_IDLE_MS = "max.task.idle.ms"
 POLL_MS = "poll.ms"
 MAX_POLL_RECORDS = "max.poll.records"
 BUFFERED_RECORDS_PER_PARTITION = "buffered.records.per.partition"
@@ -345,6 +346,11 @@ KEYS: tuple[ConfigKey, ...] = (
               "-1: no bound.", _at_least(-1)),
     ConfigKey(TASK_TIMEOUT_MS, int, 300_000,
               "How long a task may keep timing out before it fails (KIP-572).", _at_least(0)),
+    ConfigKey(MAX_TASK_IDLE_MS, int, 0,
+              "How long a task with several input partitions waits for an empty partition that is "
+              "behind (fetch lag > 0, or never fetched) before it goes on with the others (KIP-353, "
+              "KIP-695). 0: wait only while the empty partition is behind; -1: never wait.",
+              _at_least(-1)),
     ConfigKey(POLL_MS, int, 100, "How long a poll waits for records.", _at_least(0)),
     ConfigKey(MAX_POLL_RECORDS, int, 1000, "Records fetched per poll at most.", _at_least(1)),
     ConfigKey(BUFFERED_RECORDS_PER_PARTITION, int, 1000,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from streamloop import config as cfg
 from streamloop.collector import RecordCollector
 from streamloop.commit import CommitProtocol, CommitResult, CommitStatus
 from streamloop.errors import ProduceError, TaskCorruptedError, TaskMigratedError
@@ -41,6 +42,7 @@ from .error_handling import ErrorHandling
 from .expiry import schedule_expiry
 from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
 from .loops import InFlightPlan
+from .partition_group import IdleRule
 from .revival import TaskRevival
 from .setup import Committed, ExactlyOnceTask, TaskSetup
 from .task import StreamTask
@@ -234,12 +236,18 @@ class TaskManager:
             errors=self._errors, meter=self.meter, timer=timer, on_pause=self._on_pause, state=state,
             restore=restore, committed=self._consumer.committed, exactly_once=exactly_once,
             in_flight=in_flight, spark_jobs=self.spark_jobs, tracing=tracing,
-            executor_reads=self._executor_reads())
+            executor_reads=self._executor_reads(), idle=self._idle_rule())
         send_buffered = self._after_chunk if self._eos is None else (lambda: self._after_chunk(own, task_id))
         task = StreamTask(task_id, partitions, graph, context, send_buffered, self._log, self._clock_ms,
                           setup, self._monotonic_ms)
         holder.append(task)  # what its restore and rewind act on, once it exists
         return task
+
+    def _idle_rule(self) -> IdleRule | None:
+        """max.task.idle.ms (without a config, as in a unit test: never wait)."""
+        if self._config is None:
+            return None
+        return IdleRule(int(self._config.get(cfg.MAX_TASK_IDLE_MS, 0)), self._consumer.fetched_lag)
 
     def _executor_reads(self) -> ExecutorReads | None:
         """The consumer's side of a Spark stage reading on the executors (``streamloop.tasks.bulk_exec``);

@@ -51,6 +51,14 @@ class SequentialLoop:
                 # Punctuations may have produced output; hand it on now, not at the next chunk.
                 await task.flush_output()
                 continue
+            if (idle := task.input.ready(task.monotonic_ms())) > 0:
+                # A partition is empty and behind (max.task.idle.ms): not processable until its
+                # records arrive, it is caught up, or the idle time is over. Punctuations still run.
+                task.clear_wakeup()
+                await task.wait_for_wakeup(idle)
+                await task.punctuate_wall_clock()
+                await task.flush_output()
+                continue
             async with task.processing:
                 waiting = await self._chunk()
                 if caching and task.flush_requested:
@@ -126,6 +134,9 @@ class SequentialLoop:
                 await punctuating
                 stop = task.closing
             if not single:
+                # A queue run empty may make the task unprocessable (``PartitionGroup.ready``).
+                if not queue and group.ready(task.monotonic_ms()) > 0:
+                    break
                 queue = group.next_queue()
         task.processed += done
         task.meter.add(done, time.perf_counter_ns() - began)

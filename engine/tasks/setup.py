@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .bulk_exec import ExecutorReads
     from .bulk_jobs import StageJobs
     from .loops import InFlightPlan
+    from .partition_group import IdleRule
     from .task import StreamTask
     from .tracing import TaskTracing
 
@@ -64,3 +65,5 @@ class TaskSetup:
     tracing: TaskTracing | None = None
     # The group consumer's side of a Spark stage that reads on the executors (streamloop.tasks.bulk_exec).
     executor_reads: ExecutorReads | None = None
+    # max.task.idle.ms and the consumer's fetch lag (None: never wait, as the test driver runs).
+    idle: IdleRule | None = None

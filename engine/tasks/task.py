@@ -125,7 +125,7 @@ class StreamTask:
         self.collector: RecordCollector | None = setup.exactly_once.collector if setup.exactly_once else None
         self._setup = setup
         self.input = PartitionGroup(self.partitions, (topic for topic, source in graph.sources.items()
-                                                      if source.timestamp_extractor is not None))
+                                                      if source.timestamp_extractor is not None), setup.idle)
         self.positions = Positions(self.partitions, self.input.partition_time)
         self.punctuations = Punctuations(task_id, context, clock_ms)
         self.timeouts = 0
@@ -317,14 +317,18 @@ class StreamTask:
         if self._wakeup.is_set():
             self._wakeup = anyio.Event()
 
-    async def wait_for_wakeup(self) -> None:
-        """Until records arrive, the task is asked to stop or a wall-clock punctuation is due."""
+    async def wait_for_wakeup(self, limit_ms: float | None = None) -> None:
+        """Until records arrive, the task is asked to stop or a wall-clock punctuation is due (or
+        ``limit_ms`` is over: a task waiting for a lagging partition looks again)."""
         wakeup = self._wakeup
         due = self.context.wall_clock_schedules.next_due()
-        if due is None:
+        if due is not None:
+            until_due = max(0.0, float(due - self.clock_ms()))
+            limit_ms = until_due if limit_ms is None else min(limit_ms, until_due)
+        if limit_ms is None:
             await wakeup.wait()
             return
-        with anyio.move_on_after(max(0.0, (due - self.clock_ms()) / 1000.0)):
+        with anyio.move_on_after(limit_ms / 1000.0):
             await wakeup.wait()
 
     def wake(self) -> None:

@@ -97,6 +97,9 @@ class DriverConsumer:
     def fetched_end(self, partition: TopicPartition) -> int | None:
         return len(self._log_of(partition.topic).partitions[partition.partition])
 
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        return 0  # records are run as piped (TopologyTestDriver): a task never waits for another input
+
     def fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
         """Records after each assigned, unpaused position, in partition order."""
         fetched: dict[TopicPartition, list[FetchedRecord]] = {}
@@ -136,6 +139,10 @@ class DriverReader:
     def fetched_end(self, partition: TopicPartition) -> int | None:
         """The log's end: the restore asks it once it reached the end ListOffsets reported."""
         return len(self._log_of(partition.topic).partitions[partition.partition])
+
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        end = self.fetched_end(partition)
+        return None if end is None else max(0, end - self._positions.get(TopicPartition(*partition), 0))
 
     async def poll(self, timeout_ms: int, max_records: int | None = None) -> dict[TopicPartition, list[FetchedRecord]]:
         fetched = {}

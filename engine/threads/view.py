@@ -185,6 +185,7 @@ def task_counters(task: StreamTask) -> dict[str, float]:
     return {"records-processed-total": float(task.processed),
             "dropped-records-total": float(task.dropped),
             "timeout-retries-total": float(task.timeouts),
+            "enforced-processing-total": float(task.input.enforced),
             "record-retries-total": float(task.retries),
             "record-retries-exhausted-total": float(task.retries_exhausted),
             "paused": float(task.is_paused),

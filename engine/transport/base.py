@@ -196,6 +196,10 @@ class Consumer(Protocol):
         """The log end the last fetch of ``partition`` reported (the high watermark; the last stable
         offset for a ``read_committed`` reader), without a request; None before any fetch."""
 
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        """How far the consumer's position is behind ``fetched_end`` (records still to fetch);
+        None before a fetch of ``partition`` answered."""
+
     def request_rejoin(self) -> None:
         """Make this member rejoin (a rebalance of the whole group)."""
 

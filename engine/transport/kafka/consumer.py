@@ -347,6 +347,19 @@ class KafkaConsumer:
             return None  # not assigned
         return None if end is None else int(end)
 
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        end = self.fetched_end(partition)
+        if end is None or self._consumer is None:
+            return None
+        # aiokafka keeps the position (past what getmany returned) only in its private subscription
+        # state, read defensively: without it the lag stays unknown (the task waits its idle time).
+        try:
+            state = self._consumer._subscription.subscription.assignment.state_value(aio_tp(partition))
+            position = state.position if state is not None and state.has_valid_position else None
+        except (AttributeError, AssertionError, KeyError):
+            return None
+        return None if position is None else max(0, end - int(position))
+
     # -- commits ---------------------------------------------------------------------
 
     async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:

@@ -21,6 +21,9 @@ class AssignmentState:
         self._positions: dict[TopicPartition, int | None] = {}
         self._paused: set[TopicPartition] = set()
         self._rotation = 0
+        # The log end each partition had when a fetch last asked for it (Kafka's high watermark
+        # in a fetch response): a task's readiness reads the fetch lag from it.
+        self._ends: dict[TopicPartition, int] = {}
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Replace the assignment: positions unknown, nothing paused (as after an eager rebalance)."""
@@ -28,6 +31,7 @@ class AssignmentState:
         self._positions = dict.fromkeys(self._partitions)
         self._paused = set()
         self._rotation = 0
+        self._ends = {}
 
     def reassign(self, partitions: Iterable[TopicPartition]) -> None:
         """A new assignment that keeps the positions and pause flags of the partitions that stay
@@ -35,9 +39,11 @@ class AssignmentState:
         partitions = [TopicPartition(*tp) for tp in partitions]
         kept = {tp: self._positions[tp] for tp in partitions if tp in self._positions}
         paused = self._paused & set(kept)
+        ends = {tp: end for tp, end in self._ends.items() if tp in kept}
         self.assign(partitions)
         self._positions.update(kept)
         self._paused = paused
+        self._ends = ends
 
     def clear(self) -> None:
         self.assign(())
@@ -84,6 +90,16 @@ class AssignmentState:
             for tp in order
             if tp not in self._paused and (position := self._positions[tp]) is not None
         ]
+
+    def fetched(self, ends: Mapping[TopicPartition, int]) -> None:
+        """A fetch asked for these partitions, whose logs ended at ``ends``."""
+        self._ends.update(ends)
+
+    def lag(self, partition: TopicPartition) -> int | None:
+        """The last fetch's log end minus the position; None before a fetch asked for it."""
+        end = self._ends.get(partition)
+        position = self._positions.get(partition)
+        return None if end is None or position is None else max(0, end - position)
 
     def advance(self, fetched: Mapping[TopicPartition, Sequence[FetchedRecord]]) -> None:
         """Move past the records ``poll`` returns, and rotate the fetch order."""

@@ -205,6 +205,11 @@ class MemoryBroker:
                     self._pending_wakeups.add(wakeup)
         return failed
 
+    def log_ends(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The end of each of ``partitions`` that exists: what a fetch reports as the high watermark."""
+        with self._locked():
+            return {tp: log.end_offset for tp in partitions if (log := self._log_or_none(tp)) is not None}
+
     def fetch(
         self, requests: Sequence[tuple[TopicPartition, int]], max_records: int
     ) -> dict[TopicPartition, list[FetchedRecord]]:

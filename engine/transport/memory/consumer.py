@@ -203,6 +203,10 @@ class MemoryConsumer:
         self._check_open()
         return self._broker.end_offsets([TopicPartition(*partition)])[TopicPartition(*partition)]
 
+    def fetched_lag(self, partition: TopicPartition) -> int | None:
+        self._check_open()
+        return self._assignment.lag(TopicPartition(*partition))
+
     def request_rejoin(self) -> None:
         """The next ``poll`` starts a rebalance of the whole group."""
         self._check_open()
@@ -239,7 +243,10 @@ class MemoryConsumer:
 
     def _fetch(self, max_records: int) -> dict[TopicPartition, list[FetchedRecord]]:
         self._resolve_positions()
-        fetched = self._broker.fetch(self._assignment.fetch_requests(), max_records)
+        requests = self._assignment.fetch_requests()
+        if requests:
+            self._assignment.fetched(self._broker.log_ends(tp for tp, _ in requests))
+        fetched = self._broker.fetch(requests, max_records)
         if fetched:
             self._assignment.advance(fetched)
         return fetched
