@@ -40,7 +40,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["LEFT", "Change", "GenerationWatch", "Membership", "Roster"]
+__all__ = ["LEFT", "Change", "FollowUpWait", "GenerationWatch", "Membership", "Roster"]
 
 Roster = Mapping[str, int]
 """The client's threads in one generation: token -> the join count that brought it there."""
@@ -144,6 +144,47 @@ class GenerationWatch:
         self._acted = {c for c in self._acted if c.token in present}
         self._acted.update(changes)
         return changes
+
+
+class FollowUpWait:
+    """When a member waiting for a cooperative follow-up rebalance asks the coordinator about it.
+
+    Its assignment withheld tasks that still have owners elsewhere: the owners rejoin once their
+    own SyncGroup answers take the tasks away, and the coordinator would tell this member of that
+    rebalance only at its next heartbeat, up to ``heartbeat.interval.ms`` later, which another
+    client's threads cannot shorten with a nudge. So the member asks (a heartbeat: it never starts
+    a rebalance) ``first_ms`` after its assignment, then at doubling intervals until one reaches
+    the heartbeat interval, where the heartbeat task alone asks again.
+    """
+
+    def __init__(self, first_ms: int, heartbeat_ms: int) -> None:
+        self._first_ms = max(1, first_ms)
+        self._heartbeat_ms = heartbeat_ms
+        self._next_ms: int | None = None
+        self._step_ms = self._first_ms
+        self.in_flight = False
+        """An ask is under way: the next one waits for its answer."""
+
+    @property
+    def waiting(self) -> bool:
+        return self._next_ms is not None
+
+    def begin(self, now_ms: int) -> None:
+        """The assignment has come and the follow-up is still to come."""
+        self._step_ms = self._first_ms
+        self._next_ms = now_ms + self._step_ms
+
+    def end(self) -> None:
+        """The member joins (the follow-up, or any other rebalance), or leaves."""
+        self._next_ms = None
+
+    def due(self, now_ms: int) -> bool:
+        """Whether to ask now; counts the ask."""
+        if self._next_ms is None or self.in_flight or now_ms < self._next_ms:
+            return False
+        self._step_ms *= 2
+        self._next_ms = None if self._step_ms >= self._heartbeat_ms else now_ms + self._step_ms
+        return True
 
 
 def _change(member: Membership, alive: bool, roster: Roster) -> Change | None:

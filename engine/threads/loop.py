@@ -30,7 +30,7 @@ from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
 from streamloop.tasks.input_changes import close_changed_tasks
 from streamloop.tasks.manager import ExactlyOnce, TaskManager
-from streamloop.tasks.membership import GenerationWatch
+from streamloop.tasks.membership import FollowUpWait, GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
 from streamloop.tasks.task import StreamTask
 from streamloop.tasks.timeouts import StartupDeadline
@@ -70,8 +70,10 @@ class ThreadLoop:
         # Cooperative: partitions revoked by the assignment under way, after this thread's JoinGroup
         # was answered (the follow-up join is this thread's to make).
         self._handing_over = 0
-        self.standbys: StandbyTasks | None = None
         config = self._config
+        self._follow_up = FollowUpWait(config[cfg.RETRY_BACKOFF_MS], config[cfg.HEARTBEAT_INTERVAL_MS])
+        self._group: anyio.abc.TaskGroup | None = None
+        self.standbys: StandbyTasks | None = None
         self._producer_settings = ProducerSettings(
             client_id=thread.producer_client_id,
             acks=config[cfg.ACKS],
@@ -131,6 +133,7 @@ class ThreadLoop:
         clean = False
         body_error: BaseException | None = None
         async with create_task_group() as group:
+            self._group = group
             thread.commands.open(group)
             try:
                 # Start-up rides out an unreachable broker too, under one task.timeout.ms deadline.
@@ -250,6 +253,8 @@ class ThreadLoop:
                 view.polls += 1
             self._poll_scope = None
             self._thread.watch_rebalancing()
+            if self._follow_up.due(self._thread.clock.monotonic_ms()) and self._group is not None:
+                self._group.start_soon(self._check_group, consumer)
             await manager.maybe_commit()
             sensors.sample(manager.meter, view.polls, manager.commits)
             if self.recovery:
@@ -269,6 +274,13 @@ class ThreadLoop:
         if self.consumer is not None:
             self._rejoin_reason = self._rejoin_reason or reason
             self.consumer.request_rejoin()
+
+    async def _check_group(self, consumer: Consumer) -> None:
+        self._follow_up.in_flight = True
+        try:
+            await consumer.check_group()
+        finally:
+            self._follow_up.in_flight = False
 
     def _rejoin_if_stale(self) -> bool:
         """Rejoin now if a sibling's join or departure makes this thread's generation stale."""
@@ -443,6 +455,7 @@ class ThreadLoop:
 
     def _begin_join(self) -> None:
         """Before a JoinGroup: count a new join, and tell the siblings once the coordinator has it."""
+        self._follow_up.end()
         if not self._generation.begin_join():
             return  # the join under way, retried
         thread = self._thread
@@ -500,6 +513,7 @@ class ThreadLoop:
         if thread.assignor.follow_up:
             # Cooperative: the tasks run on, but the group settles only in the follow-up rebalance.
             self._log.debug("Waiting for the follow-up rebalance that moves the withheld tasks")
+            self._follow_up.begin(thread.clock.monotonic_ms())
             return
         thread.state.maybe_transition_to(StreamThreadState.RUNNING)
 

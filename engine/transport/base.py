@@ -203,6 +203,11 @@ class Consumer(Protocol):
     def request_rejoin(self) -> None:
         """Make this member rejoin (a rebalance of the whole group)."""
 
+    async def check_group(self) -> None:
+        """Ask the coordinator now whether the group is rebalancing, rather than at the next
+        heartbeat (``heartbeat.interval.ms``); if it is, the member joins. It never starts a
+        rebalance. Nothing to do on a transport that asks at every poll."""
+
     @property
     def member_id(self) -> str | None: ...
 

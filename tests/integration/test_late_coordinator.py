@@ -37,6 +37,7 @@ from tests.support.convergence import (
     replacing_client,
     wait_processed,
 )
+from tests.support.group_record import JOIN
 from tests.support.late_broker import GroupDelays, LateKafka
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kafka]
@@ -183,3 +184,45 @@ async def test_a_joingroup_held_longer_than_the_request_timeout_still_completes(
     finally:
         late_kafka.set_delays(GroupDelays())
         await streams.close_async(timeout=30)
+
+
+async def test_a_member_waiting_for_the_follow_up_joins_it_without_waiting_for_its_heartbeat(
+        late_kafka: LateKafka, cluster: Cluster, names) -> None:
+    """Cooperative: a second instance's threads get no tasks in their first rebalance (the tasks
+    still have owners) and wait for the follow-up that moves them. The coordinator tells a member
+    of a rebalance only in the answer to its next heartbeat, so a member that waited for it would
+    join the follow-up up to ``heartbeat.interval.ms`` (10 s here) after the owners did: a member
+    that knows a follow-up is coming asks the coordinator at once."""
+    timing = {"heartbeat_interval_ms": 10_000, "session_timeout_ms": 45_000}
+    topics = await create_topics(cluster, names, 4)
+    first = new_client(cluster, names, topics, 2, **timing)
+    second = new_client(cluster, names, topics, 2, client_id=names("second"), **timing)
+    watches = [ClientWatch(first), ClientWatch(second)]
+    async with running(late_kafka, first):
+        await settled_within(watches[0], 2, 4, bound(1, new_group=True), "the first instance")
+        await second.start_async()
+        try:
+            # The first instance hears of the second at its heartbeat (up to 10 s), then two rounds;
+            # this bound also leaves the second's members their heartbeat, to measure their wait.
+            await eventually_async(lambda: group_settled(watches, 2, 4), 2 * 10.0 + bound(2),
+                                   "both instances RUNNING, sharing the tasks")
+        finally:
+            late_kafka.set_delays(GroupDelays())
+            await second.close_async(timeout=30)
+    record = late_kafka.record
+    calls = record.calls(group_id=names.app)
+    waited: dict[str, float] = {}
+    for sync in record.syncs(group_id=names.app, client_prefix=names("second")):
+        assert sync.released_at is not None
+        own = [c for c in calls if c.api == JOIN and c.member_id == sync.member_id
+               and c.requested_at > sync.released_at]
+        if not own or sync.member_id in waited:
+            continue
+        # The follow-up started with the first JoinGroup after the leader sent this generation's
+        # assignments (an owner rejoins once its SyncGroup answer takes tasks away).
+        leader_sync = next(c for c in record.syncs(group_id=names.app, leader=True)
+                           if c.generation_id == sync.generation_id)
+        started = min(c.requested_at for c in calls if c.api == JOIN and c.requested_at > leader_sync.requested_at)
+        waited[str(sync.member_id)] = own[0].requested_at - max(started, sync.released_at)
+    assert len(waited) == 2, record.summary()
+    assert max(waited.values()) < 1.5, (waited, record.summary())

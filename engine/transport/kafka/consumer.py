@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,6 +50,8 @@ from streamloop.transport.kafka.rebalance import (
 from streamloop.transport.kafka.security import client_secrets, security_options
 from streamloop.transport.kafka.startup import start_or_clean_up
 from streamloop.transport.kafka.structs import aio_offsets, aio_tp, our_tps
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KafkaConsumer"]
 
@@ -244,6 +247,21 @@ class KafkaConsumer:
             raise IllegalStateError("a reader has no group to rejoin")
         self._rebalance.rejoin_count += 1
         consumer._coordinator.request_rejoin()
+
+    async def check_group(self) -> None:
+        # aiokafka asks only from its heartbeat task, once per heartbeat interval; one more
+        # heartbeat (private API) takes the same path: a RebalanceInProgress answer makes its
+        # coordination task join, other answers are handled as the heartbeat task handles them.
+        consumer = self._consumer
+        if consumer is None or self._settings is None:
+            return
+        coordinator = consumer._coordinator
+        if coordinator.coordinator_id is None or coordinator.generation < 0:
+            return  # no group yet, or joining: the JoinGroup answer will tell
+        try:
+            await coordinator._do_heartbeat()
+        except aioerrors.KafkaError as exc:
+            log.debug("An early heartbeat failed (the heartbeat task asks again): %r", exc)
 
     def _join_registered(self) -> None:
         if self._subscription is not None:

@@ -214,6 +214,10 @@ class MemoryConsumer:
             raise IllegalStateError(f"{self._name} has no group to rejoin.")
         self._membership.request_rejoin()
 
+    async def check_group(self) -> None:
+        """Nothing to do: every ``poll`` heartbeats the broker."""
+        self._check_open()
+
     async def close(self, leave_group: bool = True) -> None:
         """Stop. ``leave_group`` leaves at once, so the rest of the group rebalances now;
         otherwise the member stays in the group until ``session_timeout_ms`` passes, as

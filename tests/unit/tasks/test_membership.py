@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamloop.tasks.assignor import AssignmentInfo, StreamsAssignor, SubscriptionInfo
-from streamloop.tasks.membership import LEFT, Change, GenerationWatch, Membership
+from streamloop.tasks.membership import LEFT, Change, FollowUpWait, GenerationWatch, Membership
 from streamloop.topology.builder import StreamsBuilder
 from streamloop.transport.base import MemberAssignment, MemberSubscription
 
@@ -170,3 +170,24 @@ def test_subscriptions_without_a_membership_token_still_decode() -> None:
     info = SubscriptionInfo.decode(b'{"v": 2, "process": "p", "thread": "t"}')
     assert (info.member, info.joins) == ("", 0)
     assert AssignmentInfo.decode(b'{"v": 2, "tasks": []}').roster == {}
+
+
+def test_a_member_waiting_for_a_follow_up_asks_at_doubling_intervals_up_to_its_heartbeat() -> None:
+    wait = FollowUpWait(first_ms=100, heartbeat_ms=1_000)
+    assert not wait.due(0)
+    wait.begin(1_000)
+    asks = [now for now in range(1_000, 5_000, 10) if wait.due(now)]
+    # 100, then 200, 400 and 800 ms apart; the next step would be the heartbeat interval itself.
+    assert asks == [1_100, 1_300, 1_700, 2_500]
+    assert not wait.waiting
+
+
+def test_a_member_asks_once_at_a_time_and_stops_when_it_joins() -> None:
+    wait = FollowUpWait(first_ms=100, heartbeat_ms=3_000)
+    wait.begin(0)
+    wait.in_flight = True
+    assert not wait.due(150)
+    wait.in_flight = False
+    assert wait.due(150)
+    wait.end()
+    assert not wait.waiting and not wait.due(10_000)
