@@ -260,6 +260,7 @@ class UncommittedWrites:
                 # Bounded: the oldest (it becomes safe first) and the newest.
                 self._candidates = [candidates[0], *candidates[-_CANDIDATES + 1:]]
             return None
-        best = max(safe, key=lambda c: c.seq)
+        # Of candidates read with no write between them (equal seq), the later end is as safe.
+        best = max(safe, key=lambda c: (c.seq, c.offset))
         self._candidates = [c for c in candidates if c.seq > best.seq][-_CANDIDATES:]
         return best.offset

@@ -88,6 +88,20 @@ def test_the_checkpoint_waits_until_every_write_appended_before_the_end_was_read
     assert not store.checkpoint_behind
 
 
+def test_of_two_safe_ends_read_with_no_write_between_them_the_later_one_is_checkpointed() -> None:
+    """A busy commit's end waits (a write came after it was read); the next commit covers that
+    write and, with nothing written since, reads a later end: the checkpoint moves to that one,
+    not to the first (it lagged a commit behind, for as long as no further commit came)."""
+    store = UncommittedWrites(InMemoryBytesStore("s"))
+    store.put(b"a", b"1", ("in", 0))
+    store.commit(committed(1))
+    store.put(b"b", b"1", ("in", 1))  # processed while the first end was read
+    assert store.checkpoint_offset(store.candidate(2)) is None
+    store.commit(committed(2))
+    assert store.checkpoint_offset(store.candidate(5)) == 5
+    assert not store.checkpoint_behind
+
+
 def test_past_its_bound_the_budget_asks_for_a_commit_and_a_commit_gives_the_bytes_back() -> None:
     asked: list[int] = []
     budget = UncommittedBudget(300)
@@ -135,7 +149,7 @@ def test_a_task_still_restoring_writes_no_checkpoint_at_a_commit_of_its_thread(t
     changelog = TopicPartition("app-counts-changelog", 0)
     try:
         state.commit({})
-        state.checkpoint_commit({changelog: 1_000})
+        assert state.checkpoint_commit({changelog: 1_000}) is None
         assert checkpoint.read(str(tmp_path / "app" / "0_0")) == {}
     finally:
         state.close(clean=False)
