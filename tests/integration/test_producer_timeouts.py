@@ -8,6 +8,9 @@ import uuid
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
+# aiokafka's batch expiry is retriable once the Kafka transport registered it, which a test of the
+# memory broker alone would not otherwise import (the test then failed when run on its own).
+import streamloop.transport.kafka.errors  # noqa: F401
 from streamloop import ClientState
 from streamloop.errors import TaskTimeoutError
 from streamloop.handlers import StreamThreadExceptionResponse
