@@ -67,6 +67,11 @@ class RecoveryInbox:
     def __bool__(self) -> bool:
         return bool(self._events)
 
+    @property
+    def output_lost(self) -> bool:
+        """A ``ProducerLost`` waits for its revival: no offset may be committed until then."""
+        return any(isinstance(e, ProducerLost) for e in self._events)
+
     def drain(self) -> list[Recovery]:
         events = list(self._events)
         self._events.clear()

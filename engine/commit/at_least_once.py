@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import anyio
+import anyio.lowlevel
+
 from streamloop.errors import CommitFailedError, ProduceError, RebalanceInProgressError
 from streamloop.records import TopicPartition
 from streamloop.recovery import ProducerLost
@@ -43,6 +46,11 @@ class AtLeastOnce(CommitProtocol):
         had_output = self._collector.buffered() > 0
         try:
             await self._collector.flush()
+            if self.recovery.output_lost:
+                # A task's own send lost output (reported there, so this flush found nothing of it
+                # pending): the positions are past records without their output until the thread
+                # revives every task from its last commit.
+                return CommitResult(CommitStatus.TIMED_OUT)
             if not offsets:
                 # Nothing processed since the last commit: only output delivered now is progress
                 # (a task just revived after a failed produce has made none yet).
@@ -77,6 +85,8 @@ class AtLeastOnce(CommitProtocol):
         committed = {task.id for task, _ in by_task}
         for task, task_offsets in by_task:
             self.finish(task, task_offsets)
+            # Each task's stores write their batch on the loop: the other tasks' records run between.
+            await anyio.lowlevel.checkpoint()
         for task in tasks:
             if task.id not in committed:
                 task.mark_committed({})

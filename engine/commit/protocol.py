@@ -137,9 +137,12 @@ class CommitProtocol(ABC):
             return
         partitions = [tp for m in managers for tp in m.changelogs.values()]
         ends = await self._consumer.end_offsets(partitions)
-        # Nothing awaits from here on: every write the stores hold now was appended before ``ends``.
-        for manager in managers:
-            manager.checkpoint_commit(ends)
+        # Nothing awaits until every store's checkpoint is chosen: every write the stores hold now
+        # was appended before ``ends``.
+        moved = [(manager, manager.checkpoint_commit(ends)) for manager in managers]
+        for manager, offsets in moved:
+            if offsets is not None:
+                await manager.write_checkpoint_file(offsets)
 
     @staticmethod
     def checkpoint_behind(task: StreamTask) -> bool:

@@ -332,12 +332,13 @@ class TaskStateManager:
         """Drop the writes no commit covered (a transaction aborted): their records run again."""
         return sum(s.uncommitted.discard() for s in self.stores.values() if s.uncommitted is not None)
 
-    def checkpoint_commit(self, end_offsets: Mapping[TopicPartition, int]) -> None:
+    def checkpoint_commit(self, end_offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int] | None:
         """After a commit: ``end_offsets``, the changelogs' ends just read. Each persistent store's
-        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``).
-        Nothing while the stores restore: their disk is not at the changelog's end yet."""
+        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``);
+        returns the checkpoint to write (``write_checkpoint_file``), None when it stays. Nothing while
+        the stores restore: their disk is not at the changelog's end yet."""
         if not self._restored:
-            return
+            return None
         moved = dict(self._checkpointed)
         for name, tp in self.changelogs.items():
             held = self.stores[name].uncommitted
@@ -346,8 +347,13 @@ class TaskStateManager:
             offset = held.checkpoint_offset(held.candidate(end_offsets[tp]))
             if offset is not None:
                 moved[tp] = offset
-        if moved != self._checkpointed:
-            self._write_checkpoint(moved)
+        return moved if moved != self._checkpointed else None
+
+    async def write_checkpoint_file(self, offsets: dict[TopicPartition, int]) -> None:
+        """Write a checkpoint ``checkpoint_commit`` returned, off the loop: its fsync would hold every
+        task of the thread. Caller: the commit protocol, which closes no task meanwhile."""
+        await anyio.to_thread.run_sync(checkpoint.write, self.directory, offsets)
+        self._checkpointed = dict(offsets)
 
     async def write_checkpoint(self, end_offsets: Mapping[TopicPartition, int]) -> None:
         """A standby's: its persistent stores hold every update up to these changelog offsets."""

@@ -95,6 +95,9 @@ class TaskManager:
         self._consumer = consumer
         self._collector = collector
         self._committer = committer
+        # One commit at a time, and none while tasks close: the poll loop commits beside its polls
+        # (``ThreadLoop``), and a revocation or a shutdown closes tasks meanwhile.
+        self._commit_lock = anyio.Lock()
         self._spawn = spawn
         self._log = logger
         self._clock_ms = clock_ms
@@ -367,40 +370,41 @@ class TaskManager:
                 clean = False
                 if task.cancel_scope is not None:
                     task.cancel_scope.cancel()
-        try:
-            if clean:
-                try:
-                    # Deferred, timed out or refused: nothing of it is committed, the tasks' state is
-                    # ahead, and the next owner starts from the last successful commit.
-                    clean = (await self._committer.commit(tasks)).done
-                    if clean:
-                        await self._committer.checkpoint(
-                            [t for t in tasks if t.transaction_error is None and t.stores_restored])
-                except BaseException:
-                    clean = False
-                    raise
-        finally:
-            # Whatever the commit did, the stores close (and release their files) here.
-            released: list[TopicPartition] = []
-            for task in tasks:
-                task_clean = clean and task.transaction_error is None
-                # A task an error handler PAUSED has its partitions paused in the consumer too: a
-                # revived task (created again, RUNNING) must fetch them again.
-                handler_paused = task.is_paused
-                task.close(task_clean)
-                if self._eos is not None:
-                    await self._release_producer(task, task_clean, timeout)
-                self.closed_processed += task.processed
-                self.closed_timeouts += task.timeouts
-                self.tasks.pop(task.id, None)
-                for tp in task.partitions:
-                    self._by_partition.pop(tp, None)
-                    if tp in self._backpressured:
-                        self._backpressured.discard(tp)
-                        released.append(tp)
-                    elif handler_paused:
-                        released.append(tp)
-            self._resume_released(released)
+        async with self._commit_lock:  # a commit under way finishes first; none starts until they are closed
+            try:
+                if clean:
+                    try:
+                        # Deferred, timed out or refused: nothing of it is committed, the tasks' state is
+                        # ahead, and the next owner starts from the last successful commit.
+                        clean = (await self._committer.commit(tasks)).done
+                        if clean:
+                            await self._committer.checkpoint(
+                                [t for t in tasks if t.transaction_error is None and t.stores_restored])
+                    except BaseException:
+                        clean = False
+                        raise
+            finally:
+                # Whatever the commit did, the stores close (and release their files) here.
+                released: list[TopicPartition] = []
+                for task in tasks:
+                    task_clean = clean and task.transaction_error is None
+                    # A task an error handler PAUSED has its partitions paused in the consumer too: a
+                    # revived task (created again, RUNNING) must fetch them again.
+                    handler_paused = task.is_paused
+                    task.close(task_clean)
+                    if self._eos is not None:
+                        await self._release_producer(task, task_clean, timeout)
+                    self.closed_processed += task.processed
+                    self.closed_timeouts += task.timeouts
+                    self.tasks.pop(task.id, None)
+                    for tp in task.partitions:
+                        self._by_partition.pop(tp, None)
+                        if tp in self._backpressured:
+                            self._backpressured.discard(tp)
+                            released.append(tp)
+                        elif handler_paused:
+                            released.append(tp)
+                self._resume_released(released)
         self._log.log(logging.DEBUG if clean else logging.INFO, "Closed tasks %s %s", [str(t.id) for t in tasks],
                       "cleanly" if clean else "dirty")
 
@@ -510,8 +514,13 @@ class TaskManager:
     def commits(self) -> int:
         return self._committer.commits
 
+    def commit_due(self) -> bool:
+        """The commit interval passed, or a processor asked for a commit."""
+        return self._committer.due(self.tasks.values())
+
     async def maybe_commit(self) -> CommitResult:
-        result = await self._committer.maybe_commit(self.tasks.values())
+        async with self._commit_lock:
+            result = await self._committer.maybe_commit(self.tasks.values())
         if result.status is CommitStatus.REFUSED:
             # The group moved to a generation this member is not in (yet). Its tasks keep their
             # state: a rebalance revokes (eager) or keeps (cooperative) them, and a later commit
@@ -521,7 +530,8 @@ class TaskManager:
         return result
 
     async def commit_all(self) -> CommitResult:
-        return await self._committer.commit(list(self.tasks.values()))
+        async with self._commit_lock:
+            return await self._committer.commit(list(self.tasks.values()))
 
 
 def _tp(tp: TopicPartition) -> TopicPartition:

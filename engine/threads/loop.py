@@ -73,6 +73,8 @@ class ThreadLoop:
         config = self._config
         self._follow_up = FollowUpWait(config[cfg.RETRY_BACKOFF_MS], config[cfg.HEARTBEAT_INTERVAL_MS])
         self._group: anyio.abc.TaskGroup | None = None
+        self._committing = False
+        """A commit runs beside the poll loop (one at a time)."""
         self.standbys: StandbyTasks | None = None
         self._producer_settings = ProducerSettings(
             client_id=thread.producer_client_id,
@@ -253,16 +255,25 @@ class ThreadLoop:
                 view.polls += 1
             self._poll_scope = None
             self._thread.watch_rebalancing()
-            if self._follow_up.due(self._thread.clock.monotonic_ms()) and self._group is not None:
-                self._group.start_soon(self._check_group, consumer)
-            await manager.maybe_commit()
+            group = self._group
+            assert group is not None
+            if self._follow_up.due(self._thread.clock.monotonic_ms()):
+                group.start_soon(self._check_group, consumer)
             sensors.sample(manager.meter, view.polls, manager.commits)
-            if self.recovery:
+            if self.recovery and not self._committing:
+                # Recovery closes and reopens tasks and may replace the producer: never under a commit.
                 events = self.recovery.drain()
                 if any(isinstance(event, ShutdownRequested) for event in events):
                     break
                 await manager.revival.recover(events, self._replace_producer,
                                               self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
+            if not self._committing and not self.recovery and manager.commit_due():
+                # Beside the polls: records that arrive meanwhile are fetched and processed while the
+                # commit waits for acks, the group and the changelogs' ends (the tasks ran beside it
+                # already; the poll loop waiting on it held back only what was still to fetch). Not
+                # before a pending recovery: its tasks start again from their last commit.
+                self._committing = True
+                group.start_soon(self._commit, manager, name=f"{self._thread.name} commit")
             if assignor.rejoin_for_endpoint:
                 assignor.rejoin_for_endpoint = False
                 self._log.info("The group's assignment lacks this instance's application.server: rejoining "
@@ -274,6 +285,16 @@ class ThreadLoop:
         if self.consumer is not None:
             self._rejoin_reason = self._rejoin_reason or reason
             self.consumer.request_rejoin()
+
+    async def _commit(self, manager: TaskManager) -> None:
+        try:
+            await manager.maybe_commit()
+        except Exception as exc:
+            if self._task_failure is None:
+                self._task_failure = unwrap(exc)  # a processor failing in a cache flush, TaskTimeoutError
+            raise
+        finally:
+            self._committing = False
 
     async def _check_group(self, consumer: Consumer) -> None:
         self._follow_up.in_flight = True

@@ -340,6 +340,22 @@ async def test_output_lost_to_a_produce_timeout_is_reported_once_for_the_thread_
 
 
 @pytest.mark.asyncio
+async def test_no_offsets_are_committed_while_output_lost_elsewhere_waits_for_its_revival(rig: Rig) -> None:
+    """A task's own send reported the loss (``ProducerLost`` in the inbox) and dropped the batch:
+    the flush finds nothing pending, but the records before the positions lost their output. A
+    commit beside the poll loop can come before the loop revives the tasks: it must not commit."""
+    task = rig.tasks(0)
+    await feed(task, b"a")
+    rig.inbox.report(ProducerLost(ProduceError("out", 1, "the batch expired")))
+
+    result = await rig.committer.commit([task])
+
+    assert result == CommitResult(CommitStatus.TIMED_OUT)
+    assert rig.consumer.commits == []
+    assert {tp: om.offset for tp, om in task.committable_offsets().items()} == {TopicPartition("in", 0): 1}
+
+
+@pytest.mark.asyncio
 async def test_a_failing_flush_commits_no_offsets(rig: Rig) -> None:
     task = rig.tasks(0)
     await feed(task, b"a")
