@@ -211,7 +211,7 @@ def percentile(values: list[float], q: int) -> float:
 
 
 async def under_load(peer: ModuleType, workload: Workload, bootstrap: str, rate: float, seconds: float,
-                     warmup: float, timeout: float) -> LoadRun:
+                     warmup: float, timeout: float, dump: str | None = None) -> LoadRun:
     tag = f"{peer.__name__.rsplit('.', 1)[-1]}-{workload.name}-load-{uuid.uuid4().hex[:6]}"
     app_id, source, sink = f"bench-{tag}", f"in-{tag}", f"out-{tag}"
     await create_topics(bootstrap, [source], [sink])
@@ -262,6 +262,12 @@ async def under_load(peer: ModuleType, workload: Workload, bootstrap: str, rate:
     measured = latencies(workload.name, await read_output(bootstrap, sink), gen)
     if not measured:
         raise measure.PeerFailed(f"{peer.NAME}: no measured record in the output")
+    if dump:
+        # One line per measured output record: its append time and its latency (ms), to see when
+        # the slow ones came (at a commit, a fetch, a GC pause).
+        path = Path(dump) / f"{peer.NAME}-{workload.name}-{rate:.0f}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{at} {ms:.2f}\n" for ms, at in sorted(measured, key=lambda m: m[1])))
     values = [ms for ms, _ in measured]
     appends = [at for _, at in measured]
     span_s = (max(appends) - min(appends)) / 1000
@@ -322,7 +328,7 @@ async def run_workload(name: str, args: argparse.Namespace, bootstrap: str) -> l
             rate = c.peak * fraction
             try:
                 r = await under_load(PEERS[c.key], workload, bootstrap, rate, args.seconds, args.warmup,
-                                     args.timeout)
+                                     args.timeout, dump=args.dump)
             except Exception as exc:
                 c.errors[f"{fraction:.0%}"] = f"{type(exc).__name__}: {exc}"[:400]
                 print(f"  {c.name:<22} at {fraction:.0%} FAILED {c.errors[f'{fraction:.0%}']}", flush=True)
@@ -387,6 +393,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per load run")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds at the rate after the first output")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a peer may take for one run")
+    parser.add_argument("--dump", help="a directory: each load run's (append time, latency) pairs go to a file there")
     args = parser.parse_args()
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
