@@ -12,6 +12,7 @@ create tasks. Next stage: ``streamloop.tasks.manager.TaskManager``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import anyio
@@ -34,6 +35,7 @@ from streamloop.tasks.membership import FollowUpWait, GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
 from streamloop.tasks.task import StreamTask
 from streamloop.tasks.timeouts import StartupDeadline
+from streamloop.threads.beside import BesideJob
 from streamloop.threads.states import StreamThreadState
 from streamloop.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
 
@@ -42,8 +44,6 @@ if TYPE_CHECKING:
 
 # How often a thread reads its partitions' log end for the records-lag metric.
 LAG_REFRESH_MS = 1_000
-# How long the lag metric's offset lookups may hold the loop.
-LAG_LOOKUP_LIMIT_S = 0.5
 
 
 class ThreadLoop:
@@ -73,8 +73,6 @@ class ThreadLoop:
         config = self._config
         self._follow_up = FollowUpWait(config[cfg.RETRY_BACKOFF_MS], config[cfg.HEARTBEAT_INTERVAL_MS])
         self._group: anyio.abc.TaskGroup | None = None
-        self._committing = False
-        """A commit runs beside the poll loop (one at a time)."""
         self.standbys: StandbyTasks | None = None
         self._producer_settings = ProducerSettings(
             client_id=thread.producer_client_id,
@@ -243,6 +241,15 @@ class ThreadLoop:
         view = self._thread.view
         sensors = self._thread.sensors
         assignor = self._thread.assignor
+        group = self._group
+        assert group is not None
+        # Beside the polls (``streamloop.threads.beside``): a commit waits for acks, the group and
+        # the changelogs' ends; the lag metric for log ends; a follow-up check for the coordinator.
+        commits = BesideJob(functools.partial(self._commit, manager))
+        lags = BesideJob(functools.partial(self._measure_lag, consumer, manager))
+        checks = BesideJob(functools.partial(self._check_group, consumer))
+        for job, what in ((commits, "commits"), (lags, "lag lookups"), (checks, "group checks")):
+            group.start_soon(job.serve, name=f"{self._thread.name} {what}")
         while not self._asked_to_stop:
             with CancelScope() as scope:
                 self._poll_scope = scope
@@ -255,31 +262,30 @@ class ThreadLoop:
                 view.polls += 1
             self._poll_scope = None
             self._thread.watch_rebalancing()
-            group = self._group
-            assert group is not None
             if self._follow_up.due(self._thread.clock.monotonic_ms()):
-                group.start_soon(self._check_group, consumer)
+                checks.request()
             sensors.sample(manager.meter, view.polls, manager.commits)
-            if self.recovery and not self._committing:
+            if self.recovery and not commits.busy:
                 # Recovery closes and reopens tasks and may replace the producer: never under a commit.
                 events = self.recovery.drain()
                 if any(isinstance(event, ShutdownRequested) for event in events):
                     break
                 await manager.revival.recover(events, self._replace_producer,
                                               self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
-            if not self._committing and not self.recovery and manager.commit_due():
-                # Beside the polls: records that arrive meanwhile are fetched and processed while the
-                # commit waits for acks, the group and the changelogs' ends (the tasks ran beside it
-                # already; the poll loop waiting on it held back only what was still to fetch). Not
-                # before a pending recovery: its tasks start again from their last commit.
-                self._committing = True
-                group.start_soon(self._commit, manager, name=f"{self._thread.name} commit")
+            if not commits.busy and not self.recovery and manager.commit_due():
+                # Records that arrive while the commit waits are fetched and processed meanwhile (the
+                # tasks ran beside it already; the poll loop waiting on it held back only what was
+                # still to fetch). Not before a pending recovery: its tasks start again from their
+                # last commit.
+                commits.request()
             if assignor.rejoin_for_endpoint:
                 assignor.rejoin_for_endpoint = False
                 self._log.info("The group's assignment lacks this instance's application.server: rejoining "
                                "so that every instance learns it")
                 self._request_rejoin("so that every instance learns this one's application.server")
-            await self._maybe_measure_lag(consumer, manager)
+            now = self._thread.clock.monotonic_ms()
+            if now >= self._next_lag_ms and manager.tasks and lags.request():
+                self._next_lag_ms = now + LAG_REFRESH_MS
 
     def _request_rejoin(self, reason: str) -> None:
         if self.consumer is not None:
@@ -293,8 +299,6 @@ class ThreadLoop:
             if self._task_failure is None:
                 self._task_failure = unwrap(exc)  # a processor failing in a cache flush, TaskTimeoutError
             raise
-        finally:
-            self._committing = False
 
     async def _check_group(self, consumer: Consumer) -> None:
         self._follow_up.in_flight = True
@@ -315,25 +319,21 @@ class ThreadLoop:
         self._request_rejoin(reason)
         return True
 
-    async def _maybe_measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
-        """Read the log end of the tasks' partitions, at most once a second.
+    async def _measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
+        """Read the log end of the tasks' partitions (at most once a second, beside the polls).
 
         The lag itself is computed when read (``ThreadView.task_lags``) from these ends and the
         tasks' live positions, so it follows processing at once and does not wait for a commit
         interval. A paused task's lag keeps growing, which is how operators see it.
         """
-        now = self._thread.clock.monotonic_ms()
-        if now < self._next_lag_ms or not manager.tasks:
-            return
-        self._next_lag_ms = now + LAG_REFRESH_MS
+        # A metric must never hold the loop: the broker answers a ListOffsets request after the
+        # fetch in flight on its connection, and under the cooperative protocol a committed-offset
+        # request queues behind this member's JoinGroup until the rebalance ends. So it runs beside
+        # the polls, one lookup at a time, and gives up after the request timeout.
         tasks = list(manager.tasks.values())
         partitions = [tp for task in tasks for tp in task.partitions]
-        # A metric must never hold the loop: under the cooperative protocol the tasks run on while
-        # this member's JoinGroup waits at the coordinator, and a committed-offset request queues
-        # behind it (a connection answers in order), which would stop this loop, its nudges to
-        # the other threads included, until the rebalance ends.
-        with anyio.move_on_after(LAG_LOOKUP_LIMIT_S) as scope:
-            try:
+        try:
+            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS)) as scope:
                 ends = await consumer.end_offsets(partitions)
                 for task in tasks:
                     for tp in task.partitions:
@@ -341,14 +341,13 @@ class ThreadLoop:
                             committed = await consumer.committed(tp)
                             if committed is not None:
                                 task.group_committed[tp] = committed.offset
-            except Exception as exc:  # a metric must never fail the thread
-                self._log.debug("Could not read end offsets for the lag metric: %r", exc)
+            if scope.cancelled_caught:
+                self._log.debug("The lag metric's offsets did not come within the request timeout; "
+                                "read again later")
                 return
-        if scope.cancelled_caught:
-            self._log.debug("The lag metric's offsets did not come within %.1f s; read again later",
-                            LAG_LOOKUP_LIMIT_S)
-            return
-        self._thread.view.log_ends = ends
+            self._thread.view.log_ends = ends
+        except Exception as exc:  # a metric must never fail the thread
+            self._log.debug("Could not read end offsets for the lag metric: %r", exc)
 
     def _task_producer(self, task_id: TaskId) -> Producer:
         """Exactly-once: a task's own transactional producer (not started)."""

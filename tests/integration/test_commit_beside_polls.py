@@ -1,10 +1,15 @@
-"""A commit runs beside the poll loop: records keep flowing while it waits (issue #34, latency).
+"""A commit, and the lag metric's lookup, run beside the poll loop: records keep flowing while
+they wait (issue #34, latency).
 
 A commit waits for the producer's acks, the group's answer and the changelogs' ends. Run by the
 poll loop itself, it stopped the fetching for that long, so every record that arrived meanwhile
 waited for it: tens of milliseconds at each commit interval, the p99 of a count under load. Here
 a commit is held open (its protocol's ``commit`` waits on an event) and a record produced then
 must still come out; once the commit is let go, every offset is committed as before.
+
+The lag metric reads the partitions' log ends once a second (a ListOffsets request, which a broker
+answers after the fetch in flight on the same connection). Awaited by the poll loop under a 0.5 s
+limit, it stopped the fetching for that long, once a second.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from streamloop.commit.at_least_once import AtLeastOnce
 from streamloop.records import TopicPartition
 from streamloop.serdes import IntegerSerde, JsonSerde
 from streamloop.testing import eventually_async
+from streamloop.transport.kafka.consumer import KafkaConsumer
+from streamloop.transport.memory.consumer import MemoryConsumer
 from tests.support.apps import doubling_topology, make_streams
 from tests.support.cluster import Cluster, committed_offset
 
@@ -76,4 +83,57 @@ async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, name
         await eventually_async(all_committed, 30, "every offset committed once the commit is let go")
     finally:
         held.hold.clear()
+        await streams.close_async(timeout=30)
+
+
+class HeldLookups:
+    """While ``hold`` is set, a stream thread's ``end_offsets`` waits; ``cancelled`` counts the ones
+    given up on before they were let go."""
+
+    def __init__(self) -> None:
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+        self.cancelled = 0
+
+    def wrap(self, original: Any) -> Any:
+        async def end_offsets(consumer: Any, partitions: Any) -> Any:
+            if self.hold.is_set() and "StreamThread" in threading.current_thread().name:
+                self.entered.set()
+                try:
+                    while self.hold.is_set():
+                        await anyio.sleep(0.01)
+                except anyio.get_cancelled_exc_class():
+                    self.cancelled += 1
+                    raise
+            return await original(consumer, partitions)
+        return end_offsets
+
+
+@pytest.fixture
+def held_lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldLookups]:
+    held = HeldLookups()
+    for consumer in (KafkaConsumer, MemoryConsumer):
+        monkeypatch.setattr(consumer, "end_offsets", held.wrap(consumer.end_offsets))
+    yield held
+    held.hold.clear()
+
+
+async def test_records_are_processed_while_the_lag_metric_waits_for_log_ends(
+        cluster: Cluster, names, held_lookups: HeldLookups) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
+    await streams.start_async()
+    try:
+        await cluster.produce(source, [(0, {"n": 0})], INT, JSON, 1)
+        await cluster.read(sink, 1)
+        held_lookups.hold.set()
+        await eventually_async(held_lookups.entered.is_set, 30, "a lookup of the log ends under way")
+        await cluster.produce(source, [(1, {"n": 2})], INT, JSON, 1)
+        out = await cluster.read(sink, 2, timeout=20)
+        assert [JSON.deserialize(r.value)["n"] for r in out] == [0, 2]
+        # The record came out beside the lookup, not after the poll loop gave up on it.
+        assert held_lookups.hold.is_set() and held_lookups.cancelled == 0
+    finally:
+        held_lookups.hold.clear()
         await streams.close_async(timeout=30)
