@@ -15,12 +15,14 @@ limit, it stopped the fetching for that long, once a second.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 
+from streamloop import KafkaStreams
 from streamloop.commit.at_least_once import AtLeastOnce
 from streamloop.records import TopicPartition
 from streamloop.serdes import IntegerSerde, JsonSerde
@@ -60,7 +62,11 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldCommits]:
     held.hold.clear()
 
 
-async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, names, held: HeldCommits) -> None:
+@asynccontextmanager
+async def doubling_running(cluster: Cluster, names: Any,
+                           hold: threading.Event) -> AsyncIterator[tuple[KafkaStreams, str, str]]:
+    """A doubling app that has processed its first record (so its group is settled); closed after,
+    with ``hold`` cleared first (a close waits for a held commit)."""
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
     streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
@@ -68,6 +74,14 @@ async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, name
     try:
         await cluster.produce(source, [(0, {"n": 0})], INT, JSON, 1)
         await cluster.read(sink, 1)
+        yield streams, source, sink
+    finally:
+        hold.clear()
+        await streams.close_async(timeout=30)
+
+
+async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, names, held: HeldCommits) -> None:
+    async with doubling_running(cluster, names, held.hold) as (_, source, sink):
         held.hold.set()
         await cluster.produce(source, [(1, {"n": 2})], INT, JSON, 1)
         await eventually_async(held.entered.is_set, 30, "a commit of the second record under way")
@@ -81,9 +95,6 @@ async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, name
         async def all_committed() -> bool:
             return await committed_offset(cluster, names.app, TopicPartition(source, 0)) == 3
         await eventually_async(all_committed, 30, "every offset committed once the commit is let go")
-    finally:
-        held.hold.clear()
-        await streams.close_async(timeout=30)
 
 
 class HeldLookups:
@@ -120,13 +131,7 @@ def held_lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldLookups]:
 
 async def test_records_are_processed_while_the_lag_metric_waits_for_log_ends(
         cluster: Cluster, names, held_lookups: HeldLookups) -> None:
-    source, sink = names("in"), names("out")
-    await cluster.create_topics({source: 1, sink: 1})
-    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
-    await streams.start_async()
-    try:
-        await cluster.produce(source, [(0, {"n": 0})], INT, JSON, 1)
-        await cluster.read(sink, 1)
+    async with doubling_running(cluster, names, held_lookups.hold) as (_, source, sink):
         held_lookups.hold.set()
         await eventually_async(held_lookups.entered.is_set, 30, "a lookup of the log ends under way")
         await cluster.produce(source, [(1, {"n": 2})], INT, JSON, 1)
@@ -134,6 +139,4 @@ async def test_records_are_processed_while_the_lag_metric_waits_for_log_ends(
         assert [JSON.deserialize(r.value)["n"] for r in out] == [0, 2]
         # The record came out beside the lookup, not after the poll loop gave up on it.
         assert held_lookups.hold.is_set() and held_lookups.cancelled == 0
-    finally:
         held_lookups.hold.clear()
-        await streams.close_async(timeout=30)
