@@ -140,3 +140,22 @@ async def test_records_are_processed_while_the_lag_metric_waits_for_log_ends(
         # The record came out beside the lookup, not after the poll loop gave up on it.
         assert held_lookups.hold.is_set() and held_lookups.cancelled == 0
         held_lookups.hold.clear()
+
+
+async def test_offsets_are_committed_while_a_backlog_keeps_the_producer_busy(cluster: Cluster, names) -> None:
+    """A commit waits for the acks of the output sent before it, not for the producer to fall idle:
+    the tasks go on producing beside it, and on Kafka a flush that waited until nothing was in flight
+    found something in flight at every look, so no commit completed until the backlog was done
+    (found at 1M records: every state-store write held in memory for the whole run)."""
+    backlog = 60_000
+    async with doubling_running(cluster, names, threading.Event()) as (_, source, _sink):
+        await cluster.produce(source, [(i, {"n": 2 * i}) for i in range(1, backlog + 1)], INT, JSON, 1)
+        seen: list[int] = []
+
+        async def caught_up() -> bool:
+            offset = await committed_offset(cluster, names.app, TopicPartition(source, 0)) or 0
+            seen.append(offset)
+            return offset == backlog + 1
+        await eventually_async(caught_up, 120, "the whole backlog committed", interval=0.02)
+        during = [offset for offset in seen if 1 < offset < backlog + 1]
+        assert during, f"no commit landed while the backlog was processed (committed offsets seen: {sorted(set(seen))})"

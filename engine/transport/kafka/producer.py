@@ -288,10 +288,17 @@ class KafkaProducer:
             raise produce_error(topic, partition, cause, self._settings.transactional_id) from cause
 
     async def flush(self) -> None:
+        """Every record appended before this call is acknowledged (or the failure raised).
+
+        Only those: the tasks go on producing beside a commit, and under steady load some batch
+        is always in flight, so waiting until none was left never ended (no commit completed
+        until the input ran dry)."""
         await self.send_buffered()
-        while self._pending:
-            await asyncio.wait(list(self._pending))
-            for future in [f for f in self._pending if f.done()]:
+        waiting = list(self._pending)
+        if waiting:
+            await asyncio.wait(waiting)
+            for future in waiting:
+                # Its done callback may not have run yet; a second call finds nothing left to do.
                 self._on_delivered(future)
         self._raise_failure()
 
