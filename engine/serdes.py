@@ -126,7 +126,7 @@ class JsonSerde:
 
     def serialize(self, value: Any) -> bytes | None:
         # A copy of orjson's output (``b"%b" %``, ~50 ns): each ``orjson.dumps`` result keeps the
-        # whole buffer it was written into, at least 4 KiB (orjson 3.10-3.13). A store holds values
+        # whole buffer it was written into, at least 4 KiB (seen with orjson 3.13). A store holds values
         # until a commit covers them, an in-memory store for good: a 100-byte JSON value held 4 KiB.
         return None if value is None else b"%b" % orjson.dumps(value)
 
