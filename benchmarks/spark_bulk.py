@@ -172,7 +172,7 @@ class Bench:
             return Child([str(python), str(ROOT / "benchmarks" / "peers" / "spark_structured.py"),
                           "--bootstrap", self.bootstrap, "--source", source, "--sink", sink, "--jars", str(jars),
                           "--checkpoint", str(self.workdir / f"checkpoint-{run}"), *extra], out)
-        if system == "spark_batch" and self.row_wise:
+        if system in ("spark_batch", "spark_exec") and self.row_wise:
             extra = ["--row-wise", *extra]
         base = {"spark.master": "local[*]", "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": "4", "spark.driver.host": "127.0.0.1",

@@ -24,6 +24,7 @@ from .kafka_source import (
     KIND,
     MISFIT,
     OFFSET,
+    PART,
     RAW,
     SIDE_COLUMNS,
     SOURCE_NAME,
@@ -84,12 +85,14 @@ class KafkaRangeReader(DataSourceReader):
         kafka_range = partition.range
         records = fetch_range(spec.kafka, kafka_range.topic, kafka_range.partition, kafka_range.start,
                               kafka_range.end, spec.stall_ms)
+        index = partition.value
         if spec.mode == RAW:
             for raw in records:
                 yield (*([None] * fields), RAW, raw.offset, raw.timestamp, raw.key, raw.value,
-                       _headers(raw.headers), None, None, None)
+                       _headers(raw.headers), None, None, None, index)
             return
-        yield from decode_range(records, spec, fields)
+        for row in decode_range(records, spec, fields):
+            yield (*row, index)
 
 
 def decode_range(records: Iterator[Any], spec: ReadSpec, fields: int) -> Iterator[tuple[Any, ...]]:
@@ -196,11 +199,27 @@ def read_range(session: Any, spec: ReadSpec) -> tuple[Any, RangeOutcome]:
     persisted frame, and its side rows back, so that the handlers are asked about the failed
     records before anything is written (as the driver path asks before it forwards). The caller
     writes with ``write_range`` and unpersists the frame."""
+    frame, (outcome,) = read_ranges(session, spec, shared=False)
+    return frame, outcome
+
+
+def read_ranges(session: Any, spec: ReadSpec, shared: bool = True) -> tuple[Any, list[RangeOutcome]]:
+    """``read_range`` for several tasks' ranges in one job (``streamloop.tasks.range_jobs``): one
+    Spark partition per range, so each side row is told to its range by the partition it was read
+    in (its ``PART`` column). The side rows of each range, in the order of ``spec.ranges``."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return frame, RangeOutcome(None, side_rows(frame))
+        if not shared:
+            return frame, [RangeOutcome(None, side_rows(frame))]
+        outcomes = [RangeOutcome(None, []) for _range in spec.ranges]
+        rows = frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS, PART)
+        for row in rows.collect():
+            side = row.asDict(recursive=True)
+            outcomes[side.pop(PART)].side.append(side)
+        return frame, outcomes
     except BaseException:
         frame.unpersist()
         raise
@@ -214,6 +233,31 @@ def write_range(session: Any, frame: Any, fn: Any, spec: ReadSpec, write: Any) -
 
     write_frame(session, fn(good_rows(frame, spec)), write)
     return RangeOutcome(None, [])
+
+
+def write_ranges(session: Any, frame: Any, fn: Any, spec: ReadSpec, write: Any, ranges: Sequence[int]) -> str | None:
+    """``write_range`` over a frame of several tasks' ranges read by ``read_ranges``: ``fn``
+    applied to the records of the ranges at ``ranges`` (indexes into ``spec.ranges``: those whose
+    output may leave). With ``write.timestamps`` (a job shared by the ranges, ``fn`` row-wise:
+    ``streamloop.spark.row_wise``) it is applied once, and each output row is written with the
+    timestamp of its own range, by the Spark partition it leaves from; then the result is why the
+    plan is not row-wise (nothing written: the caller writes each range on its own), else None.
+    Returns once every record is acknowledged."""
+    from pyspark.sql import functions as F
+
+    from .kafka_writer import write_frame
+    from .parts import not_row_wise
+
+    if len(ranges) < len(spec.ranges):
+        frame = frame.where(F.col(PART).isin(list(ranges)))
+    out = fn(good_rows(frame, spec))
+    if write.timestamps:
+        out = out.withColumn(PART, F.spark_partition_id())
+        problem = not_row_wise(out, scan="InMemoryTableScan")
+        if problem is not None:
+            return problem
+    write_frame(session, out, write)
+    return None
 
 
 def run_raw_job(session: Any, spec: ReadSpec) -> RangeOutcome:

@@ -49,6 +49,9 @@ KIND, OFFSET, TIMESTAMP, RAW_KEY, RAW_VALUE, HEADERS, ERROR, COUNT, MAX_TIMESTAM
     f"{_P}{name}" for name in ("kind", "offset", "timestamp", "raw_key", "raw_value", "headers", "error",
                               "count", "max_timestamp"))
 SIDE_COLUMNS = (KIND, OFFSET, TIMESTAMP, RAW_KEY, RAW_VALUE, HEADERS, ERROR, COUNT, MAX_TIMESTAMP)
+# The index of a row's range in a job of several ranges: a column of each row read, and the Spark
+# partition a row of a row-wise function's output leaves from (one partition per range).
+PART = f"{_P}range"
 # What a side row is: a record whose key or value did not decode (the deserialization handler's),
 # a record that does not fit the schema (the processing handler's), the range's summary.
 KEY_FAILED, VALUE_FAILED, MISFIT, CARRIER = "key", "value", "schema", "carrier"
@@ -256,7 +259,8 @@ class RangeOutcome:
 
 
 def full_schema(schema: StructType) -> StructType:
-    """The data source's schema: the stage's columns, then the side columns. Built in Python: a
+    """The data source's schema: the stage's columns, then the side columns, then the index of the
+    row's range in the job (``PART``). Built in Python: a
     data source's schema is asked for in a Python worker, which has no JVM to parse DDL."""
     from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
 
@@ -267,7 +271,8 @@ def full_schema(schema: StructType) -> StructType:
     types = {KIND: StringType(), OFFSET: LongType(), TIMESTAMP: LongType(), RAW_KEY: BinaryType(),
              RAW_VALUE: BinaryType(), HEADERS: ArrayType(header), ERROR: BinaryType(), COUNT: LongType(),
              MAX_TIMESTAMP: LongType()}
-    return StructType([*schema.fields, *(StructField(name, types[name]) for name in SIDE_COLUMNS)])
+    return StructType([*schema.fields, *(StructField(name, types[name]) for name in SIDE_COLUMNS),
+                       StructField(PART, LongType())])
 
 
 class ExecutorDecodeError(Exception):

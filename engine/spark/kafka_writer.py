@@ -18,7 +18,7 @@ imports pyspark at the top, as ``kafka_reader`` does.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from streamloop.transport.kafka.range_write import write_records
 from streamloop.transport.partitioner import key_hash
 
 from .frames import to_records
-from .kafka_source import decode_option, encode_option, register_source
+from .kafka_source import PART, decode_option, encode_option, register_source
 
 WRITE_SOURCE_NAME = "streamloop_kafka_write"
 
@@ -48,6 +48,9 @@ class WriteSpec:
     key_serde: Serde
     value_serde: Serde
     timestamp: int
+    # A write of several ranges (``kafka_reader.write_ranges``): each row's range index is in its
+    # ``PART`` column, and its records take that range's timestamp from here.
+    timestamps: tuple[int, ...] = ()
 
     def encode(self) -> str:
         return encode_option(self)
@@ -100,11 +103,22 @@ def keyed(spec: WriteSpec, rows: Iterator[Any]) -> Iterator[tuple[int, bytes | N
     collector would send the row's record."""
     key_serde, value_serde, count = spec.key_serde, spec.value_serde, spec.partitions
     round_robin = itertools.count()
-    for record in to_records([row.asDict(recursive=True) for row in rows], spec.key_column, spec.value_columns,
-                             spec.timestamp):
-        key = key_serde.serialize(record.key)
-        partition = next(round_robin) % count if key is None else key_hash(key) % count
-        yield partition, key, value_serde.serialize(record.value), record.timestamp
+    dicts = [row.asDict(recursive=True) for row in rows]
+    if spec.timestamps:
+        runs: Iterable[tuple[int, list[dict[str, Any]]]] = (
+            (spec.timestamps[part], list(run)) for part, run in itertools.groupby(dicts, key=_pop_part))
+    else:
+        runs = ((spec.timestamp, dicts),)
+    for timestamp, run in runs:
+        for record in to_records(run, spec.key_column, spec.value_columns, timestamp):
+            key = key_serde.serialize(record.key)
+            partition = next(round_robin) % count if key is None else key_hash(key) % count
+            yield partition, key, value_serde.serialize(record.value), record.timestamp
+
+
+def _pop_part(row: dict[str, Any]) -> int:
+    part: int = row.pop(PART)
+    return part
 
 
 def write_frame(session: Any, frame: Any, spec: WriteSpec) -> None:

@@ -201,7 +201,7 @@ def run_combined(session: Any, job: TransformJob, tables: Sequence[Any], schema:
     tagged = out.withColumn(PART_COLUMN, F.spark_partition_id())
     if clock is not None:
         clock.mark("analyze")
-    problem = _not_row_wise(tagged)
+    problem = not_row_wise(tagged)
     if clock is not None:
         clock.mark("plan")
     if problem is not None:
@@ -241,12 +241,13 @@ _ROW_WISE_NODES = ("AdaptiveSparkPlan", "Project", "Filter", "BroadcastHashJoin"
 _SCAN = "Scan ExistingRDD"
 
 
-def _not_row_wise(frame: Any) -> str | None:
+def not_row_wise(frame: Any, scan: str = _SCAN) -> str | None:
     """Why ``frame``'s plan does not keep each of its input's rows in its partition (None: it
     does). Read from the physical plan's tree string (planning it, which its action then reuses):
-    every operator outside a broadcast must be one of ``_ROW_WISE_NODES`` and the frame's RDD
-    scan (a partition per batch) the only leaf; a local relation's scan, cut by row count, is not
-    one of them."""
+    every operator outside a broadcast must be one of ``_ROW_WISE_NODES`` and the frame's scan
+    (``scan``: by default the RDD scan of a partition per batch) the only leaf; a local
+    relation's scan, cut by row count, is not one of them. What is below the scan (a persisted
+    frame's own plan) is not looked at."""
     jdf = getattr(frame, "_jdf", None)
     if jdf is None:
         return "its plan cannot be read (Spark Connect)"
@@ -265,10 +266,11 @@ def _not_row_wise(frame: Any) -> str | None:
         if node.startswith("BroadcastExchange") or node.startswith("ReusedExchange"):
             broadcast = True
         elif not broadcast:
-            if not node.startswith(_ROW_WISE_NODES):
-                return f"its plan has {node.split(' ')[0].split('[')[0]}"
-            if node.startswith(_SCAN):
+            if node.startswith(scan):
                 scans += 1
+                broadcast = True  # its subtree is the scanned frame's: not part of the function's plan
+            elif not node.startswith(_ROW_WISE_NODES):
+                return f"its plan has {node.split(' ')[0].split('[')[0]}"
         stack.append((depth, broadcast))
     if scans != 1:
         return f"its plan reads {scans} frames outside broadcasts"

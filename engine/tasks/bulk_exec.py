@@ -66,9 +66,11 @@ from streamloop.spark.parts import TransformJob
 from streamloop.spark.stage import SparkBatchStage, direct_sink
 
 from .processing import RecordPath
+from .range_jobs import RangeJobs
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
+    from streamloop.spark.kafka_writer import WriteSpec
     from streamloop.spark.session import SparkSessions
 
     from .task import StreamTask
@@ -88,6 +90,8 @@ class ExecutorReads:
     position: Callable[[TopicPartition], Awaitable[int]]
     end_offsets: Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, int]]]
     options: Mapping[str, Any] | None
+    # The stream thread's shared range jobs, by stage (``streamloop.tasks.range_jobs``); None: none shared.
+    shared: dict[str, RangeJobs] | None = None
 
 
 def executor_window(task: StreamTask, reads: ExecutorReads | None) -> ExecutorWindow | None:
@@ -124,14 +128,18 @@ def executor_window(task: StreamTask, reads: ExecutorReads | None) -> ExecutorWi
     assert source is not None and reads is not None
     (tp,) = task.partitions
     sink = direct_sink(stage_node) if isinstance(stage.executor_job()[0], TransformJob) else None
-    return ExecutorWindow(task, TopicPartition(*tp), source, stage_node, stage, reads, sink)
+    jobs = None
+    if sink is not None and stage.shared and reads.shared is not None:
+        jobs = reads.shared.setdefault(stage.name, RangeJobs(stage.batching()[1]))
+    return ExecutorWindow(task, TopicPartition(*tp), source, stage_node, stage, reads, sink, jobs)
 
 
 class ExecutorWindow:
     """Caller: ``StreamTask.run`` (the loop) and the task (``lowest_in_flight``, ``metadata``)."""
 
     def __init__(self, task: StreamTask, tp: TopicPartition, source: SourceNode, node: ProcessorNode,
-                 stage: SparkBatchStage, reads: ExecutorReads, sink: SinkNode | None = None) -> None:
+                 stage: SparkBatchStage, reads: ExecutorReads, sink: SinkNode | None = None,
+                 jobs: RangeJobs | None = None) -> None:
         self._task = task
         self._tp = tp
         self._source = source
@@ -140,6 +148,9 @@ class ExecutorWindow:
         self._reads = reads
         # The sink the executors write to themselves; None: the rows come back and go downstream.
         self.sink = sink
+        # Shared with the stage's other tasks on the thread: one read and one write job for all
+        # their ranges, while the stage's function is row-wise (``streamloop.tasks.range_jobs``).
+        self._jobs = jobs
         self._max_records, self._max_wait_s, _in_flight = stage.batching()
         self._running: KafkaRange | None = None
         self._path = RecordPath(task, journal=False)
@@ -162,6 +173,21 @@ class ExecutorWindow:
         await self._serve(until_idle=True)
 
     async def _serve(self, until_idle: bool) -> None:
+        jobs = self._jobs
+        if jobs is None:
+            await self._serve_ranges(until_idle)
+            return
+        jobs.join(self)
+        try:
+            await self._serve_ranges(until_idle)
+        finally:
+            jobs.leave(self)
+
+    def _idle(self) -> None:
+        if self._jobs is not None:
+            self._jobs.idle(self)
+
+    async def _serve_ranges(self, until_idle: bool) -> None:
         task, tp = self._task, self._tp
         initial: int | None = None
         while not task.closing:
@@ -169,6 +195,7 @@ class ExecutorWindow:
             self._hold()
             await task.flush_output()
             if task.paused_at is not None:
+                self._idle()
                 if until_idle:
                     break
                 await task.wait_for_wakeup()
@@ -181,6 +208,7 @@ class ExecutorWindow:
             end = (await self._reads.end_offsets([tp]))[tp]
             next_range = pick_range(tp, position, end, self._max_records)
             if next_range is None:
+                self._idle()
                 if until_idle:
                     break
                 # Nothing past the position yet: look again after max.wait.ms (or a close).
@@ -216,7 +244,11 @@ class ExecutorWindow:
         began = time.perf_counter_ns()
         try:
             if self.sink is not None:
-                done, summary = await self._run_direct(kafka_range, self.sink)
+                jobs, job = self._jobs, stage.executor_job()[0]
+                if jobs is not None and isinstance(job, TransformJob) and job.row_wise:
+                    done, summary = await self._run_shared(jobs, kafka_range, self.sink)
+                else:
+                    done, summary = await self._run_direct(kafka_range, self.sink)
                 if not done:
                     return  # the task closed during a back-off: the range is read again by the next owner
             else:
@@ -275,6 +307,66 @@ class ExecutorWindow:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(frame.unpersist)
 
+    async def _run_shared(self, jobs: RangeJobs, kafka_range: KafkaRange,
+                          sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
+        """``_run_direct`` together with the stage's other tasks on the thread: the range is read in
+        one job with theirs, and written in one job with theirs (``streamloop.tasks.range_jobs``).
+        When either job fails, this range is read or written on its own, as ``_run_direct`` does."""
+        stage = self._stage
+        group, index = await jobs.read(self, kafka_range, self._read_ranges, self._unpersist)
+        try:
+            if group.read.error is not None:
+                log.info("Spark stage '%s': a read shared by %d tasks failed (%r); %s is read on its own",
+                         stage.name, len(group.ranges), group.read.error, kafka_range)
+                return await self._run_direct(kafka_range, sink)
+            outcome = group.outcome(index)
+            await self._report_failures(outcome)
+            summary = outcome.summary()
+            leaves = summary is not None and self._passes_pause(summary)
+            write = functools.partial(self._write_ranges, sink)
+            written = await jobs.write(group, index, summary[TIMESTAMP] if summary is not None and leaves else None,
+                                       write)
+            if written is None:
+                return True, summary
+            assert summary is not None
+            job = stage.executor_job()[0]
+            if isinstance(written, str) and isinstance(job, TransformJob) and job.row_wise:
+                job.row_wise = False
+                log.warning("Spark stage '%s': its function is marked row_wise but %s; each task's range is now "
+                            "written on its own", stage.name, written)
+            elif isinstance(written, Exception):
+                log.info("Spark stage '%s': a write shared by %d tasks failed (%r); %s is written on its own",
+                         stage.name, len(group.ranges), written, kafka_range)
+            assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
+            partitions = await sink.collector.partition_count(sink.topic)
+            alone = functools.partial(self._on_worker_write_alone, group.frame, tuple(group.ranges), index,
+                                      summary[TIMESTAMP], sink, partitions)
+            rewritten = await self._settle(alone, kafka_range)
+            if rewritten is None:
+                return False, None  # the task closed during a back-off: the range is read again by the next owner
+            if isinstance(rewritten, Exception):
+                await self._fail_each(kafka_range, rewritten)
+                return True, None
+            return True, summary
+        finally:
+            with anyio.CancelScope(shield=True):
+                await jobs.done(group, index)
+
+    async def _read_ranges(self, ranges: tuple[KafkaRange, ...]) -> tuple[Any, list[RangeOutcome]]:
+        return await self._off_loop(functools.partial(self._on_worker_read_ranges, ranges), ranges[0])
+
+    async def _write_ranges(self, sink: SinkNode, frame: Any, ranges: tuple[KafkaRange, ...], leaving: Sequence[int],
+                            stamps: tuple[int, ...]) -> str | None:
+        """Write the ranges at ``leaving`` of a group's ``frame``: one range alone (``stamps``: its
+        timestamp) or several in one row-wise job (``stamps``: each range's)."""
+        assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
+        partitions = await sink.collector.partition_count(sink.topic)
+        work = functools.partial(self._on_worker_write_ranges, frame, ranges, tuple(leaving), stamps, sink, partitions)
+        return await self._off_loop(work, ranges[leaving[0]])
+
+    async def _unpersist(self, frame: Any) -> None:
+        await anyio.to_thread.run_sync(frame.unpersist)
+
     def _passes_pause(self, summary: Mapping[str, Any]) -> bool:
         """Whether the range's output may leave: it has a carrier record (a record that decoded)
         and the task did not pause at or below it (the driver path's rule, ``_forward``)."""
@@ -311,7 +403,7 @@ class ExecutorWindow:
                 timer.clear()
             return outcome
 
-    def _spec(self, session: Any, kafka_range: KafkaRange) -> ReadSpec:
+    def _spec(self, session: Any, ranges: tuple[KafkaRange, ...]) -> ReadSpec:
         from streamloop.spark.schema import resolve_schema
 
         stage, source = self._stage, self._source
@@ -319,7 +411,7 @@ class ExecutorWindow:
         if self._schema is None:
             self._schema = resolve_schema(session, schema)
         assert self._reads.options is not None
-        return ReadSpec(dict(self._reads.options), (kafka_range,), source.key_serde, source.value_serde, key_column,
+        return ReadSpec(dict(self._reads.options), ranges, source.key_serde, source.value_serde, key_column,
                         self._schema, stall_ms=int(self._reads.options.get("request_timeout_ms", 40_000)) + 20_000)
 
     def _sessions(self) -> SparkSessions:
@@ -333,36 +425,70 @@ class ExecutorWindow:
         session = self._sessions().get()
         with _tagged(session, tag):
             job = self._stage.executor_job()[0]
-            return run_range_job(session, job, self._spec(session, kafka_range), self._stage.name)
+            return run_range_job(session, job, self._spec(session, (kafka_range,)), self._stage.name)
 
     def _on_worker_read(self, kafka_range: KafkaRange, tag: str) -> tuple[Any, RangeOutcome]:
         from streamloop.spark.kafka_reader import read_range
 
         session = self._sessions().get()
         with _tagged(session, tag):
-            return read_range(session, self._spec(session, kafka_range))
+            return read_range(session, self._spec(session, (kafka_range,)))
 
     def _on_worker_write(self, frame: Any, kafka_range: KafkaRange, sink: SinkNode, partitions: int,
                          timestamp: int, tag: str) -> RangeOutcome:
         from streamloop.spark.kafka_reader import write_range
-        from streamloop.spark.kafka_writer import WriteSpec
 
         session = self._sessions().get()
-        job, key_column, value_columns, _schema = self._stage.executor_job()
-        assert isinstance(job, TransformJob) and isinstance(sink.topic, str)
-        assert self._reads.options is not None
-        spec = WriteSpec(dict(self._reads.options), sink.topic, partitions, key_column,
-                         None if value_columns is None else tuple(value_columns), sink.key_serde, sink.value_serde,
-                         timestamp)
+        job = self._stage.executor_job()[0]
+        assert isinstance(job, TransformJob)
         with _tagged(session, tag):
-            return write_range(session, frame, job.fn, self._spec(session, kafka_range), spec)
+            return write_range(session, frame, job.fn, self._spec(session, (kafka_range,)),
+                               self._write_spec(sink, partitions, timestamp))
+
+    def _write_spec(self, sink: SinkNode, partitions: int, timestamp: int,
+                    timestamps: tuple[int, ...] = ()) -> WriteSpec:
+        from streamloop.spark.kafka_writer import WriteSpec
+
+        _job, key_column, value_columns, _schema = self._stage.executor_job()
+        assert isinstance(sink.topic, str) and self._reads.options is not None
+        return WriteSpec(dict(self._reads.options), sink.topic, partitions, key_column,
+                         None if value_columns is None else tuple(value_columns), sink.key_serde, sink.value_serde,
+                         timestamp, timestamps)
+
+    def _on_worker_read_ranges(self, ranges: tuple[KafkaRange, ...], tag: str) -> tuple[Any, list[RangeOutcome]]:
+        from streamloop.spark.kafka_reader import read_ranges
+
+        session = self._sessions().get()
+        with _tagged(session, tag):
+            return read_ranges(session, self._spec(session, ranges))
+
+    def _on_worker_write_alone(self, frame: Any, ranges: tuple[KafkaRange, ...], index: int, timestamp: int,
+                               sink: SinkNode, partitions: int, tag: str) -> bool:
+        """Range ``index`` of a group's frame written on its own; True once written (``_settle``
+        takes None for a task that closed)."""
+        self._on_worker_write_ranges(frame, ranges, (index,), (timestamp,), sink, partitions, tag)
+        return True
+
+    def _on_worker_write_ranges(self, frame: Any, ranges: tuple[KafkaRange, ...], leaving: tuple[int, ...],
+                                stamps: tuple[int, ...], sink: SinkNode, partitions: int, tag: str) -> str | None:
+        """One range of a group's frame alone (``stamps``: its timestamp), or several in one job
+        (``stamps``: every range's): ``kafka_reader.write_ranges``."""
+        from streamloop.spark.kafka_reader import write_ranges
+
+        session = self._sessions().get()
+        job = self._stage.executor_job()[0]
+        assert isinstance(job, TransformJob)
+        write = (self._write_spec(sink, partitions, stamps[0]) if len(stamps) == 1
+                 else self._write_spec(sink, partitions, -1, stamps))
+        with _tagged(session, tag):
+            return write_ranges(session, frame, job.fn, self._spec(session, ranges), write, leaving)
 
     def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
         from streamloop.spark.kafka_reader import run_raw_job
 
         session = self._sessions().get()
         with _tagged(session, tag):
-            return run_raw_job(session, self._spec(session, kafka_range))
+            return run_raw_job(session, self._spec(session, (kafka_range,)))
 
     async def _off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
         """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job

@@ -43,6 +43,7 @@ from .expiry import schedule_expiry
 from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
 from .loops import InFlightPlan
 from .partition_group import IdleRule
+from .range_jobs import RangeJobs
 from .revival import TaskRevival
 from .setup import Committed, ExactlyOnceTask, TaskSetup
 from .task import StreamTask
@@ -128,6 +129,7 @@ class TaskManager:
         self.meter = ProcessMeter()
         # Spark jobs by stage, shared by the thread's tasks on the bulk path (streamloop.tasks.bulk_jobs).
         self.spark_jobs: dict[str, StageJobs] = {}
+        self.range_jobs: dict[str, RangeJobs] = {}  # the same for stages reading on the executors
         self._by_partition: dict[TopicPartition, StreamTask] = {}
         self._backpressured: set[TopicPartition] = set()
         self.shut_down = False
@@ -261,7 +263,8 @@ class TaskManager:
         options = getattr(consumer, "options", None)
         return ExecutorReads(pause=lambda tp: consumer.pause(tp), position=consumer.position,
                              end_offsets=consumer.end_offsets,
-                             options=None if options is None else executor_options(options))
+                             options=None if options is None else executor_options(options),
+                             shared=self.range_jobs)
 
     def _rewind(self, task: StreamTask, committed: Committed) -> None:
         """Exactly-once, once the task's producer started (which aborted a previous owner's open

@@ -7,6 +7,7 @@ through this process."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 import pytest
@@ -22,6 +23,8 @@ from streamloop.tasks import bulk_exec
 from streamloop.testing import eventually_async
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster, committed_offset
+
+tests_module = sys.modules[__name__]
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kafka]
 
@@ -223,3 +226,71 @@ async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
     assert await committed_offset(cluster, names.app, TopicPartition(source, 0)) == 40
     assert len(await cluster.read_all(sink)) == 40
     assert executor_windows[0].sink is not None
+
+
+async def test_a_threads_tasks_read_and_write_their_ranges_in_shared_jobs(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a row-wise function, the tasks of one stream thread read their next ranges in one Spark
+    job and write them in one (``streamloop.tasks.range_jobs``): fewer jobs than ranges, the records
+    the driver path writes, each with the timestamp of its own task's range."""
+    from streamloop.spark import row_wise
+
+    source, by_driver, by_executors = names("in"), names("driver"), names("executors")
+    await cluster.create_topics({source: 2, by_driver: 3, by_executors: 3})
+    stamps = {0: 1_700_000_000_000, 1: 1_700_000_555_000}  # one per source partition: a key's parity
+    for p, stamp in stamps.items():
+        await cluster.produce(source, [(i, {"amount": i, "customer": f"c{i % 7}"}) for i in range(p, 300, 2)], INT,
+                              JSON, partitions=2, timestamp=stamp)
+    expected = sum(1 for i in range(300) if i % 3)
+    monkeypatch.setattr(tests_module, "big_spenders", row_wise(big_spenders))
+    await run_pipeline(cluster, names.app + "-d", source, by_driver, "driver", expected, 2, 150)
+    driver = _written(await cluster.read_all(by_driver))
+    monkeypatch.setattr(RecordCollector, "send_serialized", _refused)
+    await run_pipeline(cluster, names.app + "-e", source, by_executors, "executors", expected, 2, 150)
+    assert len(executor_windows) == 2
+    jobs = executor_windows[0]._jobs
+    assert jobs is not None and jobs is executor_windows[1]._jobs  # one stream thread: shared
+    ranges = sum(w.ranges for w in executor_windows)
+    assert ranges >= 8 and jobs.writes >= 1 and jobs.reads < ranges  # 150 records a partition, 40 a range
+    executors = _written(await cluster.read_all(by_executors))
+    assert sorted(executors) == sorted(driver)
+    for p, records in driver.items():
+        assert sorted((k, v) for _t, k, v in executors[p]) == sorted((k, v) for _t, k, v in records)
+        for t, k, _v in executors[p]:
+            assert k is not None and t == stamps[INT.deserialize(k) % 2]  # its own range's carrier's time
+        for key in {k for _t, k, _v in records}:
+            assert [v for _t, k, v in executors[p] if k == key] == [v for _t, k, v in records if k == key]
+
+
+async def test_a_function_marked_row_wise_that_is_not_has_each_range_written_on_its_own(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
+    """A shuffle in a function marked row-wise: the shared write's plan check refuses it, so each
+    task writes its own range from the shared read (its own timestamp), and the stage stops sharing."""
+    from pyspark.sql import functions as F
+
+    from streamloop.spark import row_wise
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 2, sink: 1})
+    stamps = {0: 1_700_000_000_000, 1: 1_700_000_555_000}
+    for p, stamp in stamps.items():
+        await cluster.produce(source, [(i, {"amount": i, "customer": "c"}) for i in range(p, 100, 2)], INT, JSON,
+                              partitions=2, timestamp=stamp)
+
+    @row_wise
+    def shuffled(frame: Any) -> Any:
+        return frame.repartition(3).withColumn("tier", F.lit("t"))
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(shuffled, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app):
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 2, 50), WAIT, "all committed")
+        await cluster.read(sink, 100, timeout=WAIT)
+    output = await cluster.read_all(sink)
+    assert sorted(INT.deserialize(r.key) for r in output) == list(range(100))  # each range written once
+    assert all(r.timestamp == stamps[INT.deserialize(r.key) % 2] for r in output)
+    assert len(executor_windows) == 2
+    job = executor_windows[0]._stage.executor_job()[0]
+    assert not job.row_wise  # found out at the first shared write
