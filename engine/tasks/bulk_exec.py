@@ -27,12 +27,11 @@ processing handler as on the driver path. Timeouts and lost executors are retrie
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,20 +57,18 @@ from streamloop.spark.kafka_source import (
     VALUE_FAILED,
     KafkaRange,
     RangeOutcome,
-    ReadSpec,
     pick_range,
     unpack_error,
 )
 from streamloop.spark.parts import TransformJob
 from streamloop.spark.stage import SparkBatchStage, direct_sink
 
+from .exec_work import RangeWork
 from .processing import RecordPath
 from .range_jobs import RangeJobs
 from .timeouts import is_timeout
 
 if TYPE_CHECKING:
-    from streamloop.spark.kafka_writer import WriteSpec
-    from streamloop.spark.session import SparkSessions
 
     from .task import StreamTask
 
@@ -154,7 +151,8 @@ class ExecutorWindow:
         self._max_records, self._max_wait_s, _in_flight = stage.batching()
         self._running: KafkaRange | None = None
         self._path = RecordPath(task, journal=False)
-        self._schema: Any = None
+        assert reads.options is not None  # executor_window's rule
+        self._work = RangeWork(task, stage, source, reads.options)
         self.ranges = 0  # jobs run (tests and the benchmark look)
 
     # -- what StreamTask asks of its window -------------------------------------------
@@ -252,7 +250,7 @@ class ExecutorWindow:
                 if not done:
                     return  # the task closed during a back-off: the range is read again by the next owner
             else:
-                outcome = await self._settle(functools.partial(self._on_worker, kafka_range), kafka_range)
+                outcome = await self._settle(functools.partial(self._work.run, kafka_range), kafka_range)
                 if outcome is None:
                     return  # as above
                 if isinstance(outcome, Exception):
@@ -281,7 +279,7 @@ class ExecutorWindow:
         """A range whose output the executors write to ``sink``'s topic: read (and persist) it,
         ask the handlers about its failed records, then write. (False, None) when the task closed
         during a back-off; else True and the range's summary (None after a job that raised)."""
-        read = await self._settle(functools.partial(self._on_worker_read, kafka_range), kafka_range)
+        read = await self._settle(functools.partial(self._work.read, kafka_range), kafka_range)
         if read is None:
             return False, None
         if isinstance(read, Exception):
@@ -295,7 +293,7 @@ class ExecutorWindow:
                 return True, summary
             assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
             partitions = await sink.collector.partition_count(sink.topic)
-            write = functools.partial(self._on_worker_write, frame, kafka_range, sink, partitions, summary[TIMESTAMP])
+            write = functools.partial(self._work.write, frame, kafka_range, sink, partitions, summary[TIMESTAMP])
             written = await self._settle(write, kafka_range)
             if written is None:
                 return False, None
@@ -339,7 +337,7 @@ class ExecutorWindow:
                          stage.name, len(group.ranges), written, kafka_range)
             assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
             partitions = await sink.collector.partition_count(sink.topic)
-            alone = functools.partial(self._on_worker_write_alone, group.frame, tuple(group.ranges), index,
+            alone = functools.partial(self._work.write_alone, group.frame, tuple(group.ranges), index,
                                       summary[TIMESTAMP], sink, partitions)
             rewritten = await self._settle(alone, kafka_range)
             if rewritten is None:
@@ -353,7 +351,7 @@ class ExecutorWindow:
                 await jobs.done(group, index)
 
     async def _read_ranges(self, ranges: tuple[KafkaRange, ...]) -> tuple[Any, list[RangeOutcome]]:
-        return await self._off_loop(functools.partial(self._on_worker_read_ranges, ranges), ranges[0])
+        return await self._off_loop(functools.partial(self._work.read_ranges, ranges), ranges[0])
 
     async def _write_ranges(self, sink: SinkNode, frame: Any, ranges: tuple[KafkaRange, ...], leaving: Sequence[int],
                             stamps: tuple[int, ...]) -> str | None:
@@ -361,7 +359,7 @@ class ExecutorWindow:
         timestamp) or several in one row-wise job (``stamps``: each range's)."""
         assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
         partitions = await sink.collector.partition_count(sink.topic)
-        work = functools.partial(self._on_worker_write_ranges, frame, ranges, tuple(leaving), stamps, sink, partitions)
+        work = functools.partial(self._work.write_ranges, frame, ranges, tuple(leaving), stamps, sink, partitions)
         return await self._off_loop(work, ranges[leaving[0]])
 
     async def _unpersist(self, frame: Any) -> None:
@@ -403,119 +401,23 @@ class ExecutorWindow:
                 timer.clear()
             return outcome
 
-    def _spec(self, session: Any, ranges: tuple[KafkaRange, ...]) -> ReadSpec:
-        from streamloop.spark.schema import resolve_schema
-
-        stage, source = self._stage, self._source
-        _job, key_column, _value_columns, schema = stage.executor_job()
-        if self._schema is None:
-            self._schema = resolve_schema(session, schema)
-        assert self._reads.options is not None
-        return ReadSpec(dict(self._reads.options), ranges, source.key_serde, source.value_serde, key_column,
-                        self._schema, stall_ms=int(self._reads.options.get("request_timeout_ms", 40_000)) + 20_000)
-
-    def _sessions(self) -> SparkSessions:
-        sessions = self._task.context.spark
-        assert sessions is not None  # a Spark stage's init checked it
-        return sessions
-
-    def _on_worker(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from streamloop.spark.kafka_reader import run_range_job
-
-        session = self._sessions().get()
-        with _tagged(session, tag):
-            job = self._stage.executor_job()[0]
-            return run_range_job(session, job, self._spec(session, (kafka_range,)), self._stage.name)
-
-    def _on_worker_read(self, kafka_range: KafkaRange, tag: str) -> tuple[Any, RangeOutcome]:
-        from streamloop.spark.kafka_reader import read_range
-
-        session = self._sessions().get()
-        with _tagged(session, tag):
-            return read_range(session, self._spec(session, (kafka_range,)))
-
-    def _on_worker_write(self, frame: Any, kafka_range: KafkaRange, sink: SinkNode, partitions: int,
-                         timestamp: int, tag: str) -> RangeOutcome:
-        from streamloop.spark.kafka_reader import write_range
-
-        session = self._sessions().get()
-        job = self._stage.executor_job()[0]
-        assert isinstance(job, TransformJob)
-        with _tagged(session, tag):
-            return write_range(session, frame, job.fn, self._spec(session, (kafka_range,)),
-                               self._write_spec(sink, partitions, timestamp))
-
-    def _write_spec(self, sink: SinkNode, partitions: int, timestamp: int,
-                    timestamps: tuple[int, ...] = ()) -> WriteSpec:
-        from streamloop.spark.kafka_writer import WriteSpec
-
-        _job, key_column, value_columns, _schema = self._stage.executor_job()
-        assert isinstance(sink.topic, str) and self._reads.options is not None
-        return WriteSpec(dict(self._reads.options), sink.topic, partitions, key_column,
-                         None if value_columns is None else tuple(value_columns), sink.key_serde, sink.value_serde,
-                         timestamp, timestamps)
-
-    def _on_worker_read_ranges(self, ranges: tuple[KafkaRange, ...], tag: str) -> tuple[Any, list[RangeOutcome]]:
-        from streamloop.spark.kafka_reader import read_ranges
-
-        session = self._sessions().get()
-        with _tagged(session, tag):
-            return read_ranges(session, self._spec(session, ranges))
-
-    def _on_worker_write_alone(self, frame: Any, ranges: tuple[KafkaRange, ...], index: int, timestamp: int,
-                               sink: SinkNode, partitions: int, tag: str) -> bool:
-        """Range ``index`` of a group's frame written on its own; True once written (``_settle``
-        takes None for a task that closed)."""
-        self._on_worker_write_ranges(frame, ranges, (index,), (timestamp,), sink, partitions, tag)
-        return True
-
-    def _on_worker_write_ranges(self, frame: Any, ranges: tuple[KafkaRange, ...], leaving: tuple[int, ...],
-                                stamps: tuple[int, ...], sink: SinkNode, partitions: int, tag: str) -> str | None:
-        """One range of a group's frame alone (``stamps``: its timestamp), or several in one job
-        (``stamps``: every range's): ``kafka_reader.write_ranges``."""
-        from streamloop.spark.kafka_reader import write_ranges
-
-        session = self._sessions().get()
-        job = self._stage.executor_job()[0]
-        assert isinstance(job, TransformJob)
-        write = (self._write_spec(sink, partitions, stamps[0]) if len(stamps) == 1
-                 else self._write_spec(sink, partitions, -1, stamps))
-        with _tagged(session, tag):
-            return write_ranges(session, frame, job.fn, self._spec(session, ranges), write, leaving)
-
-    def _on_worker_raw(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
-        from streamloop.spark.kafka_reader import run_raw_job
-
-        session = self._sessions().get()
-        with _tagged(session, tag):
-            return run_raw_job(session, self._spec(session, (kafka_range,)))
-
     async def _off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
         """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
         by its tag (the thread is left to end with it)."""
         stage = self._stage
         tag = f"streamloop-exec-{self._task.context.application_id}-{self._task.id}-{stage.name}-{next(_tags)}"
-        timeout_ms: int = self._sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        timeout_ms: int = self._work.sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
         try:
             with anyio.fail_after(timeout_ms / 1000.0 if timeout_ms else None):
                 # Abandoned on cancel: a task closed dirty must not wait for the cluster.
                 return await anyio.to_thread.run_sync(work, tag, abandon_on_cancel=True)
         except TimeoutError as exc:
-            await anyio.to_thread.run_sync(self._cancel, tag)
+            await anyio.to_thread.run_sync(self._work.cancel, tag)
             raise SparkBatchTimeoutError(stage.name, kafka_range.size, timeout_ms) from exc
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._cancel, tag)
+                await anyio.to_thread.run_sync(self._work.cancel, tag)
             raise
-
-    def _cancel(self, tag: str) -> None:
-        sessions = self._sessions()
-        if not sessions.started:
-            return
-        try:
-            sessions.get().sparkContext.cancelJobsWithTag(tag)
-        except Exception:
-            log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
 
     # -- handlers -------------------------------------------------------------------
     def _raw(self, row: Mapping[str, Any]) -> FetchedRecord:
@@ -552,7 +454,7 @@ class ExecutorWindow:
         failure.__cause__ = error
         log.warning("Spark stage '%s' failed on %s: %r; asking the handlers about each record", stage.name,
                     kafka_range, error)
-        raws = await self._off_loop(functools.partial(self._on_worker_raw, kafka_range), kafka_range)
+        raws = await self._off_loop(functools.partial(self._work.raw, kafka_range), kafka_range)
         for row in raws.side:
             raw = self._raw(row)
             if self._task.paused_below(raw):
@@ -586,16 +488,3 @@ class ExecutorWindow:
         ctx.timestamp, ctx.headers = timestamp, ()
         carrier = FetchedRecord(tp.topic, tp.partition, offset, timestamp, None, None)
         await self._path.forward_rows(self._node, carrier, out)
-
-
-@contextlib.contextmanager
-def _tagged(session: Any, tag: str) -> Iterator[None]:
-    """The jobs this worker thread starts meanwhile carry ``tag`` (cancelled by it on a timeout or
-    a close) and are interrupted on cancel."""
-    context = session.sparkContext
-    context.addJobTag(tag)
-    context.setInterruptOnCancel(True)
-    try:
-        yield
-    finally:
-        context.removeJobTag(tag)
