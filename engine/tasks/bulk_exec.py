@@ -27,6 +27,7 @@ processing handler as on the driver path. Timeouts and lost executors are retrie
 
 from __future__ import annotations
 
+import enum
 import functools
 import itertools
 import logging
@@ -73,6 +74,16 @@ if TYPE_CHECKING:
     from .task import StreamTask
 
 log = logging.getLogger(__name__)
+
+
+class Closed(enum.Enum):
+    """``_settle``'s answer when the task closed during a back-off: the range is read again by the
+    next owner."""
+
+    CLOSED = "closed"
+
+
+CLOSED = Closed.CLOSED
 _tags = itertools.count()
 T = TypeVar("T")
 
@@ -251,7 +262,7 @@ class ExecutorWindow:
                     return  # the task closed during a back-off: the range is read again by the next owner
             else:
                 outcome = await self._settle(functools.partial(self._work.run, kafka_range), kafka_range)
-                if outcome is None:
+                if outcome is CLOSED:
                     return  # as above
                 if isinstance(outcome, Exception):
                     await self._fail_each(kafka_range, outcome)
@@ -280,7 +291,7 @@ class ExecutorWindow:
         ask the handlers about its failed records, then write. (False, None) when the task closed
         during a back-off; else True and the range's summary (None after a job that raised)."""
         read = await self._settle(functools.partial(self._work.read, kafka_range), kafka_range)
-        if read is None:
+        if read is CLOSED:
             return False, None
         if isinstance(read, Exception):
             await self._fail_each(kafka_range, read)
@@ -295,7 +306,7 @@ class ExecutorWindow:
             partitions = await sink.collector.partition_count(sink.topic)
             write = functools.partial(self._work.write, frame, kafka_range, sink, partitions, summary[TIMESTAMP])
             written = await self._settle(write, kafka_range)
-            if written is None:
+            if written is CLOSED:
                 return False, None
             if isinstance(written, Exception):
                 await self._fail_each(kafka_range, written)
@@ -337,10 +348,10 @@ class ExecutorWindow:
                          stage.name, len(group.ranges), written, kafka_range)
             assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
             partitions = await sink.collector.partition_count(sink.topic)
-            alone = functools.partial(self._work.write_alone, group.frame, tuple(group.ranges), index,
-                                      summary[TIMESTAMP], sink, partitions)
+            alone = functools.partial(self._work.write_ranges, group.frame, tuple(group.ranges), (index,),
+                                      (summary[TIMESTAMP],), sink, partitions)
             rewritten = await self._settle(alone, kafka_range)
-            if rewritten is None:
+            if rewritten is CLOSED:
                 return False, None  # the task closed during a back-off: the range is read again by the next owner
             if isinstance(rewritten, Exception):
                 await self._fail_each(kafka_range, rewritten)
@@ -374,10 +385,10 @@ class ExecutorWindow:
         paused = self._task.paused_at
         return not (paused is not None and paused[0] == self._tp and offset >= paused[1])
 
-    async def _settle(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T | Exception | None:
+    async def _settle(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T | Exception | Closed:
         """The outcome of ``work`` (a job over the range), retrying timeouts and lost executors
-        under ``task.timeout.ms``; an exception when the job raised otherwise; None when the task
-        closed meanwhile."""
+        under ``task.timeout.ms``; an exception when the job raised otherwise; ``CLOSED`` when the
+        task closed meanwhile (a sentinel: a job's own outcome may be None)."""
         task, stage = self._task, self._stage
         timer = task.timer
         while True:
@@ -395,7 +406,7 @@ class ExecutorWindow:
                                          f"{kafka_range.partition} offsets {kafka_range.start}.."
                                          f"{kafka_range.end - 1} on the executors", started)
                 if task.closing:
-                    return None
+                    return CLOSED
                 continue
             if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()

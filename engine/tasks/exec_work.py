@@ -96,13 +96,6 @@ class RangeWork:
         with _tagged(session, tag):
             return read_ranges(session, self.spec(session, ranges))
 
-    def write_alone(self, frame: Any, ranges: tuple[KafkaRange, ...], index: int, timestamp: int,
-                    sink: SinkNode, partitions: int, tag: str) -> bool:
-        """Range ``index`` of a group's frame written on its own; True once written (``_settle``
-        takes None for a task that closed)."""
-        self.write_ranges(frame, ranges, (index,), (timestamp,), sink, partitions, tag)
-        return True
-
     def write_ranges(self, frame: Any, ranges: tuple[KafkaRange, ...], leaving: tuple[int, ...],
                      stamps: tuple[int, ...], sink: SinkNode, partitions: int, tag: str) -> str | None:
         """One range of a group's frame alone (``stamps``: its timestamp), or several in one job
