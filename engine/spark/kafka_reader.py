@@ -194,29 +194,20 @@ def side_rows(frame: Any) -> list[dict[str, Any]]:
     return [row.asDict(recursive=True) for row in frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS).collect()]
 
 
-def read_range(session: Any, spec: ReadSpec) -> tuple[Any, RangeOutcome]:
-    """The first of a direct write's two jobs (call on a worker thread): the range read into a
-    persisted frame, and its side rows back, so that the handlers are asked about the failed
-    records before anything is written (as the driver path asks before it forwards). The caller
-    writes with ``write_range`` and unpersists the frame."""
-    frame, (outcome,) = read_ranges(session, spec, shared=False)
-    return frame, outcome
-
-
-def read_ranges(session: Any, spec: ReadSpec, shared: bool = True) -> tuple[Any, list[RangeOutcome]]:
-    """``read_range`` for several tasks' ranges in one job (``streamloop.tasks.range_jobs``): one
-    Spark partition per range, so each side row is told to its range by the partition it was read
-    in (its ``PART`` column). The side rows of each range, in the order of ``spec.ranges``."""
+def read_ranges(session: Any, spec: ReadSpec) -> tuple[Any, list[RangeOutcome]]:
+    """The first of a direct write's two jobs (call on a worker thread): the ranges read into a
+    persisted frame, and each range's side rows back (in the order of ``spec.ranges``), so that
+    the handlers are asked about the failed records before anything is written (as the driver path
+    asks before it forwards). One Spark partition per range; each row carries its range's index
+    (``PART``), so a job may read the ranges of several tasks (``streamloop.tasks.range_jobs``).
+    The caller writes with ``write_ranges`` and unpersists the frame."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     frame = source_frame(session, spec).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        if not shared:
-            return frame, [RangeOutcome(None, side_rows(frame))]
         outcomes = [RangeOutcome(None, []) for _range in spec.ranges]
-        rows = frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS, PART)
-        for row in rows.collect():
+        for row in frame.where(F.col(KIND).isNotNull()).select(*SIDE_COLUMNS, PART).collect():
             side = row.asDict(recursive=True)
             outcomes[side.pop(PART)].side.append(side)
         return frame, outcomes
@@ -225,23 +216,14 @@ def read_ranges(session: Any, spec: ReadSpec, shared: bool = True) -> tuple[Any,
         raise
 
 
-def write_range(session: Any, frame: Any, fn: Any, spec: ReadSpec, write: Any) -> RangeOutcome:
-    """The second job (call on a worker thread): the stage's function over the persisted range,
-    written to the sink topic by the executors (``kafka_writer.write_frame``); returns once every
-    record is acknowledged."""
-    from .kafka_writer import write_frame
-
-    write_frame(session, fn(good_rows(frame, spec)), write)
-    return RangeOutcome(None, [])
-
-
 def write_ranges(session: Any, frame: Any, fn: Any, spec: ReadSpec, write: Any, ranges: Sequence[int]) -> str | None:
-    """``write_range`` over a frame of several tasks' ranges read by ``read_ranges``: ``fn``
-    applied to the records of the ranges at ``ranges`` (indexes into ``spec.ranges``: those whose
-    output may leave). With ``write.timestamps`` (a job shared by the ranges, ``fn`` row-wise:
-    ``streamloop.spark.row_wise``) it is applied once, and each output row is written with the
-    timestamp of its own range, by the Spark partition it leaves from; then the result is why the
-    plan is not row-wise (nothing written: the caller writes each range on its own), else None.
+    """The second job (call on a worker thread): the stage's function ``fn`` over the records of
+    the ranges at ``ranges`` of a frame ``read_ranges`` made (indexes into ``spec.ranges``: those
+    whose output may leave), written to the sink topic by the executors (``kafka_writer``). With
+    ``write.timestamps`` (a job shared by the ranges, ``fn`` row-wise: ``streamloop.spark.row_wise``)
+    each output row is written with the timestamp of its own range, by the Spark partition it
+    leaves from; then the result is why the plan is not row-wise (nothing written: the caller
+    writes each range on its own), else None.
     Returns once every record is acknowledged."""
     from pyspark.sql import functions as F
 

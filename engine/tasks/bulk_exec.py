@@ -290,28 +290,20 @@ class ExecutorWindow:
         """A range whose output the executors write to ``sink``'s topic: read (and persist) it,
         ask the handlers about its failed records, then write. (False, None) when the task closed
         during a back-off; else True and the range's summary (None after a job that raised)."""
-        read = await self._settle(functools.partial(self._work.read, kafka_range), kafka_range)
+        ranges = (kafka_range,)
+        read = await self._settle(functools.partial(self._work.read_ranges, ranges), kafka_range)
         if read is CLOSED:
             return False, None
         if isinstance(read, Exception):
             await self._fail_each(kafka_range, read)
             return True, None
-        frame, outcome = read
+        frame, (outcome,) = read
         try:
             await self._report_failures(outcome)
             summary = outcome.summary()
             if summary is None or not self._passes_pause(summary):
                 return True, summary
-            assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
-            partitions = await sink.collector.partition_count(sink.topic)
-            write = functools.partial(self._work.write, frame, kafka_range, sink, partitions, summary[TIMESTAMP])
-            written = await self._settle(write, kafka_range)
-            if written is CLOSED:
-                return False, None
-            if isinstance(written, Exception):
-                await self._fail_each(kafka_range, written)
-                return True, None
-            return True, summary
+            return await self._write_alone(frame, ranges, 0, kafka_range, sink, summary)
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(frame.unpersist)
@@ -346,20 +338,30 @@ class ExecutorWindow:
             elif isinstance(written, Exception):
                 log.info("Spark stage '%s': a write shared by %d tasks failed (%r); %s is written on its own",
                          stage.name, len(group.ranges), written, kafka_range)
-            assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
-            partitions = await sink.collector.partition_count(sink.topic)
-            alone = functools.partial(self._work.write_ranges, group.frame, tuple(group.ranges), (index,),
-                                      (summary[TIMESTAMP],), sink, partitions)
-            rewritten = await self._settle(alone, kafka_range)
-            if rewritten is CLOSED:
-                return False, None  # the task closed during a back-off: the range is read again by the next owner
-            if isinstance(rewritten, Exception):
-                await self._fail_each(kafka_range, rewritten)
-                return True, None
-            return True, summary
+            return await self._write_alone(group.frame, tuple(group.ranges), index, kafka_range, sink, summary)
         finally:
             with anyio.CancelScope(shield=True):
                 await jobs.done(group, index)
+
+    async def _write_alone(self, frame: Any, ranges: tuple[KafkaRange, ...], index: int, kafka_range: KafkaRange,
+                           sink: SinkNode, summary: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """Write range ``index`` of ``frame`` (``kafka_range``, this task's) on its own, retrying
+        under ``task.timeout.ms``; ``_run_direct``'s answer."""
+        partitions = await self._partitions(sink)
+        write = functools.partial(self._work.write_ranges, frame, ranges, (index,), (summary[TIMESTAMP],), sink,
+                                  partitions)
+        written = await self._settle(write, kafka_range)
+        if written is CLOSED:
+            return False, None
+        if isinstance(written, Exception):
+            await self._fail_each(kafka_range, written)
+            return True, None
+        return True, summary
+
+    @staticmethod
+    async def _partitions(sink: SinkNode) -> int:
+        assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
+        return await sink.collector.partition_count(sink.topic)
 
     async def _read_ranges(self, ranges: tuple[KafkaRange, ...]) -> tuple[Any, list[RangeOutcome]]:
         return await self._off_loop(functools.partial(self._work.read_ranges, ranges), ranges[0])
@@ -368,8 +370,7 @@ class ExecutorWindow:
                             stamps: tuple[int, ...]) -> str | None:
         """Write the ranges at ``leaving`` of a group's ``frame``: one range alone (``stamps``: its
         timestamp) or several in one row-wise job (``stamps``: each range's)."""
-        assert sink.collector is not None and isinstance(sink.topic, str)  # direct_sink's rule; set at build
-        partitions = await sink.collector.partition_count(sink.topic)
+        partitions = await self._partitions(sink)
         work = functools.partial(self._work.write_ranges, frame, ranges, tuple(leaving), stamps, sink, partitions)
         return await self._off_loop(work, ranges[leaving[0]])
 

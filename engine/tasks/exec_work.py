@@ -61,24 +61,6 @@ class RangeWork:
             job = self._stage.executor_job()[0]
             return run_range_job(session, job, self.spec(session, (kafka_range,)), self._stage.name)
 
-    def read(self, kafka_range: KafkaRange, tag: str) -> tuple[Any, RangeOutcome]:
-        from streamloop.spark.kafka_reader import read_range
-
-        session = self.sessions().get()
-        with _tagged(session, tag):
-            return read_range(session, self.spec(session, (kafka_range,)))
-
-    def write(self, frame: Any, kafka_range: KafkaRange, sink: SinkNode, partitions: int,
-              timestamp: int, tag: str) -> RangeOutcome:
-        from streamloop.spark.kafka_reader import write_range
-
-        session = self.sessions().get()
-        job = self._stage.executor_job()[0]
-        assert isinstance(job, TransformJob)
-        with _tagged(session, tag):
-            return write_range(session, frame, job.fn, self.spec(session, (kafka_range,)),
-                               self.write_spec(sink, partitions, timestamp))
-
     def write_spec(self, sink: SinkNode, partitions: int, timestamp: int,
                    timestamps: tuple[int, ...] = ()) -> WriteSpec:
         from streamloop.spark.kafka_writer import WriteSpec
