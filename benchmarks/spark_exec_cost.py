@@ -61,8 +61,6 @@ class Cycles:
         from streamloop.spark.kafka_writer import WriteSpec
 
         session = self.session
-        # Spark looks a Python data source up in the thread's active session (a worker thread has none).
-        session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
         spec = ReadSpec(self.kafka, tuple(ranges), KEY, JSON, "key", self.schema)
         began = time.perf_counter()
         frame, _outcomes = read_ranges(session, spec)

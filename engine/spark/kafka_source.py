@@ -132,8 +132,12 @@ _registering = threading.Lock()
 
 
 def register_source(session: Any, source: type) -> None:
-    """Register the Python data source ``source`` with ``session`` (once per session; safe from any thread)."""
+    """Register the Python data source ``source`` with ``session`` (once per session; safe from any
+    thread), and make ``session`` this thread's active one: Spark looks a Python data source up in
+    the JVM thread's active session, which a worker thread other than the registering one lacks
+    (a write then fails with DATA_SOURCE_NOT_FOUND). Call it before each use of the source."""
     name = source.name()  # type: ignore[attr-defined]  # a pyspark DataSource's classmethod
+    _activate(session)
     with _registering:
         sessions = _registered.setdefault(name, weakref.WeakSet())
         if session in sessions:
@@ -145,6 +149,12 @@ def register_source(session: Any, source: type) -> None:
             if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
                 raise
         sessions.add(session)
+
+
+def _activate(session: Any) -> None:
+    jvm, jsession = getattr(session, "_jvm", None), getattr(session, "_jsparkSession", None)
+    if jvm is not None and jsession is not None:  # Spark Classic (a Connect session has neither)
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
 
 
 def _picklable_structs() -> None:

@@ -294,3 +294,32 @@ async def test_a_function_marked_row_wise_that_is_not_has_each_range_written_on_
     assert len(executor_windows) == 2
     job = executor_windows[0]._stage.executor_job()[0]
     assert not job.row_wise  # found out at the first shared write
+
+
+async def test_a_write_from_a_thread_that_did_not_register_the_sink_finds_it(cluster: Cluster, names: Any,
+                                                                              spark: Any) -> None:
+    """Spark looks a Python data source up in the JVM thread's active session, which a worker
+    thread other than the one that registered it has none of: the engine's jobs run on any of
+    anyio's worker threads (seen under make test's load as DATA_SOURCE_NOT_FOUND on a write)."""
+    import threading
+
+    from streamloop.spark.kafka_writer import WriteSpec, write_frame
+
+    sink = names("out")
+    await cluster.create_topics({sink: 1})
+    spec = WriteSpec({"bootstrap_servers": cluster.bootstrap}, sink, 1, "key", None, INT, JSON, 1_700_000_000_000)
+    frame = spark.createDataFrame([(1, 10)], "key long, amount long")
+    write_frame(spark, frame, spec)  # registers the sink from this thread
+    failures: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            write_frame(spark, frame, spec)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert failures == []
+    assert len(await cluster.read(sink, 2, timeout=WAIT)) == 2
