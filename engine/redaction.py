@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from streamloop.config import HIDDEN, is_secret
@@ -37,7 +37,14 @@ from streamloop.config import HIDDEN, is_secret
 __all__ = ["config_secrets", "redact_record", "redact_text", "register", "registered", "unregister",
            "unregister_id"]
 
-_lock = threading.Lock()
+# The thread inside ``_changing`` now, and the owners a finalizer dropped while it was: a garbage
+# collection may run at any allocation there (``re.compile`` allocates plenty) and call a dead
+# owner's ``weakref.finalize`` on that very thread, which must neither wait on the lock it holds
+# nor change ``_owners`` under the change in progress. Reentrant for the instants around
+# ``_holder``'s assignments, where such a finalizer takes the lock again and changes it itself.
+_lock = threading.RLock()
+_holder: int | None = None
+_dropped: list[int] = []
 _owners: dict[int, frozenset[str]] = {}
 # The compiled alternation of every form of every registered secret; None when there is none.
 # Replaced as a whole under the lock, read without it by the factory (an atomic attribute read).
@@ -88,12 +95,11 @@ def register(owner: object, secrets: Iterable[str]) -> None:
     Idempotent per owner: registering again replaces the owner's secrets.
     """
     values = frozenset(s for s in secrets if s)
-    with _lock:
+    with _changing():
         if values:
             _owners[id(owner)] = values
         else:
             _owners.pop(id(owner), None)
-        _rebuild()
 
 
 def unregister(owner: object) -> None:
@@ -102,10 +108,33 @@ def unregister(owner: object) -> None:
 
 
 def unregister_id(owner_id: int) -> None:
-    """``unregister`` by the owner's ``id()``: for a ``weakref.finalize``, which must not hold the owner."""
-    with _lock:
+    """``unregister`` by the owner's ``id()``: for a ``weakref.finalize``, which must not hold the owner.
+
+    Called by a collection inside a change on the same thread, it leaves the drop to that change.
+    """
+    if _holder == threading.get_ident():
+        _dropped.append(owner_id)
+        return
+    with _changing():
         _owners.pop(owner_id, None)
-        _rebuild()
+
+
+@contextlib.contextmanager
+def _changing() -> Iterator[None]:
+    """The lock, held while ``_owners`` changes; the pattern rebuilt on the way out, after the
+    owners that finalizers dropped meanwhile are gone too."""
+    global _holder
+    with _lock:
+        _holder = threading.get_ident()
+        try:
+            yield
+            _rebuild()
+            while _dropped:  # a collection during the rebuild may have dropped more
+                while _dropped:
+                    _owners.pop(_dropped.pop(), None)
+                _rebuild()
+        finally:
+            _holder = None
 
 
 def registered() -> bool:

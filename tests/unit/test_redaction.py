@@ -116,3 +116,41 @@ def test_a_schema_registry_client_hides_its_basic_auth_while_it_exists() -> None
     del client
     gc.collect()
     assert not redaction.registered()
+
+
+def test_an_owner_collected_while_the_secrets_change_is_dropped_without_a_deadlock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection may run at any allocation, in the middle of ``register`` too, and run
+    a dead client's ``weakref.finalize`` there, on the thread that holds the registry's lock.
+    Seen in CI: a client's start hung in ``re.compile`` inside ``register``, its finalizer waiting
+    on the lock its own thread held, and every later client start of that process with it."""
+    import gc
+    import threading
+    import weakref
+
+    class Owner:
+        def __init__(self) -> None:
+            self.cycle = self  # only the cycle collector frees it: at an allocation, not at ``del``
+
+    dead = Owner()
+    redaction.register(dead, {"dead-secret"})
+    weakref.finalize(dead, redaction.unregister_id, id(dead))
+    del dead
+    real_forms, collected = redaction.forms, []
+
+    def forms_with_a_collection(secret: str) -> set[str]:
+        if not collected:
+            collected.append(gc.collect())
+        return real_forms(secret)
+
+    monkeypatch.setattr(redaction, "forms", forms_with_a_collection)
+    live = object()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (redaction.register(live, {"live-secret"}), done.set()),
+                              daemon=True)
+    thread.start()
+    assert done.wait(10), "register deadlocked on a finalizer run inside it"
+    assert collected and collected[0] > 0
+    assert redaction.redact_text("dead-secret live-secret") == "dead-secret [hidden]"
+    redaction.unregister(live)
+    assert not redaction.registered()
