@@ -8,7 +8,6 @@ import pty
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -269,10 +270,6 @@ def test_progress_lines_are_printed_on_a_terminal_by_default(app_dir: Path) -> N
 
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(url: str) -> tuple[int, dict[str, object]]:

@@ -17,6 +17,7 @@ import pytest
 
 from streamloop.testing.waiting import eventually
 from tests.support.console_client import ConsoleClient
+from tests.support.ports import free_ports
 
 pytest.importorskip("aiomonitor")
 
@@ -66,15 +67,6 @@ APP = textwrap.dedent('''
 ''')
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from streamloop.errors import ConfigError
 from streamloop.testing.waiting import eventually
 from streamloop.topology.builder import StreamsBuilder
 from tests.support.console_client import ConsoleClient
+from tests.support.ports import free_ports
 
 pytest.importorskip("aiomonitor")
 pytest.importorskip("prometheus_client")
@@ -32,15 +33,6 @@ TOKEN = "t0ken-0f-the-c0nsole"
 LOOPBACK = "127.0.0.1"
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((LOOPBACK, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def outside_address() -> str:

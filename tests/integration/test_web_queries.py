@@ -4,7 +4,6 @@ instance owns is forwarded to the instance its ``application.server`` names."""
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from streamloop.testing import eventually_async
 from streamloop.web import SERVED_BY, StreamsHttpServer
 from tests.support.apps import streams_config
 from tests.support.cluster import Cluster
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.asyncio]
 
@@ -37,10 +37,6 @@ def topology(source: str) -> Any:
     return builder.build()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, str]:

@@ -38,7 +38,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -47,9 +46,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
+
+from tests.support.ports import free_port
 
 __all__ = [
     "KAFKA_VERSION",
@@ -199,30 +200,6 @@ def _file_tail(path: Path, lines: int = 60) -> str:
     return _tail(data, lines)
 
 
-# Test brokers listen below the ephemeral range (32768+ on Linux): a stopped broker's ephemeral
-# port can be taken by a client's own reconnecting socket (a TCP self-connect), after which the
-# broker cannot bind it again on restart. The range is wide so that brokers of several test runs
-# on one machine rarely pick the same port; a clash is retried (``_PortClash``).
-PORT_RANGE = range(20_000, 32_000)
-_port_random = random.Random()
-
-
-def _free_port(exclude: Iterable[int] = ()) -> int:
-    """A loopback port in ``PORT_RANGE`` that nothing listens on or is bound to right now."""
-    taken = set(exclude)
-    for _ in range(200):
-        port = _port_random.choice(PORT_RANGE)
-        if port in taken:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise KafkaToolingError(f"no free loopback port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
-
-
 def _port_accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -359,8 +336,8 @@ class KafkaBroker:
     def _start_once(self, java: str, libs: Path, t0: float) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="streamloop-kafka-"))
         try:
-            self.port = _free_port()
-            self.controller_port = _free_port(exclude=(self.port,))
+            self.port = free_port()
+            self.controller_port = free_port(exclude=(self.port,))
             config = self.dir / "server.properties"
             config.write_text(self._server_properties())
             tool = [java, *_TOOL_JVM_OPTS, *self._log_opts(), "-cp", str(libs / "*"), "kafka.tools.StorageTool"]

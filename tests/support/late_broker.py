@@ -47,7 +47,8 @@ from tests.support import kafka_frames as frames
 from tests.support import kafka_wire as wire
 from tests.support.fault_proxy import _CHUNK, FaultProxy, _Connection, proxied_kafka
 from tests.support.group_record import JOIN, LEAVE, SYNC, GroupCall, GroupRecord
-from tests.support.kafka_broker import PORT_RANGE, KafkaBroker
+from tests.support.kafka_broker import KafkaBroker
+from tests.support.ports import PORT_RANGE
 
 __all__ = [
     "KAFKA_GROUP_DEFAULTS",

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.kafka_broker import KafkaBroker, KafkaToolingError, _free_port
+from tests.support.kafka_broker import KafkaBroker, KafkaToolingError
+from tests.support.ports import free_port
 
 __all__ = [
     "CLIENT_KEY_PASSWORD",
@@ -135,7 +136,7 @@ class SecureKafkaBroker(KafkaBroker):
         taken = {self.port, self.controller_port}
         self.secure_ports = {}
         for listener in _SECURE_LISTENERS:
-            self.secure_ports[listener] = port = _free_port(taken)  # type: ignore[arg-type]
+            self.secure_ports[listener] = port = free_port(taken)  # type: ignore[arg-type]
             taken.add(port)
         secure = ",".join(f"{name}://127.0.0.1:{port}" for name, port in self.secure_ports.items())
         plain_users = f'{_PLAIN_MODULE} required user_{USER}="{PASSWORD}";'

@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.kafka_broker import _free_port
+from tests.support.ports import free_port
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 15.0
@@ -141,8 +141,8 @@ class SparkCluster:
         (self._dir / "logs").mkdir()
         env = self._env()
         try:
-            self.master_port = _free_port()
-            self.web_port = _free_port({self.master_port})
+            self.master_port = free_port()
+            self.web_port = free_port({self.master_port})
             self._master = _Daemon("master", self._spark_class(
                 "org.apache.spark.deploy.master.Master", "--host", self.host, "--port", str(self.master_port),
                 "--webui-port", str(self.web_port)), self._dir / "master.log", env)
@@ -161,8 +161,8 @@ class SparkCluster:
         """Start one more worker (also after a kill); ``wait_for_workers`` waits for it."""
         assert self._dir is not None
         taken = set() if taken is None else taken
-        port = _free_port(taken)
-        web = _free_port(taken | {port})
+        port = free_port(taken)
+        web = free_port(taken | {port})
         taken |= {port, web}
         index = len(self._workers)
         work = self._dir / f"worker-{index}"
