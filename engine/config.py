@@ -271,6 +271,7 @@ SPARK_BATCH_MAX_BYTES = "spark.batch.max.bytes"
 SPARK_BATCH_SHARED = "spark.batch.shared"
 SPARK_BATCH_SHARED_MAX_MS = "spark.batch.shared.max.ms"
 SPARK_BATCH_READ = "spark.batch.read"
+SPARK_BATCH_EAGER = "spark.batch.eager"
 SPARK_READ_DRIVER = "driver"
 SPARK_READ_EXECUTORS = "executors"
 SECURITY_PROTOCOL = "security.protocol"
@@ -493,6 +494,11 @@ KEYS: tuple[ConfigKey, ...] = (
               "A Spark job shared by several tasks that runs longer is given up and each task's part runs on "
               "its own, so one task's slow records hold the others back at most this long; any job running "
               "longer stops counting against max.in.flight (0: never).", _at_least(0)),
+    ConfigKey(SPARK_BATCH_EAGER, bool, True,
+              "On the bulk path, a Spark job is sealed as soon as it holds records and the stage has no other "
+              "job running (with max.in.flight above 2: fewer than max.in.flight - 1), so Spark is never idle "
+              "while records wait; max.records, max.bytes and max.wait.ms still seal it sooner (false: a job "
+              "waits for one of those)."),
     ConfigKey(SPARK_BATCH_MAX_BYTES, int, 0,
               "On the bulk path, a Spark job is sealed once its records' keys and values reach this many "
               "bytes, before max.records (0: no limit).", _at_least(0)),

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 ENGINE_KEYS = frozenset({
     cfg.SPARK_BATCH_MAX_RECORDS, cfg.SPARK_BATCH_MAX_WAIT_MS, cfg.SPARK_BATCH_MAX_IN_FLIGHT,
     cfg.SPARK_BATCH_TIMEOUT_MS, cfg.SPARK_BATCH_BULK, cfg.SPARK_BATCH_MAX_BYTES, cfg.SPARK_BATCH_SHARED,
-    cfg.SPARK_BATCH_SHARED_MAX_MS, cfg.SPARK_BATCH_READ,
+    cfg.SPARK_BATCH_SHARED_MAX_MS, cfg.SPARK_BATCH_READ, cfg.SPARK_BATCH_EAGER,
 })
 
 ARROW_KEY = "spark.sql.execution.arrow.pyspark.enabled"

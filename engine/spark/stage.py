@@ -170,6 +170,7 @@ class SparkBatchStage:
         self.shared: bool = config.get(cfg.SPARK_BATCH_SHARED, True)
         self.max_bytes: int = config.get(cfg.SPARK_BATCH_MAX_BYTES, 0)
         self.max_shared_ms: int = config.get(cfg.SPARK_BATCH_SHARED_MAX_MS, 10_000)
+        self.eager: bool = config.get(cfg.SPARK_BATCH_EAGER, True)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
         self.read = self.read_setting or config.get(cfg.SPARK_BATCH_READ, cfg.SPARK_READ_DRIVER)
 

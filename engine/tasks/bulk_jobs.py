@@ -11,6 +11,14 @@ opened, whichever comes first; then the next job opens and fills while it runs (
 most ``max.in.flight`` jobs of the stage exist on the thread (the open one included); more
 records wait in their tasks' buffers.
 
+With ``spark.batch.eager`` (the default) an open job is also sealed as soon as Spark has room for
+it: when no other job of the stage runs (with ``max.in.flight`` above 2, fewer than
+``max.in.flight - 1``). Its first part's coroutine looks one loop turn after the part opened (the
+tasks woken by the same fetch have put their records in by then), and a job that finishes seals
+the open one. So at a low rate a record waits for the job before it, not for ``max.wait.ms``, and
+at a high rate jobs still fill while one runs: Structured Streaming's default trigger, which
+starts the next micro-batch when the last one ends.
+
 Every part's coroutine waits for its job; the first one there runs it, and if that one is
 cancelled (its task closed dirty), another part's coroutine runs it again. A job that raised is
 not the error of every part: each part is then run again on its own, which tells whose records
@@ -25,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 
 from streamloop.spark.parts import Part
 
@@ -89,6 +98,8 @@ class StageJobs:
         self.max_records, self.max_wait_s, self.max_in_flight = stage.batching()
         self.max_bytes = stage.max_bytes
         self.max_shared_s = stage.max_shared_ms / 1000.0 if stage.max_shared_ms else None
+        # Jobs sealed and holding a slot below which the open job seals at once (None: never).
+        self._eager_below = max(1, self.max_in_flight - 1) if stage.eager else None
         self._open: Job | None = None
         self._in_flight = 0  # jobs opened and not finished (or given up)
         self._blocked: dict[int, Callable[[], None]] = {}  # tasks waiting for a slot: id -> wake
@@ -132,6 +143,9 @@ class StageJobs:
         job = part.job
         job.waiting += 1
         try:
+            if self._eager_below is not None and job is self._open:
+                await anyio.lowlevel.checkpoint()  # the other tasks of this turn put their records in
+                self._seal_if_room()
             with anyio.move_on_after(max(0.0, job.opened + self.max_wait_s - time.monotonic())):
                 await job.sealed.wait()
             self.seal(job)
@@ -184,11 +198,19 @@ class StageJobs:
         job.done = True
         self._free_slot(job)
 
+    def _seal_if_room(self) -> None:
+        """Seal the open job if it holds records and fewer jobs run than ``spark.batch.eager`` allows."""
+        job = self._open
+        if job is not None and job.records and self._eager_below is not None and \
+                self._in_flight - 1 < self._eager_below:  # the open job holds a slot too
+            self.seal(job)
+
     def _free_slot(self, job: Job) -> None:
         if not job.holds_slot:
             return
         job.holds_slot = False
         self._in_flight -= 1
+        self._seal_if_room()
         blocked, self._blocked = self._blocked, {}
         for wake in blocked.values():
             wake()

@@ -1,8 +1,8 @@
 """One Spark job for the batches of several tasks of a stream thread (``streamloop.tasks.bulk_jobs``),
 on ``memory://`` and on Kafka, with the session's real local Spark: each task's part is split back
 to it in order, each task commits its own offset range (never past its own unfinished part, even
-when a later shared job finished), and a job that raises fails only the task whose records cause
-it."""
+when a later shared job finished), a job that raises fails only the task whose records cause
+it, and with ``spark.batch.eager`` a job runs as soon as no other job of the stage runs."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ async def test_one_job_serves_several_tasks_and_each_gets_its_own_rows_back_in_o
     (builder.stream(source, key_serde=INT, value_serde=JSON)
             .spark_batch(enrich, max_records=1_000, max_wait_ms=500)
             .to(sink, key_serde=INT, value_serde=JSON))
-    async with make_client(builder, cluster, names.app):
+    # Not eager: what is shown here is the sharing, whatever turn of the loop each task's fetch lands in.
+    async with make_client(builder, cluster, names.app, spark_batch_eager=False):
         output = [JSON.deserialize(r.value) for r in await cluster.read(sink, 200, timeout=WAIT)]
         for p in range(4):
             await eventually_async(lambda p=p: _is(committed(cluster, source, names.app, p), 50), WAIT,
@@ -168,7 +169,8 @@ async def test_a_job_that_raises_fails_only_the_task_whose_records_cause_it(
     (builder.stream(source, key_serde=INT, value_serde=JSON)
             .spark_batch(fails_on_3, max_records=100, max_wait_ms=1_000)
             .to(sink, key_serde=INT, value_serde=JSON))
-    async with make_client(builder, cluster, names.app, processing_exception_handler=ContinueOnFailure):
+    async with make_client(builder, cluster, names.app, processing_exception_handler=ContinueOnFailure,
+                           spark_batch_eager=False):
         output = [JSON.deserialize(r.value)["i"] for r in await cluster.read(sink, 6, timeout=WAIT)]
         for p in (0, 1):
             await eventually_async(lambda p=p: _is(committed(cluster, source, names.app, p), 6), WAIT,
@@ -178,3 +180,71 @@ async def test_a_job_that_raises_fails_only_the_task_whose_records_cause_it(
     # Partition 0's part failed as a whole (each of its records asked about, in order); no other.
     assert [(p, o) for p, o, _e in ContinueOnFailure.errors] == [(0, n) for n in range(6)]
     assert all(isinstance(e, SparkBatchError) for _p, _o, e in ContinueOnFailure.errors)
+
+
+@pytest.fixture
+def job_records(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of records in each shared Spark job run, in the order the jobs started."""
+    sizes: list[int] = []
+    original = SparkBatchStage.run_parts
+
+    async def spy(self: SparkBatchStage, parts: Any) -> Any:
+        sizes.append(sum(len(part.raws) for part in parts))
+        return await original(self, parts)
+
+    monkeypatch.setattr(SparkBatchStage, "run_parts", spy)
+    return sizes
+
+
+async def test_an_eager_job_runs_when_no_other_runs_and_the_next_fills_meanwhile(
+        cluster: Cluster, names, spark, windows, job_records) -> None:
+    """max.wait.ms is a minute here, longer than the test waits: only the eager rule runs a job.
+    The first record's job runs alone and is held; the records that come meanwhile fill the open
+    job, which runs, all of them in one job, once the first one finished."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    release, held = threading.Event(), threading.Event()
+
+    def held_at_0(frame: Any) -> Any:
+        if 0 in {row.i for row in frame.select("i").collect()}:
+            held.set()
+            release.wait(WAIT)
+        return frame
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(held_at_0, max_records=1_000, max_wait_ms=60_000)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app):
+        try:
+            await cluster.produce(source, [(0, {"i": 0})], INT, JSON, partitions=1)
+            await eventually_async(held.is_set, 30, "the first job ran without waiting max.wait.ms")
+            await cluster.produce(source, [(0, {"i": n}) for n in range(1, 20)], INT, JSON, partitions=1)
+
+            def open_records() -> int:
+                batch = windows[0]._open
+                return batch.part.job.records if batch is not None else 0
+
+            await eventually_async(lambda: open_records() == 19, 30, "the next job filled while one ran")
+            assert job_records == [1]  # the open job waits while one runs
+        finally:
+            release.set()
+        output = [JSON.deserialize(r.value)["i"] for r in await cluster.read(sink, 20, timeout=30)]
+    assert output == list(range(20))
+    assert job_records == [1, 19]
+
+
+async def test_a_job_that_is_not_eager_waits_for_max_wait_ms(cluster: Cluster, names, spark, windows,
+                                                              job_records) -> None:
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, max_records=1_000, max_wait_ms=3_000)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, spark_batch_eager=False):
+        await cluster.produce(source, [(0, {"i": 0})], INT, JSON, partitions=1)
+        await eventually_async(lambda: bool(windows) and windows[0]._open is not None, 30, "a job opened")
+        await cluster.produce(source, [(0, {"i": n}) for n in range(1, 5)], INT, JSON, partitions=1)
+        assert len(await cluster.read(sink, 5, timeout=30)) == 5
+    assert job_records == [5]  # one job, sealed by the wait: every record that came meanwhile
