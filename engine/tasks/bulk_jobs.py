@@ -145,7 +145,7 @@ class StageJobs:
         try:
             if self._eager_below is not None and job is self._open:
                 await anyio.lowlevel.checkpoint()  # the other tasks of this turn put their records in
-                self._seal_if_room()
+                self._seal_if_room(job)  # this job only: one opened meanwhile waits for its own turn
             with anyio.move_on_after(max(0.0, job.opened + self.max_wait_s - time.monotonic())):
                 await job.sealed.wait()
             self.seal(job)
@@ -198,10 +198,9 @@ class StageJobs:
         job.done = True
         self._free_slot(job)
 
-    def _seal_if_room(self) -> None:
-        """Seal the open job if it holds records and fewer jobs run than ``spark.batch.eager`` allows."""
-        job = self._open
-        if job is not None and job.records and self._eager_below is not None and \
+    def _seal_if_room(self, job: Job | None) -> None:
+        """Seal ``job`` if it is the open one, holds records and fewer jobs run than ``spark.batch.eager`` allows."""
+        if job is not None and job is self._open and job.records and self._eager_below is not None and \
                 self._in_flight - 1 < self._eager_below:  # the open job holds a slot too
             self.seal(job)
 
@@ -210,7 +209,7 @@ class StageJobs:
             return
         job.holds_slot = False
         self._in_flight -= 1
-        self._seal_if_room()
+        self._seal_if_room(self._open)
         blocked, self._blocked = self._blocked, {}
         for wake in blocked.values():
             wake()
