@@ -82,7 +82,6 @@ def dsl_topology(builder: StreamsBuilder, run: PeerRun) -> None:
     from benchmarks import dsl_workloads as dsl
     from streamloop import BufferConfig, JoinWindows, SessionWindows, Suppressed, TimeWindows
     from streamloop.serdes import BytesSerde, JsonSerde, StringSerde
-    from streamloop.state import Materialized
 
     sources = run.source.split(",")
     text, json = StringSerde(), JsonSerde()
@@ -111,11 +110,9 @@ def dsl_topology(builder: StreamsBuilder, run: PeerRun) -> None:
     elif run.workload in ("table-join", "fk-join"):
         orders_table = builder.table(sources[0], key_serde=text, value_serde=json)
         customers = builder.table(sources[1], key_serde=text, value_serde=json)
-        # A foreign-key join always keeps its result in a store (Kafka Streams forwards it unstored
-        # when not materialized): its values are JSON, not the default bytes.
+        # Neither join is materialized, as in StreamsBench.java: each result goes on unstored.
         joined = (orders_table.join(customers, dsl.enriched) if run.workload == "table-join"
-                  else orders_table.join(customers, dsl.customer_of, dsl.enriched,
-                                         materialized=Materialized(value_serde=json)))
+                  else orders_table.join(customers, dsl.customer_of, dsl.enriched))
         joined.to_stream().to(run.sink, key_serde=text, value_serde=json)
     else:
         raise ValueError(f"unknown workload {run.workload!r}")

@@ -20,9 +20,13 @@ The subscription topic is co-partitioned with the right table's topic and the re
 with the left table's (``streamloop.topology.copartition`` gives them those partition counts); the
 two tables themselves need not be co-partitioned.
 
-The joined table is always kept in a store (named by ``materialized``, else an internal one that
-is not queryable), so that an operation downstream gets old values, and a join reads it, as from
-any table. ``name`` names the nodes, the internal topics (``<name>-subscription-registration-topic``,
+With ``materialized`` the joined table is kept in that store. Without it, as in Kafka Streams
+(``KTableSource.materialize``), in an internal store that is not queryable, and only once an
+operation downstream needs it: a join reading the table, or a filter or aggregation needing the
+values its updates replace. A join result that only goes on as a stream (``to_stream()``) is
+forwarded as it is resolved, without a store write or a changelog record per update.
+
+``name`` names the nodes, the internal topics (``<name>-subscription-registration-topic``,
 ``<name>-subscription-response-topic``) and the subscription store (``<name>-subscription-store``).
 """
 
@@ -40,11 +44,12 @@ from streamloop.processors.fk_join import (
     SubscriptionReceiveProcessor,
     SubscriptionSendProcessor,
 )
+from streamloop.processors.nodes import Node, PassThroughNode, ProcessorNode
 from streamloop.processors.table_ops import MaterializedTableOpProcessor
 from streamloop.serdes import BytesSerde
 from streamloop.state.stores import Materialized, StoreBuilder, StoreSupplier
 from streamloop.topology.copartition import add_copartition_group
-from streamloop.topology.table_ops import add_table_store, derived, join_views, plain_function, send_old_values
+from streamloop.topology.table_ops import derived, join_views, plain_function, send_old_values, table_store
 
 if TYPE_CHECKING:
     from streamloop.topology.tables import KTable
@@ -125,10 +130,24 @@ def foreign_key_join(table: KTable, other: KTable, by_value: Callable[[Any], Any
 
     result_store = builder._store_name(materialized, "KTABLE-FK-JOIN-OUTPUT-STATE-STORE")
     output = builder._name(None, "KTABLE-FK-JOIN-OUTPUT")
-    topology.add_processor(output, lambda: MaterializedTableOpProcessor(result_store, lambda _k, v: v, False),
-                           resolver)
-    store_builder = add_table_store(builder, result_store, materialized, output, table._key_serde, None)
+    store_builder = table_store(result_store, materialized, table._key_serde, None)
+    # Without ``materialized``, as Kafka Streams: kept in a store only once an operation downstream
+    # reads the table or needs the values its updates replace; until then each answer goes straight on.
+    stored = _always if materialized is not None else topology.add_state_store_on_demand(store_builder, output)
+
+    def output_node() -> Node:
+        if stored():
+            return ProcessorNode(output, MaterializedTableOpProcessor(result_store, lambda _k, v: v, False))
+        return PassThroughNode(output)
+
+    topology.add_node(output, output_node, resolver)
+    if materialized is not None:
+        topology.add_state_store(store_builder, output)
     result = derived(table, output, result_store, store_builder.value_serde, None)
     if materialized is None:
         result.queryable_store_name = None  # an internal store, as in Kafka Streams: not for queries
     return result
+
+
+def _always() -> bool:
+    return True

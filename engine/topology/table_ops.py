@@ -56,6 +56,9 @@ def send_old_values(table: KTable) -> None:
     """Make the nodes that forward ``table``'s updates send the values they replace too."""
     topology = table._builder._topology
     for node in table._change_nodes:
+        # A table kept in a store only on demand (a foreign-key join's result) is from now on: the
+        # values its updates replace come from there.
+        topology.demand_stores_of(node)
         spec = topology.spec(node)
         if not isinstance(spec.factory, _OldValuesFactory):
             spec.factory = _OldValuesFactory(spec.factory, node)
@@ -76,14 +79,20 @@ def derived(table: KTable, node: str, store: str | None, value_serde: Serde | No
     return result
 
 
-def add_table_store(builder: StreamsBuilder, store: str, materialized: Materialized | str | None, node: str,
-                    key_serde: Serde | None, value_serde: Serde | None) -> StoreBuilder:
-    """Add the key-value store ``store`` of ``node``, tuned by ``materialized``; returns its builder."""
+def table_store(store: str, materialized: Materialized | str | None, key_serde: Serde | None,
+                value_serde: Serde | None) -> StoreBuilder:
+    """The builder of a table's key-value store ``store``, tuned by ``materialized``."""
     spec = materialized if isinstance(materialized, Materialized) else Materialized(store)
     ks = None if spec.key_serde is None else as_serde(spec.key_serde, f"key serde of store '{store}'")
     vs = None if spec.value_serde is None else as_serde(spec.value_serde, f"value serde of store '{store}'")
-    store_builder = StoreBuilder(StoreSupplier(store, spec.persistent), ks or key_serde, vs or value_serde,
-                                 caching=spec.caching, logging=spec.logging, ttl=spec.ttl)
+    return StoreBuilder(StoreSupplier(store, spec.persistent), ks or key_serde, vs or value_serde,
+                        caching=spec.caching, logging=spec.logging, ttl=spec.ttl)
+
+
+def add_table_store(builder: StreamsBuilder, store: str, materialized: Materialized | str | None, node: str,
+                    key_serde: Serde | None, value_serde: Serde | None) -> StoreBuilder:
+    """Add the key-value store ``store`` of ``node``, tuned by ``materialized``; returns its builder."""
+    store_builder = table_store(store, materialized, key_serde, value_serde)
     builder._topology.add_state_store(store_builder, node)
     return store_builder
 

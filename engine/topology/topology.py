@@ -40,6 +40,9 @@ class Topology:
         self._specs: dict[str, NodeSpec] = {}
         self._subtopologies: list[SubTopology] | None = None
         self._stores: dict[str, StoreBuilder] = {}
+        # Stores added only once a processor is given access to them (add_state_store_on_demand):
+        # the store's builder and the processors it is for.
+        self._on_demand: dict[str, tuple[StoreBuilder, tuple[str, ...]]] = {}
         self.application_id: str | None = None
         # Joins whose inputs must be co-partitioned: (operation, nodes); see streamloop.topology.copartition.
         self.copartition_groups: list[tuple[str, tuple[str, ...]]] = []
@@ -61,6 +64,8 @@ class Topology:
                 raise TopologyError(f"Parent '{parent}' of '{spec.name}' is not in the topology")
             if self._specs[parent].kind is NodeKind.SINK:
                 raise TopologyError(f"Sink '{parent}' cannot be the parent of '{spec.name}'")
+        for store in spec.stores:
+            self._demand(store)
         self._specs[spec.name] = spec
         for parent in spec.parents:
             self._specs[parent].children.append(spec.name)
@@ -147,11 +152,36 @@ class Topology:
         """Add a store (one instance per task) and give the named processors access to it."""
         if not isinstance(builder, StoreBuilder):
             raise TopologyError(f"add_state_store needs a StoreBuilder (from Stores), got {builder!r}")
-        if builder.name in self._stores or builder.name in self.global_stores:
+        if builder.name in self._stores or builder.name in self.global_stores or builder.name in self._on_demand:
             raise TopologyError(f"State store '{builder.name}' is already added to the topology")
         self._stores[builder.name] = builder
         self.connect_processor_and_state_stores_all(processor_names, builder.name)
         return self
+
+    def add_state_store_on_demand(self, builder: StoreBuilder, *processor_names: str) -> Callable[[], bool]:
+        """Add ``builder``'s store for ``processor_names`` only when another processor is given
+        access to it, or ``demand_stores_of`` one of them is called (a table operation downstream
+        needs the values its updates replace). Kafka Streams keeps a table that was not asked to be
+        materialized (a foreign-key join's result) in a store only then (``KTableSource.materialize``).
+        Returns whether the store was added: the processors' factories, called once the topology is
+        built, ask it to decide whether they keep the store."""
+        if builder.name in self._stores or builder.name in self.global_stores or builder.name in self._on_demand:
+            raise TopologyError(f"State store '{builder.name}' is already added to the topology")
+        self._on_demand[builder.name] = (builder, processor_names)
+        name = builder.name
+        return lambda: name in self._stores
+
+    def demand_stores_of(self, processor_name: str) -> None:
+        """Add the stores on demand (``add_state_store_on_demand``) that are for ``processor_name``."""
+        for store, (_builder, owners) in list(self._on_demand.items()):
+            if processor_name in owners:
+                self._demand(store)
+
+    def _demand(self, store: str) -> None:
+        wanted = self._on_demand.pop(store, None)
+        if wanted is not None:
+            builder, owners = wanted
+            self.add_state_store(builder, *owners)
 
     def connect_processor_and_state_stores(self, processor_name: str, *store_names: str) -> Topology:
         """Give an existing processor access to existing stores."""
@@ -159,6 +189,7 @@ class Topology:
         if spec is None or spec.kind is not NodeKind.PROCESSOR:
             raise TopologyError(f"Processor '{processor_name}' is not in the topology")
         for store in store_names:
+            self._demand(store)
             if store not in self._stores:
                 raise TopologyError(f"State store '{store}' of processor '{processor_name}' is not added "
                                     "to the topology (add_state_store)")
