@@ -70,6 +70,13 @@ class SessionStore(StateStore):
             observed = segments.observed
         return observed - self.retention_ms
 
+    def _newest_end(self) -> int:
+        """No session here ends later: the newest end put (here or beneath: a restore's)."""
+        segments = self._segments
+        if segments is None:
+            return _MAX  # a store that does not track the times written beneath it
+        return max(self.observed_time, segments.observed)
+
     def put(self, session: Windowed, value: Any) -> None:
         """Store ``value`` for the session; ``None`` removes it."""
         if session.end > self.observed_time:
@@ -92,7 +99,10 @@ class SessionStore(StateStore):
         self._check_open()
         raw = self._key(key)
         low = raw + _TIMES.pack(max(earliest_end, self._live_from(), 0), 0)
-        high = raw + _TIMES.pack(_MAX, _MAX)
+        # Up to the newest end stored, not the largest time: the keys that merely start with this
+        # key's bytes sort between the two (a lookup of customer-1 read every held write of
+        # customer-10 to customer-199 before the length check below dropped them), not below it.
+        high = raw + _TIMES.pack(self._newest_end(), _MAX)
         found = []
         for stored, value in self._range(low, high):
             # Another key whose bytes start with this key's has a different length (see WindowStore).

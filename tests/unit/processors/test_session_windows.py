@@ -111,3 +111,40 @@ def test_session_windows_check_their_arguments() -> None:
         SessionWindows.of_inactivity_gap_with_no_grace(0)
     with pytest.raises(TopologyError):
         SessionWindows.of_inactivity_gap_and_grace(10, -1)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["memory", "rocksdb"])
+def test_a_lookup_reads_its_own_key_not_the_keys_that_start_with_its_bytes(
+        persistent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys ``a``, ``a1``, ``a10``: each merges only its own sessions, and finding ``a``'s sessions
+    reads no entry of the others (their bytes sort between ``a``'s and ``a`` + the largest time),
+    also after a restore, whose sessions only the store beneath has seen."""
+    if persistent:
+        pytest.importorskip("rocksdict")
+    from streamloop.state.segments import SegmentedBytesStore
+    from streamloop.state.uncommitted import UncommittedWrites
+
+    read: list[bytes] = []
+    for layer in (SegmentedBytesStore, UncommittedWrites):
+        def counting(self: Any, low: bytes | None, high: bytes | None, _inner: Any = layer.range) -> Any:
+            for entry in _inner(self, low, high):
+                read.append(entry[0])
+                yield entry
+        monkeypatch.setattr(layer, "range", counting)
+    builder = StreamsBuilder()
+    (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+            .windowed_by(SessionWindows.of_inactivity_gap_with_no_grace(50))
+            .count(materialized=Materialized("sessions", persistent=persistent)))
+    with TopologyTestDriver(builder.build(), NO_CACHE) as driver:
+        source = driver.create_input_topic("in", STR, STR)
+        for time in range(0, 200, 20):
+            for key in ("a1", "a10", "a"):
+                source.pipe_input(key, "x", time)
+        driver.rebalance(driver.task_ids[0])
+        read.clear()
+        source.pipe_input("a", "x", 210)
+        assert read and all(len(k) == len(b"a") + 16 for k in read)  # a's session only
+        store = driver.get_session_store("sessions")
+        assert store.fetch("a") == [(Windowed("a", 0, 210), 11)]
+        assert store.fetch("a1") == [(Windowed("a1", 0, 180), 10)]
+        assert store.fetch("a10") == [(Windowed("a10", 0, 180), 10)]
