@@ -36,6 +36,7 @@ import anyio
 import anyio.lowlevel
 
 from streamloop.spark.parts import Part
+from streamloop.tasks.run_once import RunOnce
 
 if TYPE_CHECKING:
     from streamloop.processors.nodes import SinkNode
@@ -63,22 +64,19 @@ class JobPart:
         self.key_serde, self.value_serde, self.sink = key_serde, value_serde, sink
 
 
-class Job:
+class Job(RunOnce):
     """The parts of one Spark job and, once it ran, a result per part or the job's error."""
 
-    __slots__ = ("bytes", "changed", "done", "error", "holds_slot", "opened", "parts", "records", "results",
-                 "running", "sealed", "waiting")
+    __slots__ = ("bytes", "error", "holds_slot", "opened", "parts", "records", "results", "sealed", "waiting")
 
     def __init__(self) -> None:
+        super().__init__()
         self.parts: list[JobPart] = []
         self.records = 0
         self.bytes = 0
         self.opened = time.monotonic()
         self.sealed = anyio.Event()
-        self.done = False
         self.holds_slot = True  # of the stage's max.in.flight
-        self.running = False
-        self.changed = anyio.Event()  # set (and replaced) when done, or when its runner gave up
         self.waiting = 0  # parts' coroutines still waiting for it
         self.results: list[FetchedResult] | None = None
         self.error: Exception | None = None
@@ -149,16 +147,7 @@ class StageJobs:
             with anyio.move_on_after(max(0.0, job.opened + self.max_wait_s - time.monotonic())):
                 await job.sealed.wait()
             self.seal(job)
-            while not job.done:
-                if job.running:
-                    await job.changed.wait()
-                    continue
-                job.running = True
-                try:
-                    await self._run(job)
-                finally:
-                    job.running = False
-                    self._changed(job)
+            await job.settle(lambda: self._run(job))  # ``_run`` sets ``done`` (``_finished``)
         finally:
             job.waiting -= 1
             if not job.done and job.waiting == 0:
@@ -213,8 +202,3 @@ class StageJobs:
         blocked, self._blocked = self._blocked, {}
         for wake in blocked.values():
             wake()
-
-    @staticmethod
-    def _changed(job: Job) -> None:
-        changed, job.changed = job.changed, anyio.Event()
-        changed.set()

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from streamloop.tasks.run_once import RunOnce
+
 if TYPE_CHECKING:
     from streamloop.spark.kafka_source import KafkaRange, RangeOutcome
 
@@ -43,34 +45,24 @@ WriteJob = Callable[[Any, tuple["KafkaRange", ...], Sequence[int], tuple[int, ..
 Release = Callable[[Any], Awaitable[None]]
 
 
-class Stage:
+class Stage(RunOnce):
     """One step (the read, the write) of a group: run once, by the first member there."""
 
-    __slots__ = ("changed", "done", "error", "running", "value")
+    __slots__ = ("error", "value")
 
     def __init__(self) -> None:
-        self.done = False
-        self.running = False
-        self.changed = anyio.Event()  # set (and replaced) when done, or when its runner gave up
+        super().__init__()
         self.value: Any = None
         self.error: Exception | None = None
 
     async def settle(self, run: Callable[[], Awaitable[Any]]) -> None:
-        while not self.done:
-            if self.running:
-                await self.changed.wait()
-                continue
-            self.running = True
+        async def step() -> None:
             try:
-                try:
-                    self.value = await run()
-                except Exception as exc:
-                    self.error = exc
-                self.done = True
-            finally:
-                self.running = False
-                changed, self.changed = self.changed, anyio.Event()
-                changed.set()
+                self.value = await run()
+            except Exception as exc:
+                self.error = exc
+            self.done = True
+        await super().settle(step)
 
 
 class RangeGroup:
