@@ -5,8 +5,8 @@ task manager, then loops: poll, add the records to their tasks, commit on the
 interval, revive a failed producer, refresh the lag metric. Each task runs as its
 own coroutine in the thread's task group, so an async processor waiting on I/O in
 one task does not hold up the others. The consumer calls the rebalance listener
-(``on_partitions_revoked`` / ``on_partitions_assigned``, on this loop) to revoke and
-create tasks. Next stage: ``streamloop.tasks.manager.TaskManager``.
+(``streamloop.threads.listener.GroupListener``, on this loop) to revoke and create
+tasks. Next stage: ``streamloop.tasks.manager.TaskManager``.
 """
 
 from __future__ import annotations
@@ -24,18 +24,16 @@ from streamloop.collector import RecordCollector
 from streamloop.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, TransactionalCommitter, transactional_id
 from streamloop.errors import MissingSinkTopicError, MissingSourceTopicError
 from streamloop.ids import TaskId
-from streamloop.records import TopicPartition
 from streamloop.recovery import RecoveryInbox, ShutdownRequested
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
-from streamloop.tasks.input_changes import close_changed_tasks
 from streamloop.tasks.manager import ExactlyOnce, TaskManager
-from streamloop.tasks.membership import FollowUpWait, GenerationWatch
 from streamloop.tasks.standby import StandbyTask, StandbyTasks
 from streamloop.tasks.task import StreamTask
 from streamloop.tasks.timeouts import StartupDeadline
 from streamloop.threads.beside import BesideJob
+from streamloop.threads.listener import GroupListener
 from streamloop.threads.states import StreamThreadState
 from streamloop.transport.base import Admin, Consumer, ConsumerSettings, Producer, ProducerSettings
 
@@ -63,15 +61,9 @@ class ThreadLoop:
         # rebalance listener (``streamloop.recovery``).
         self.recovery = RecoveryInbox()
         self._next_lag_ms = 0
-        # The generation this thread is in, and the siblings' joins it already rejoined for.
-        self._generation = GenerationWatch(thread.membership)
-        # Why this thread asked to rejoin, for the log of its next join (None: the coordinator asked).
-        self._rejoin_reason: str | None = None
-        # Cooperative: partitions revoked by the assignment under way, after this thread's JoinGroup
-        # was answered (the follow-up join is this thread's to make).
-        self._handing_over = 0
         config = self._config
-        self._follow_up = FollowUpWait(config[cfg.RETRY_BACKOFF_MS], config[cfg.HEARTBEAT_INTERVAL_MS])
+        # Called by the consumer in a rebalance; keeps the generation and the joins of this thread.
+        self.listener = GroupListener(self, thread)
         self._group: anyio.abc.TaskGroup | None = None
         self.standbys: StandbyTasks | None = None
         self._producer_settings = ProducerSettings(
@@ -85,7 +77,7 @@ class ThreadLoop:
         )
 
     @property
-    def _asked_to_stop(self) -> bool:
+    def asked_to_stop(self) -> bool:
         return not self._thread.state.state.is_alive()
 
     # -- commands (run on this loop) ---------------------------------------------------
@@ -95,11 +87,11 @@ class ThreadLoop:
             self._poll_scope.cancel()
 
     async def rejoin(self, reason: str) -> None:
-        self._request_rejoin(reason)
+        self.listener.request_rejoin(reason)
 
     async def check_generation(self) -> None:
         """A sibling started a join or left the group (see ``streamloop.tasks.membership``)."""
-        self._rejoin_if_stale()
+        self.listener.rejoin_if_stale()
 
     async def resume(self, task_id: TaskId, skip: bool) -> bool:
         manager = self._thread.view.manager
@@ -149,9 +141,9 @@ class ThreadLoop:
                 if topology.has_patterns:
                     # One pattern for all sources (streamloop.topology.patterns): new matching topics
                     # come with the consumer's metadata refresh and a rebalance.
-                    consumer.subscribe_pattern(topology.subscription_pattern(), self)
+                    consumer.subscribe_pattern(topology.subscription_pattern(), self.listener)
                 else:
-                    consumer.subscribe(topology.source_topics, self)
+                    consumer.subscribe(topology.source_topics, self.listener)
                 self.consumer = consumer
                 thread.rebalances.started(0, "first join")
                 await startup.run(consumer.start, "Starting the consumer")
@@ -208,7 +200,7 @@ class ThreadLoop:
             logger=self._log, clock_ms=clock.wall_ms, monotonic_ms=clock.monotonic_ms,
             errors=errors,
             state=state,
-            on_tasks_changed=self._publish_tasks,
+            on_tasks_changed=self.listener.publish_tasks,
             spark=thread.spark,
             exactly_once=ExactlyOnce(self._task_producer) if exactly_once else None,
         )
@@ -250,11 +242,11 @@ class ThreadLoop:
         checks = BesideJob(functools.partial(self._check_group, consumer))
         for job, what in ((commits, "commits"), (lags, "lag lookups"), (checks, "group checks")):
             group.start_soon(job.serve, name=f"{self._thread.name} {what}")
-        while not self._asked_to_stop:
+        while not self.asked_to_stop:
             with CancelScope() as scope:
                 self._poll_scope = scope
                 # Checked again inside the scope: a shutdown between the two checks cancels it (wake).
-                if self._asked_to_stop:
+                if self.asked_to_stop:
                     break
                 records = await consumer.poll(poll_ms, max_records)
                 if records:
@@ -262,7 +254,7 @@ class ThreadLoop:
                 view.polls += 1
             self._poll_scope = None
             self._thread.watch_rebalancing()
-            if self._follow_up.due(self._thread.clock.monotonic_ms()):
+            if self.listener.follow_up.due(self._thread.clock.monotonic_ms()):
                 checks.request()
             sensors.sample(manager.meter, view.polls, manager.commits)
             if self.recovery and not commits.busy:
@@ -282,15 +274,10 @@ class ThreadLoop:
                 assignor.rejoin_for_endpoint = False
                 self._log.info("The group's assignment lacks this instance's application.server: rejoining "
                                "so that every instance learns it")
-                self._request_rejoin("so that every instance learns this one's application.server")
+                self.listener.request_rejoin("so that every instance learns this one's application.server")
             now = self._thread.clock.monotonic_ms()
             if now >= self._next_lag_ms and manager.tasks and lags.request():
                 self._next_lag_ms = now + LAG_REFRESH_MS
-
-    def _request_rejoin(self, reason: str) -> None:
-        if self.consumer is not None:
-            self._rejoin_reason = self._rejoin_reason or reason
-            self.consumer.request_rejoin()
 
     async def _commit(self, manager: TaskManager) -> None:
         try:
@@ -301,23 +288,12 @@ class ThreadLoop:
             raise
 
     async def _check_group(self, consumer: Consumer) -> None:
-        self._follow_up.in_flight = True
+        follow_up = self.listener.follow_up
+        follow_up.in_flight = True
         try:
             await consumer.check_group()
         finally:
-            self._follow_up.in_flight = False
-
-    def _rejoin_if_stale(self) -> bool:
-        """Rejoin now if a sibling's join or departure makes this thread's generation stale."""
-        thread = self._thread
-        changes = self._generation.stale((t.membership, t.is_alive) for t in thread.siblings())
-        if not changes:
-            return False
-        reason = ", ".join(change.describe() for change in changes)
-        self._log.debug("Generation %s is stale (%s): rejoining now rather than at the next heartbeat",
-                        self._generation.number, reason)
-        self._request_rejoin(reason)
-        return True
+            follow_up.in_flight = False
 
     async def _measure_lag(self, consumer: Consumer, manager: TaskManager) -> None:
         """Read the log end of the tasks' partitions (at most once a second, beside the polls).
@@ -405,7 +381,7 @@ class ThreadLoop:
         Caller: this thread's clean-up after a failure. Its tasks are closed dirty if
         revoked meanwhile; the answer makes every instance shut down.
         """
-        self._request_rejoin("to carry the application shutdown request")
+        self.listener.request_rejoin("to carry the application shutdown request")
         clock = self._thread.clock
         deadline = clock.monotonic_ms() + self._config[cfg.ERROR_SHUTDOWN_TIMEOUT_MS]
         while (self._thread.assignor.shutdown is not ShutdownRequest.ANSWERED
@@ -450,105 +426,6 @@ class ThreadLoop:
                 interrupted = interrupted or exc
         if interrupted is not None:
             raise interrupted
-
-    # -- rebalance listener (called by the consumer, on this loop) ------------------------
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        thread = self._thread
-        thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_REVOKED)
-        if revoked and not self._generation.settled:
-            # Cooperative: partitions lost in the assignment under way; the follow-up join comes next.
-            # (Revoked before a JoinGroup, by a member dropped from the group, it is reset when the
-            # coordinator registers the join: no follow-up comes of that.)
-            self._handing_over = len(revoked)
-        self._begin_join()
-        manager = thread.view.manager
-        if manager is not None and revoked:
-            self._log.debug("Partitions revoked: %s", sorted(str(tp) for tp in revoked))
-            if thread.assignor.shutdown is ShutdownRequest.CARRIED_ON_EXIT:
-                # A failed thread still in the group (carrying a shutdown request): no commit.
-                await manager.shutdown(clean=False, timeout=0)
-            else:
-                await manager.handle_revocation(revoked, self._config.seconds(cfg.REQUEST_TIMEOUT_MS))
-            # The assignor's owned tasks stay as they were: the rejoin's subscription names the
-            # tasks whose state this thread holds, so the leader can keep them here (sticky).
-            self._thread.view.publish_tasks()
-
-    def _begin_join(self) -> None:
-        """Before a JoinGroup: count a new join, and tell the siblings once the coordinator has it."""
-        self._follow_up.end()
-        if not self._generation.begin_join():
-            return  # the join under way, retried
-        thread = self._thread
-        joins = thread.membership.joining
-        reason, self._rejoin_reason = self._rejoin_reason, None
-        reason = reason or ("first join" if joins == 1 else "the group coordinator started a rebalance")
-        self._log.debug("Joining the group (join %d): %s", joins, reason)
-        thread.rebalances.started(joins, reason)
-        if self.consumer is not None and self.consumer.member_id is not None:
-            self.on_join_registered()  # a known member: the coordinator waits for it already
-
-    def on_join_registered(self) -> None:
-        """The coordinator has this thread's join: the siblings whose generation it makes stale rejoin now."""
-        self._handing_over = 0
-        if self._generation.registered():
-            self._thread.on_membership_change(self._thread)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        thread = self._thread
-        thread.state.maybe_transition_to(StreamThreadState.PARTITIONS_ASSIGNED)
-        if thread.assignor.shutdown is ShutdownRequest.ANSWERED:
-            self._log.error("The application is shutting down on request of one of its instances")
-            self.recovery.report(ShutdownRequested())
-            thread.on_shutdown_requested(thread)
-            thread.state.maybe_transition_to(StreamThreadState.PENDING_SHUTDOWN)
-            return
-        if self._asked_to_stop:
-            # As Kafka Streams: a thread on its way out (its consumer may be closing, which can still
-            # complete a rebalance) creates no tasks; they would restore through a closed consumer.
-            self._log.debug("Skipping task creation: the thread is shutting down")
-            return
-        manager = thread.view.manager
-        if self.standbys is not None:
-            # First: a standby promoted to active here releases its stores to the new active task.
-            await self.standbys.update(thread.assignor.standby_tasks, self._inputs_of)
-        if manager is not None:
-            self._log.debug("Partitions assigned: %s", sorted(str(tp) for tp in assigned))
-            if thread.topology.has_patterns:
-                # A topic a pattern matched since changes the partitions of tasks that stay here.
-                await close_changed_tasks(manager, assigned, self._config.seconds(cfg.REQUEST_TIMEOUT_MS), self._log)
-            manager.handle_assignment(assigned)
-            self._publish_tasks()
-        generation = self.consumer.generation if self.consumer is not None else None
-        self._generation.settle(generation, thread.assignor.roster)
-        thread.rebalances.completed(generation)
-        if self._handing_over:
-            # The transport rejoins for the follow-up that hands the lost partitions to their new
-            # owners: the join starts now, so the siblings hear of it before this callback returns.
-            self._rejoin_reason = f"hands {self._handing_over} partition(s) over (cooperative follow-up)"
-            self._handing_over = 0
-            self._begin_join()
-            return
-        if self._rejoin_if_stale():
-            return  # not RUNNING: the group is about to rebalance
-        if thread.assignor.follow_up:
-            # Cooperative: the tasks run on, but the group settles only in the follow-up rebalance.
-            self._log.debug("Waiting for the follow-up rebalance that moves the withheld tasks")
-            self._follow_up.begin(thread.clock.monotonic_ms())
-            return
-        thread.state.maybe_transition_to(StreamThreadState.RUNNING)
-
-    def _publish_tasks(self) -> None:
-        view = self._thread.view
-        view.publish_tasks()
-        if view.manager is not None:
-            self._thread.assignor.owned_tasks = sorted(view.manager.tasks)
-        if self.standbys is not None:
-            view.publish_standbys(self.standbys.tasks.values())
-            self._thread.assignor.owned_standby_tasks = sorted(self.standbys.tasks)
-
-    def _inputs_of(self, task_id: TaskId) -> list[TopicPartition]:
-        sub = self._thread.topology.subtopologies[task_id.subtopology]
-        return [TopicPartition(topic, task_id.partition) for topic in sub.source_topics]
 
 
 def real_error(exc: BaseException | None) -> BaseException | None:
