@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from streamloop.stray_cancel import StrayCancellationError, reraise_stray
+
 __all__ = ["BesideJob"]
 
 
@@ -40,6 +42,9 @@ class BesideJob:
             await self._wanted.wait()
             self._wanted = anyio.Event()
             try:
-                await self._job()
+                # A cancellation no scope asked for would end the thread's whole task group
+                # silently: it fails the thread instead (streamloop.stray_cancel).
+                with reraise_stray(lambda exc: StrayCancellationError(f"{self._job!r} was cancelled from inside")):
+                    await self._job()
             finally:
                 self.busy = False

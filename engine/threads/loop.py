@@ -25,6 +25,7 @@ from streamloop.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, Transaction
 from streamloop.errors import MissingSinkTopicError, MissingSourceTopicError
 from streamloop.ids import TaskId
 from streamloop.recovery import RecoveryInbox, ShutdownRequested
+from streamloop.stray_cancel import StrayCancellationError, reraise_stray
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
@@ -309,7 +310,8 @@ class ThreadLoop:
         tasks = list(manager.tasks.values())
         partitions = [tp for task in tasks for tp in task.partitions]
         try:
-            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS)) as scope:
+            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS)) as scope, \
+                    reraise_stray(StrayCancellationError):
                 ends = await consumer.end_offsets(partitions)
                 for task in tasks:
                     for tp in task.partitions:
@@ -360,13 +362,21 @@ class ThreadLoop:
         group.start_soon(self._run_task, task, name=f"{self._thread.name} task {task.id}")
 
     def _spawn_standby(self, group: anyio.abc.TaskGroup, task: StandbyTask) -> None:
-        group.start_soon(task.run, name=f"{self._thread.name} standby {task.id}")
+        group.start_soon(self._run_standby, task, name=f"{self._thread.name} standby {task.id}")
+
+    @staticmethod
+    async def _run_standby(task: StandbyTask) -> None:
+        with reraise_stray(lambda exc: StrayCancellationError(f"standby task {task.id} was cancelled from inside")):
+            await task.run()
 
     async def _run_task(self, task: StreamTask) -> None:
         with CancelScope() as scope:
             task.cancel_scope = scope
             try:
-                await task.run()
+                # A cancellation no scope asked for (a library's own) fails the task, and with it the
+                # thread, with its handler asked: never a silent end (streamloop.stray_cancel).
+                with reraise_stray(lambda exc: StrayCancellationError(f"task {task.id} was cancelled from inside")):
+                    await task.run()
             except Exception as exc:
                 if self._task_failure is None:
                     # Records in flight fail inside the task's task group: the handler gets the

@@ -35,8 +35,9 @@ from aiokafka import errors as aioerrors
 from streamloop import redaction
 from streamloop.errors import IllegalStateError, RebalanceInProgressError
 from streamloop.records import ConsumerRecord, TopicPartition
+from streamloop.stray_cancel import reraise_stray
 from streamloop.transport.base import ConsumerSettings, OffsetAndMetadata, RebalanceListener
-from streamloop.transport.kafka.errors import commit_failed, illegal_state, transport_error
+from streamloop.transport.kafka.errors import commit_failed, illegal_state, stray_request, transport_error
 from streamloop.transport.kafka.leave_group import replace_leave_step
 from streamloop.transport.kafka.options import client_kwargs
 from streamloop.transport.kafka.prefetch import take_prefetched
@@ -285,7 +286,9 @@ class KafkaConsumer:
             # getmany() waits for a pending assignment without a time limit. An asyncio deadline
             # cancels aiokafka's coroutine once (see the package's docstring).
             async with asyncio.timeout_at(deadline):
-                records: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+                with reraise_stray(stray_request("poll")):
+                    records: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms,
+                                                                           max_records=max_records)
         except TimeoutError:
             records = {}
         except aioerrors.KafkaError as exc:
@@ -338,7 +341,8 @@ class KafkaConsumer:
     async def position(self, partition: TopicPartition) -> int:
         consumer = self._require()
         try:
-            return int(await consumer.position(aio_tp(partition)))
+            with reraise_stray(stray_request(f"position of {partition}")):
+                return int(await consumer.position(aio_tp(partition)))
         except aioerrors.IllegalStateError as exc:
             raise illegal_state(exc) from exc
         except aioerrors.KafkaError as exc:
@@ -349,7 +353,9 @@ class KafkaConsumer:
         if not partitions:
             return {}
         try:
-            offsets = await consumer.end_offsets([aio_tp(tp) for tp in partitions])
+            # aiokafka asks each leader in a task it gathers: see streamloop.stray_cancel.
+            with reraise_stray(stray_request("end_offsets")):
+                offsets = await consumer.end_offsets([aio_tp(tp) for tp in partitions])
         except aioerrors.KafkaError as exc:
             raise transport_error(exc, "end_offsets") from exc
         return {TopicPartition(tp.topic, tp.partition): int(off) for tp, off in offsets.items()}
@@ -387,8 +393,9 @@ class KafkaConsumer:
         tp = aio_tp(partition)
         try:
             # Consumer.committed() drops the metadata; the coordinator keeps it.
-            found = await asyncio.wait_for(consumer._coordinator.fetch_committed_offsets([tp]),
-                                           self._settings.request_timeout_ms / 1000)
+            with reraise_stray(stray_request(f"committed offset of {partition}")):
+                found = await asyncio.wait_for(consumer._coordinator.fetch_committed_offsets([tp]),
+                                               self._settings.request_timeout_ms / 1000)
         except (aioerrors.KafkaError, TimeoutError) as exc:
             raise transport_error(exc, f"committed offset of {partition}") from exc
         entry = found.get(tp)
@@ -416,7 +423,8 @@ class KafkaConsumer:
         try:
             # aiokafka retries a commit with no deadline of its own (a stalled coordinator
             # hangs it for good); bound it like Java's commitSync is bounded by its API timeout.
-            await asyncio.wait_for(commit, self._settings.request_timeout_ms / 1000)
+            with reraise_stray(stray_request("commit")):
+                await asyncio.wait_for(commit, self._settings.request_timeout_ms / 1000)
         except TimeoutError as exc:
             raise transport_error(exc, "commit") from exc
         except (aioerrors.CommitFailedError, aioerrors.IllegalStateError) as exc:

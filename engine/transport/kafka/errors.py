@@ -28,6 +28,8 @@ Fencing
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiokafka import errors as aioerrors
 
 from streamloop.errors import (
@@ -49,6 +51,7 @@ __all__ = [
     "is_retriable",
     "produce_error",
     "request_timeout",
+    "stray_request",
     "transaction_error",
     "transport_error",
 ]
@@ -83,6 +86,19 @@ def transport_error(exc: BaseException, what: str) -> TransportError:
     err = TransportError(f"{what} failed: {describe(exc)}")
     err.retriable = is_retriable(exc)
     return err
+
+
+def stray_request(what: str) -> Callable[[BaseException], TransportError]:
+    """For ``streamloop.stray_cancel.reraise_stray``: aiokafka cancelled a request of its own inside
+    ``what`` (a connection attempt past its timeout, in a task it gathers): retriable, as the timeout
+    it stands for."""
+    def error(_cancelled: BaseException) -> TransportError:
+        lost_connections.note()
+        err = TransportError(f"{what} failed: the Kafka client cancelled a request of its own "
+                             "(a connection attempt that timed out)")
+        err.retriable = True
+        return err
+    return error
 
 
 def illegal_state(exc: BaseException) -> IllegalStateError:

@@ -1,0 +1,50 @@
+"""Cancellation that no cancel scope asked for: a library's own, leaking into the engine's tasks.
+
+aiokafka runs some requests in tasks of its own and gathers them (``end_offsets`` asks each
+partition's leader in one); when it cancels one of those (a connection attempt past its timeout),
+``asyncio.gather`` raises that ``CancelledError`` in the task that awaited the request, although
+nothing cancelled that task. Left alone it is taken for a real cancellation: anyio's task group
+then cancels every sibling without recording an error, and a stream thread ends silently, with no
+failure reported and no handler asked (seen in a broker bounce: the lag metric's lookup of log ends).
+
+``stray(exc)`` tells the two apart: a real cancellation of an asyncio task comes with a pending
+cancel request (``Task.cancelling()``, which every anyio cancel scope makes), a stray one does not.
+anyio has no call for this, hence asyncio's own. The transports turn a stray cancellation into their
+retriable error (``reraise_stray``); what still reaches a stream thread's task group is made an
+error there (``streamloop.threads.beside``, ``streamloop.threads.loop``), so that a thread never
+dies without its failure being reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["StrayCancellationError", "reraise_stray", "stray"]
+
+
+class StrayCancellationError(RuntimeError):
+    """A ``CancelledError`` that no cancel scope asked for ended ``what``; the original is ``__cause__``."""
+
+
+def stray(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``CancelledError`` raised in a task that nothing asked to cancel."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: not an asyncio task's cancellation
+        return False
+    return task is not None and task.cancelling() == 0
+
+
+@contextmanager
+def reraise_stray(error: Callable[[BaseException], BaseException]) -> Iterator[None]:
+    """Inside: a stray cancellation is raised as ``error(cancellation)``; a real one goes on."""
+    try:
+        yield
+    except asyncio.CancelledError as exc:
+        if not stray(exc):
+            raise
+        raise error(exc) from exc
