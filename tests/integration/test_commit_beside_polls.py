@@ -15,21 +15,19 @@ limit, it stopped the fetching for that long, once a second.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
 
-from streamloop import KafkaStreams
 from streamloop.commit.at_least_once import AtLeastOnce
 from streamloop.records import TopicPartition
 from streamloop.serdes import IntegerSerde, JsonSerde
 from streamloop.testing import eventually_async
 from streamloop.transport.kafka.consumer import KafkaConsumer
 from streamloop.transport.memory.consumer import MemoryConsumer
-from tests.support.apps import doubling_topology, make_streams
+from tests.support.apps import doubling_running
 from tests.support.cluster import Cluster, committed_offset
 
 pytestmark = pytest.mark.asyncio
@@ -60,24 +58,6 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldCommits]:
     monkeypatch.setattr(AtLeastOnce, "commit", held.wrap(AtLeastOnce.commit))
     yield held
     held.hold.clear()
-
-
-@asynccontextmanager
-async def doubling_running(cluster: Cluster, names: Any,
-                           hold: threading.Event) -> AsyncIterator[tuple[KafkaStreams, str, str]]:
-    """A doubling app that has processed its first record (so its group is settled); closed after,
-    with ``hold`` cleared first (a close waits for a held commit)."""
-    source, sink = names("in"), names("out")
-    await cluster.create_topics({source: 1, sink: 1})
-    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
-    await streams.start_async()
-    try:
-        await cluster.produce(source, [(0, {"n": 0})], INT, JSON, 1)
-        await cluster.read(sink, 1)
-        yield streams, source, sink
-    finally:
-        hold.clear()
-        await streams.close_async(timeout=30)
 
 
 async def test_records_are_processed_while_a_commit_waits(cluster: Cluster, names, held: HeldCommits) -> None:

@@ -27,7 +27,7 @@ from streamloop.serdes import IntegerSerde, JsonSerde
 from streamloop.stray_cancel import StrayCancellationError, reraise_stray, stray
 from streamloop.testing import eventually_async
 from streamloop.transport.memory.consumer import MemoryConsumer
-from tests.support.apps import doubling_topology, make_streams
+from tests.support.apps import doubling_running, make_streams
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.asyncio
@@ -85,13 +85,7 @@ def stray_lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[StrayLookups]:
 
 async def test_a_lag_lookup_cancelled_by_the_client_library_leaves_the_thread_running(
         cluster: Cluster, names: Any, stray_lookups: StrayLookups) -> None:
-    source, sink = names("in"), names("out")
-    await cluster.create_topics({source: 1, sink: 1})
-    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
-    await streams.start_async()
-    try:
-        await cluster.produce(source, [(0, {"n": 0})], INT, JSON, 1)
-        await cluster.read(sink, 1, timeout=30)
+    async with doubling_running(cluster, names) as (streams, source, sink):
         # The lookups that were cancelled were tried again (one a second): the thread lives on.
         await eventually_async(lambda: stray_lookups.calls > 3, 30, "the log ends looked up after the stray ones")
         await cluster.produce(source, [(1, {"n": 2})], INT, JSON, 1)
@@ -99,8 +93,6 @@ async def test_a_lag_lookup_cancelled_by_the_client_library_leaves_the_thread_ru
         assert [JSON.deserialize(r.value)["n"] for r in out] == [0, 2]
         assert streams.metric("failed-stream-threads") == 0
         assert streams.state is ClientState.RUNNING
-    finally:
-        await streams.close_async(timeout=30)
 
 
 async def test_a_processor_cancelled_from_inside_fails_its_thread_and_asks_the_handler(

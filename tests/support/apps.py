@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from streamloop import KafkaStreams, StreamsBuilder, Topology
 from streamloop.serdes import IntegerSerde, JsonSerde, LongSerde, StringSerde
 from streamloop.state import Materialized
+
+if TYPE_CHECKING:
+    from tests.support.cluster import Cluster
 
 
 def streams_config(bootstrap: str, app: str, **overrides: Any) -> dict[str, Any]:
@@ -63,3 +69,22 @@ def count_topology(source: str, sink: str, store: str = "counts", persistent: bo
            .to_stream()
            .to(sink, key_serde=StringSerde(), value_serde=LongSerde()))
     return builder.build()
+
+
+@asynccontextmanager
+async def doubling_running(cluster: Cluster, names: Any, hold: threading.Event | None = None
+                           ) -> AsyncIterator[tuple[KafkaStreams, str, str]]:
+    """A doubling app that has processed its first record (so its group is settled); closed after,
+    with ``hold`` cleared first (a close waits for a commit a test holds)."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
+    await streams.start_async()
+    try:
+        await cluster.produce(source, [(0, {"n": 0})], IntegerSerde(), JsonSerde(), 1)
+        await cluster.read(sink, 1)
+        yield streams, source, sink
+    finally:
+        if hold is not None:
+            hold.clear()
+        await streams.close_async(timeout=30)
