@@ -10,18 +10,19 @@ failure reported and no handler asked (seen in a broker bounce: the lag metric's
 ``stray(exc)`` tells the two apart: a real cancellation of an asyncio task comes with a pending
 cancel request (``Task.cancelling()``, which every anyio cancel scope makes), a stray one does not.
 anyio has no call for this, hence asyncio's own. The transports turn a stray cancellation into their
-retriable error (``reraise_stray``); what still reaches a stream thread's task group is made an
-error there (``streamloop.threads.beside``, ``streamloop.threads.loop``), so that a thread never
-dies without its failure being reported.
+retriable error (``reraise_stray``); what still reaches a task group's child is made an error there
+(``fail_stray``: a stream thread's tasks and the work beside its polls, a task's record workers and
+Spark batches, an exactly-once commit's per-task steps, a command), so that no work ends without
+its failure being reported.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["StrayCancellationError", "reraise_stray", "stray"]
+__all__ = ["StrayCancellationError", "fail_stray", "reraise_stray", "stray"]
 
 
 class StrayCancellationError(RuntimeError):
@@ -48,3 +49,10 @@ def reraise_stray(error: Callable[[BaseException], BaseException]) -> Iterator[N
         if not stray(exc):
             raise
         raise error(exc) from exc
+
+
+async def fail_stray(what: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    """``await fn(*args)`` as a task group's child: a stray cancellation fails it (and so its group)
+    with ``StrayCancellationError`` instead of cancelling the group without an error."""
+    with reraise_stray(lambda _exc: StrayCancellationError(f"{what} was cancelled from inside")):
+        await fn(*args)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from streamloop.errors import ProducerFencedError, TaskCorruptedError, TaskMigratedError, TransportError
+from streamloop.stray_cancel import fail_stray
 from streamloop.transport.base import TransactionalProducer
 from streamloop.transport.retriable import is_retriable as is_timeout
 
@@ -82,7 +83,7 @@ class ExactlyOnce(CommitProtocol):
 
         async with anyio.create_task_group() as group:
             for task in tasks:
-                group.start_soon(commit_one, task)
+                group.start_soon(fail_stray, f"the commit of task {task.id}", commit_one, task)
         committed = 0
         checkpointed = []
         for task in tasks:

@@ -45,6 +45,7 @@ from streamloop.spark.failures import SparkBatchTransientError, is_transient
 from streamloop.spark.frames import decode
 from streamloop.spark.schema import SchemaMismatch
 from streamloop.spark.stage import FetchedResult, SparkBatchStage, direct_sink
+from streamloop.stray_cancel import fail_stray
 
 from .bulk_jobs import JobPart, StageJobs
 from .processing import RecordPath
@@ -173,7 +174,7 @@ class BatchWindow:
                     return  # woken when one of the stage's jobs finished
                 batch = self._open = FetchedBatch(part)
                 self._batches.append(batch)
-                group.start_soon(self._drive, batch)
+                group.start_soon(fail_stray, "a Spark batch", self._drive, batch)
             job, raws = batch.part.job, batch.raws
             before = len(raws)
             room = min(jobs.room(job), task.buffered())

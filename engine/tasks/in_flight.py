@@ -59,6 +59,7 @@ from streamloop.processors.context import CURRENT
 from streamloop.processors.nodes import Forwarder, Node, SinkNode
 from streamloop.records import ConsumerRecord, Headers, Record, TopicPartition
 from streamloop.state.store import Journal
+from streamloop.stray_cancel import fail_stray
 
 from .processing import Outcome, RecordPath
 from .retries import wait_for_retry
@@ -297,7 +298,7 @@ class InFlightWindow:
         send, receive = anyio.create_memory_object_stream[RecordSlot](self.limit)
         async with anyio.create_task_group() as group:
             for _ in range(self.limit):
-                group.start_soon(self._work, receive.clone())
+                group.start_soon(fail_stray, f"a record worker of task {task.id}", self._work, receive.clone())
             receive.close()
             with send:
                 while not task.closing:

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from anyio.abc import TaskGroup
 
+from streamloop.stray_cancel import fail_stray
+
 T = TypeVar("T")
 
 
@@ -83,7 +85,7 @@ class CommandChannel:
             if group is None:
                 future.set_exception(CommandRejected(f"{self._owner} stopped before running the command"))
                 return
-            group.start_soon(run)
+            group.start_soon(fail_stray, f"a command on {self._owner}", run)
 
         with self._lock:
             loop = self._loop

@@ -25,7 +25,7 @@ from streamloop.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, Transaction
 from streamloop.errors import MissingSinkTopicError, MissingSourceTopicError
 from streamloop.ids import TaskId
 from streamloop.recovery import RecoveryInbox, ShutdownRequested
-from streamloop.stray_cancel import StrayCancellationError, reraise_stray
+from streamloop.stray_cancel import StrayCancellationError, fail_stray, reraise_stray
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
@@ -362,12 +362,7 @@ class ThreadLoop:
         group.start_soon(self._run_task, task, name=f"{self._thread.name} task {task.id}")
 
     def _spawn_standby(self, group: anyio.abc.TaskGroup, task: StandbyTask) -> None:
-        group.start_soon(self._run_standby, task, name=f"{self._thread.name} standby {task.id}")
-
-    @staticmethod
-    async def _run_standby(task: StandbyTask) -> None:
-        with reraise_stray(lambda exc: StrayCancellationError(f"standby task {task.id} was cancelled from inside")):
-            await task.run()
+        group.start_soon(fail_stray, f"standby task {task.id}", task.run, name=f"{self._thread.name} standby {task.id}")
 
     async def _run_task(self, task: StreamTask) -> None:
         with CancelScope() as scope:

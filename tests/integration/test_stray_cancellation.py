@@ -95,8 +95,9 @@ async def test_a_lag_lookup_cancelled_by_the_client_library_leaves_the_thread_ru
         assert streams.state is ClientState.RUNNING
 
 
+@pytest.mark.parametrize("workers", [1, 4], ids=["in-order", "records-in-flight"])
 async def test_a_processor_cancelled_from_inside_fails_its_thread_and_asks_the_handler(
-        cluster: Cluster, names: Any) -> None:
+        cluster: Cluster, names: Any, workers: int) -> None:
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
 
@@ -109,7 +110,8 @@ async def test_a_processor_cancelled_from_inside_fails_its_thread_and_asks_the_h
     (builder.stream(source, key_serde=INT, value_serde=JSON)
             .map_values(cancelled_from_inside)
             .to(sink, key_serde=INT, value_serde=JSON))
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app)
+    # Four workers: the record runs in a worker task of the task's own group (streamloop.tasks.in_flight).
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, **{"num.threads.per.task": workers})
     seen: list[BaseException] = []
 
     def handler(exc: BaseException) -> StreamThreadExceptionResponse:
