@@ -36,6 +36,7 @@ from streamloop.timestamps import TimestampExtractor
 from streamloop.topology.topology import Topology
 from streamloop.transport.base import Consumer, Producer
 
+from .backpressure import BackPressure
 from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
@@ -105,7 +106,6 @@ class TaskManager:
         self._key_serde = key_serde
         self._value_serde = value_serde
         self._timestamp_extractor = timestamp_extractor
-        self._limit = buffered_per_partition
         self._timer_factory = timer_factory
         self._errors = errors
         self._threads_per_task = threads_per_task
@@ -131,7 +131,7 @@ class TaskManager:
         self.spark_jobs: dict[str, StageJobs] = {}
         self.range_jobs: dict[str, RangeJobs] = {}  # the same for stages reading on the executors
         self._by_partition: dict[TopicPartition, StreamTask] = {}
-        self._backpressured: set[TopicPartition] = set()
+        self._pressure = BackPressure(consumer, buffered_per_partition, self._by_partition.get)
         self.shut_down = False
         # Starts tasks again from their last commit after lost output or a failed transaction: the poll
         # loop calls it between polls (streamloop.tasks.revival).
@@ -275,7 +275,7 @@ class TaskManager:
                 self._consumer.seek(tp, om.offset)
                 task.input.discard(tp)
                 # No chunk may ever run to resume it: the task can be idle from now on.
-                self._release_backpressure(tp)
+                self._pressure.release(tp)
 
     def collector_of(self, task_id: TaskId) -> RecordCollector | None:
         """The collector of a task's own producer under exactly-once (for its dead letters)."""
@@ -322,7 +322,7 @@ class TaskManager:
     def _on_pause(self, task: StreamTask) -> None:
         """Stop fetching the task's partitions; it stays assigned (and keeps polling alive)."""
         self._consumer.pause(*task.partitions)
-        self._backpressured.difference_update(task.partitions)
+        self._pressure.forget(task.partitions)
         self._on_tasks_changed()
 
     async def resume(self, task_id: TaskId, skip: bool) -> bool:
@@ -402,10 +402,7 @@ class TaskManager:
                     self.tasks.pop(task.id, None)
                     for tp in task.partitions:
                         self._by_partition.pop(tp, None)
-                        if tp in self._backpressured:
-                            self._backpressured.discard(tp)
-                            released.append(tp)
-                        elif handler_paused:
+                        if self._pressure.drop(tp) or handler_paused:
                             released.append(tp)
                 self._resume_released(released)
         self._log.log(logging.DEBUG if clean else logging.INFO, "Closed tasks %s %s", [str(t.id) for t in tasks],
@@ -455,38 +452,11 @@ class TaskManager:
             task = self._by_partition.get(tp)
             if task is None or not records:
                 continue  # fetched just before a revocation; the new owner reads it again
-            total += len(records)
-            if task.add_records(tp, records) >= self._limit and tp not in self._backpressured:
-                # Pausing may discard what the consumer fetched ahead for tp (aiokafka does), and
-                # the broker would send it again while this thread waits: keep it (one fetch more).
-                ahead = self._consumer.take_fetched(tp)
-                if ahead:
-                    total += len(ahead)
-                    task.add_records(tp, ahead)
-                self._backpressured.add(tp)
-                self._consumer.pause(tp)
+            total += self._pressure.add(tp, task, records)
         return total
 
-    def _release_backpressure(self, tp: TopicPartition) -> None:
-        """Resume fetching ``tp`` if back-pressure paused it and its buffer is down to half the limit.
-
-        Whether back-pressure holds a partition follows from its buffered count alone: paused at
-        ``buffered.records.per.partition`` (``add_records``), resumed at half of it. Caller: every
-        path that shrinks a buffer: a processed chunk (``_after_chunk``) and the records dropped at
-        a seek (``_rewind``). A partition without a task here holds nothing.
-        """
-        if tp not in self._backpressured:
-            return
-        task = self._by_partition.get(tp)
-        if task is not None and task.buffered(tp) > self._limit // 2:
-            return
-        self._backpressured.discard(tp)
-        self._consumer.resume(tp)
-
     async def _after_chunk(self, collector: RecordCollector | None = None, task_id: TaskId | None = None) -> None:
-        if self._backpressured:  # every chunk comes here: nothing to do in the common case
-            for tp in list(self._backpressured):
-                self._release_backpressure(tp)
+        self._pressure.release_ready()
         if collector is not None:
             if collector.buffered():
                 try:
