@@ -22,8 +22,9 @@ __all__ = ["BesideJob"]
 class BesideJob:
     """Runs ``job`` each time the poll loop asks for it, one run at a time (this loop only)."""
 
-    def __init__(self, job: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, job: Callable[[], Awaitable[None]], what: str = "a job beside the polls") -> None:
         self._job = job
+        self.what = what
         self._wanted = anyio.Event()
         self.busy = False
         """Asked for and not finished: the poll loop asks again only after it."""
@@ -44,7 +45,7 @@ class BesideJob:
             try:
                 # A cancellation no scope asked for would end the thread's whole task group
                 # silently: it fails the thread instead (streamloop.stray_cancel).
-                with reraise_stray(lambda exc: StrayCancellationError(f"{self._job!r} was cancelled from inside")):
+                with reraise_stray(lambda exc: StrayCancellationError(f"{self.what} was cancelled from inside")):
                     await self._job()
             finally:
                 self.busy = False

@@ -238,11 +238,11 @@ class ThreadLoop:
         assert group is not None
         # Beside the polls (``streamloop.threads.beside``): a commit waits for acks, the group and
         # the changelogs' ends; the lag metric for log ends; a follow-up check for the coordinator.
-        commits = BesideJob(functools.partial(self._commit, manager))
-        lags = BesideJob(functools.partial(self._measure_lag, consumer, manager))
-        checks = BesideJob(functools.partial(self._check_group, consumer))
-        for job, what in ((commits, "commits"), (lags, "lag lookups"), (checks, "group checks")):
-            group.start_soon(job.serve, name=f"{self._thread.name} {what}")
+        commits = BesideJob(functools.partial(self._commit, manager), "commits")
+        lags = BesideJob(functools.partial(self._measure_lag, consumer, manager), "lag lookups")
+        checks = BesideJob(functools.partial(self._check_group, consumer), "group checks")
+        for job in (commits, lags, checks):
+            group.start_soon(job.serve, name=f"{self._thread.name} {job.what}")
         while not self.asked_to_stop:
             with CancelScope() as scope:
                 self._poll_scope = scope

@@ -40,3 +40,26 @@ async def test_a_request_runs_the_job_once_and_none_is_taken_while_it_runs() -> 
         release.set()
         group.cancel_scope.cancel()
     assert runs == [0, 1]
+
+
+async def test_a_job_cancelled_from_inside_fails_instead_of_cancelling_the_group_silently() -> None:
+    """A library that cancels a task of its own and raises it here (streamloop.stray_cancel): the
+    serving task fails with an error naming the job, which its task group then raises."""
+    import asyncio
+
+    from streamloop.stray_cancel import StrayCancellationError
+
+    async def job() -> None:
+        own = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        own.cancel()
+        await asyncio.gather(own)
+
+    beside = BesideJob(job, "lag lookups")
+    with pytest.raises(BaseExceptionGroup) as failed:
+        async with anyio.create_task_group() as group:
+            group.start_soon(beside.serve)
+            beside.request()
+    error = failed.value.exceptions[0]
+    assert isinstance(error, StrayCancellationError) and "lag lookups" in str(error)
+    assert not beside.busy
