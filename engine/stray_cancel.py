@@ -33,10 +33,7 @@ def stray(exc: BaseException) -> bool:
     """Whether ``exc`` is a ``CancelledError`` raised in a task that nothing asked to cancel."""
     if not isinstance(exc, asyncio.CancelledError):
         return False
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop: not an asyncio task's cancellation
-        return False
+    task = asyncio.current_task()  # called while a coroutine handles the error: a loop runs
     return task is not None and task.cancelling() == 0
 
 

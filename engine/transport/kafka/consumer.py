@@ -53,6 +53,8 @@ from streamloop.transport.kafka.startup import start_or_clean_up
 from streamloop.transport.kafka.structs import aio_offsets, aio_tp, our_tps
 
 log = logging.getLogger(__name__)
+# Made once: a poll is the consumer's hot path (see streamloop.stray_cancel).
+_STRAY_POLL = stray_request("poll")
 
 __all__ = ["KafkaConsumer"]
 
@@ -286,7 +288,7 @@ class KafkaConsumer:
             # getmany() waits for a pending assignment without a time limit. An asyncio deadline
             # cancels aiokafka's coroutine once (see the package's docstring).
             async with asyncio.timeout_at(deadline):
-                with reraise_stray(stray_request("poll")):
+                with reraise_stray(_STRAY_POLL):
                     records: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms,
                                                                            max_records=max_records)
         except TimeoutError:
