@@ -14,6 +14,13 @@ retriable error (``reraise_stray``); what still reaches a task group's child is 
 (``fail_stray``: a stream thread's tasks and the work beside its polls, a task's record workers and
 Spark batches, an exactly-once commit's per-task steps, a command), so that no work ends without
 its failure being reported.
+
+A stray cancellation can also land in the loop step where the caller's own deadline fires (aiokafka
+bounds its requests by the same request timeout the engine bounds its lookups with). The task then
+has a cancel request pending when the stray ``CancelledError`` arrives, so a check inside the scope
+takes it for real; the scope withdraws its request on exit and, the error not being its own, lets
+it through. ``bounded`` is the deadline for a client library's call: its check sits outside the
+scope, where only a cancellation of the caller itself is still pending.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["StrayCancellationError", "fail_stray", "reraise_stray", "stray"]
+import anyio
+
+__all__ = ["StrayCancellationError", "bounded", "fail_stray", "reraise_stray", "stray"]
 
 
 class StrayCancellationError(RuntimeError):
@@ -53,3 +62,13 @@ async def fail_stray(what: str, fn: Callable[..., Awaitable[object]], *args: obj
     with ``StrayCancellationError`` instead of cancelling the group without an error."""
     with reraise_stray(lambda _exc: StrayCancellationError(f"{what} was cancelled from inside")):
         await fn(*args)
+
+
+@contextmanager
+def bounded(seconds: float, what: str, *, shield: bool = False) -> Iterator[anyio.CancelScope]:
+    """``anyio.move_on_after(seconds, shield=shield)`` around a client library's call: a stray
+    cancellation, at the deadline or not, leaves it as ``StrayCancellationError`` (an ordinary
+    error the caller handles as the call's failure)."""
+    with reraise_stray(lambda _exc: StrayCancellationError(f"{what} was cancelled from inside")), \
+            anyio.move_on_after(seconds, shield=shield) as scope:
+        yield scope

@@ -32,6 +32,7 @@ from streamloop.recovery import ProducerLost, TaskCorrupted, TaskMigrated
 from streamloop.serdes import Serde
 from streamloop.spark.kafka_source import executor_options
 from streamloop.state.task_state import StateSettings, TaskStateManager
+from streamloop.stray_cancel import bounded
 from streamloop.timestamps import TimestampExtractor
 from streamloop.topology.topology import Topology
 from streamloop.transport.base import Consumer, Producer
@@ -434,7 +435,7 @@ class TaskManager:
             # Shielded and bounded: a cancellation (the thread failing meanwhile) must not skip the
             # close, which asyncio.wait_for does when cancelled before the close started.
             try:
-                with anyio.move_on_after(timeout, shield=True) as scope:
+                with bounded(timeout, f"closing the producer of task {task.id}", shield=True) as scope:
                     await producer.close()
                 if scope.cancelled_caught:
                     self._log.warning("Closing the producer of task %s did not finish within %.1f s", task.id, timeout)

@@ -25,7 +25,7 @@ from streamloop.commit import EOS_TRANSACTION_TIMEOUT_MS, Committer, Transaction
 from streamloop.errors import MissingSinkTopicError, MissingSourceTopicError
 from streamloop.ids import TaskId
 from streamloop.recovery import RecoveryInbox, ShutdownRequested
-from streamloop.stray_cancel import StrayCancellationError, fail_stray, reraise_stray
+from streamloop.stray_cancel import StrayCancellationError, bounded, fail_stray, reraise_stray
 from streamloop.tasks import wiring
 from streamloop.tasks.assignor import ShutdownRequest
 from streamloop.tasks.error_handling import ErrorHandling
@@ -310,8 +310,7 @@ class ThreadLoop:
         tasks = list(manager.tasks.values())
         partitions = [tp for task in tasks for tp in task.partitions]
         try:
-            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS)) as scope, \
-                    reraise_stray(StrayCancellationError):
+            with bounded(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), "the lag metric's lookup") as scope:
                 ends = await consumer.end_offsets(partitions)
                 for task in tasks:
                     for tp in task.partitions:
@@ -351,7 +350,8 @@ class ThreadLoop:
         # Shielded: from here on only this call knows the old producer, so a cancellation (the
         # thread failing meanwhile) must not skip its close and leave its connections open.
         try:
-            with anyio.move_on_after(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), shield=True) as scope:
+            with bounded(self._config.seconds(cfg.REQUEST_TIMEOUT_MS), "closing the failed producer",
+                         shield=True) as scope:
                 await old.close()
             if scope.cancelled_caught:
                 self._log.warning("Closing the failed producer did not finish within request.timeout.ms")

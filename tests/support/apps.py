@@ -72,13 +72,13 @@ def count_topology(source: str, sink: str, store: str = "counts", persistent: bo
 
 
 @asynccontextmanager
-async def doubling_running(cluster: Cluster, names: Any, hold: threading.Event | None = None
+async def doubling_running(cluster: Cluster, names: Any, hold: threading.Event | None = None, **overrides: Any
                            ) -> AsyncIterator[tuple[KafkaStreams, str, str]]:
-    """A doubling app that has processed its first record (so its group is settled); closed after,
-    with ``hold`` cleared first (a close waits for a commit a test holds)."""
+    """A doubling app (``overrides``: of its config) that has processed its first record (so its
+    group is settled); closed after, with ``hold`` cleared first (a close waits for a commit a test holds)."""
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
-    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app)
+    streams = make_streams(doubling_topology(source, sink), cluster.bootstrap, names.app, **overrides)
     await streams.start_async()
     try:
         await cluster.produce(source, [(0, {"n": 0})], IntegerSerde(), JsonSerde(), 1)
