@@ -130,19 +130,28 @@ class CommitProtocol(ABC):
 
     # -- after a commit --------------------------------------------------------------------
     async def checkpoint(self, tasks: Iterable[StreamTask]) -> None:
-        """Step 5: move the checkpoint files of tasks with persistent stores (after their commit)."""
-        managers = [t.state_manager for t in tasks if t.state_manager is not None and t.state_manager.persistent
-                    and t.state_manager.changelogs and not t.closed]
-        if not managers:
-            return
-        partitions = [tp for m in managers for tp in m.changelogs.values()]
-        ends = await self._consumer.end_offsets(partitions)
+        """Step 5: move the checkpoint files of tasks with persistent stores (after their commit)
+        to the offset after each changelog's last record their producer had acknowledged, as Kafka
+        Streams does (its record collector's offsets).
+
+        Not to an end offset read from the broker: under exactly-once the broker writes a
+        transaction's markers after the commit returns, so the last stable offset read at once
+        can lag the transaction just committed, and a read that lagged or failed was not made
+        again while the task stayed idle (its checkpoint stayed behind for good)."""
+        chosen = []
         # Nothing awaits until every store's checkpoint is chosen: every write the stores hold now
-        # was appended before ``ends``.
-        moved = [(manager, manager.checkpoint_commit(ends)) for manager in managers]
-        for manager, offsets in moved:
+        # had its changelog record appended before these offsets, or has it acknowledged later.
+        for task in tasks:
+            manager = task.state_manager
+            if manager is None or not manager.persistent or not manager.changelogs or task.closed:
+                continue
+            # Exactly-once: the task's own producer; at-least-once: the thread's.
+            collector = task.collector or self._collector
+            offsets = manager.checkpoint_commit(collector.producer.acked_ends())
             if offsets is not None:
-                await manager.write_checkpoint_file(offsets)
+                chosen.append((manager, offsets))
+        for manager, offsets in chosen:
+            await manager.write_checkpoint_file(offsets)
 
     @staticmethod
     def checkpoint_behind(task: StreamTask) -> bool:
@@ -151,9 +160,9 @@ class CommitProtocol(ABC):
         return task.state_manager is not None and task.state_manager.checkpoint_behind
 
     async def checkpoint_after_commit(self, tasks: Iterable[StreamTask]) -> None:
-        """``checkpoint`` after a commit while the tasks run: a failure to read the ends leaves the
-        checkpoints where they are (still right, only older), never fails the commit."""
+        """``checkpoint`` after a commit while the tasks run: a checkpoint file that cannot be
+        written stays where it is (still right, only older), never fails the commit."""
         try:
             await self.checkpoint(tasks)
-        except Exception as exc:
-            self._log.debug("Checkpoints not moved after the commit: %r", exc)
+        except OSError as exc:  # the disk; nothing else here can fail
+            self._log.warning("Checkpoints not moved after the commit: %r", exc)

@@ -332,9 +332,10 @@ class TaskStateManager:
         """Drop the writes no commit covered (a transaction aborted): their records run again."""
         return sum(s.uncommitted.discard() for s in self.stores.values() if s.uncommitted is not None)
 
-    def checkpoint_commit(self, end_offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int] | None:
-        """After a commit: ``end_offsets``, the changelogs' ends just read. Each persistent store's
-        checkpoint moves to the newest of these ends it may name (``UncommittedWrites.checkpoint_offset``);
+    def checkpoint_commit(self, acked_ends: Mapping[TopicPartition, int]) -> dict[TopicPartition, int] | None:
+        """After a commit: ``acked_ends``, the offset after each changelog's last acknowledged record
+        (``Producer.acked_ends``). Each persistent store's checkpoint moves to the newest of these it
+        may name (``UncommittedWrites.checkpoint_offset``);
         returns the checkpoint to write (``write_checkpoint_file``), None when it stays. Nothing while
         the stores restore: their disk is not at the changelog's end yet."""
         if not self._restored:
@@ -342,9 +343,9 @@ class TaskStateManager:
         moved = dict(self._checkpointed)
         for name, tp in self.changelogs.items():
             held = self.stores[name].uncommitted
-            if held is None or tp not in end_offsets:
+            if held is None or tp not in acked_ends:
                 continue
-            offset = held.checkpoint_offset(held.candidate(end_offsets[tp]))
+            offset = held.checkpoint_offset(held.candidate(acked_ends[tp]))
             if offset is not None:
                 moved[tp] = offset
         return moved if moved != self._checkpointed else None

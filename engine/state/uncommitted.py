@@ -245,7 +245,9 @@ class UncommittedWrites:
         return bool(self._candidates)
 
     def candidate(self, offset: int) -> Candidate:
-        """``offset``: the changelog's end, just read; every held write up to now was appended before it."""
+        """``offset``: the offset after the changelog's last acknowledged record; every write up to
+        now had its record appended before it, or acknowledged after it (a checkpoint there
+        restores that record again: never one less)."""
         return Candidate(offset, self.seq)
 
     def checkpoint_offset(self, fresh: Candidate) -> int | None:

@@ -23,6 +23,7 @@ class DriverProducer:
         self._log_of = log_of
         self._now_ms = now_ms  # the driver's wall clock: the timestamp of output given none
         self._buffer: list[tuple[str, int, bytes | None, bytes | None, int, Headers]] = []
+        self._acked: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
         return None
@@ -39,6 +40,10 @@ class DriverProducer:
         buffer, self._buffer = self._buffer, []
         for topic, partition, key, value, timestamp, headers in buffer:
             self._log_of(topic).append(partition, key, value, timestamp, headers)
+            self._acked[TopicPartition(topic, partition)] = len(self._log_of(topic).partitions[partition])
+
+    def acked_ends(self) -> Mapping[TopicPartition, int]:
+        return self._acked
 
     async def flush(self) -> None:
         await self.send_buffered()

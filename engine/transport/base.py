@@ -248,6 +248,11 @@ class Producer(Protocol):
         Raises ``ProduceError`` (naming topic and partition) for the first failure.
         """
 
+    def acked_ends(self) -> Mapping[TopicPartition, int]:
+        """For each partition this producer wrote to, the offset after its last acknowledged
+        record (Kafka Streams' ``RecordCollector.offsets()``, plus one): where a checkpoint of a
+        changelog goes, known without asking the broker."""
+
     async def close(self) -> None: ...
 
 

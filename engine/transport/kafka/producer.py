@@ -149,8 +149,10 @@ class KafkaProducer:
         # Open builder per (topic, partition); full builders wait in _ready.
         self._open: dict[tuple[str, int], _Slot] = {}
         self._ready: list[tuple[str, int, _Slot]] = []
-        # aiokafka's delivery futures (asyncio futures: waited for with asyncio.wait) and their partitions.
-        self._pending: dict[asyncio.Future[Any], tuple[str, int]] = {}
+        # aiokafka's delivery futures (asyncio futures: waited for with asyncio.wait), their
+        # partitions and record counts.
+        self._pending: dict[asyncio.Future[Any], tuple[str, int, int]] = {}
+        self._acked: dict[TopicPartition, int] = {}
         self._failure: tuple[str, int, BaseException] | None = None
         self._handoff = asyncio.Lock()
         self._fast = False
@@ -266,7 +268,7 @@ class KafkaProducer:
                     if not isinstance(exc, Exception):
                         raise
                     self._raise_failure()
-                self._pending[future] = (topic, partition)
+                self._pending[future] = (topic, partition, slot.count)
                 future.add_done_callback(self._on_delivered)
 
     def _on_delivered(self, future: asyncio.Future[Any]) -> None:
@@ -275,8 +277,20 @@ class KafkaProducer:
             exc: BaseException | None = asyncio.CancelledError("delivery cancelled")
         else:
             exc = future.exception()  # also marks it retrieved
-        if exc is not None and where is not None:
-            self._fail(where[0], where[1], exc)
+        if where is None:
+            return  # seen already (its callback, then a flush)
+        topic, partition, count = where
+        if exc is not None:
+            self._fail(topic, partition, exc)
+            return
+        # A batch's records take consecutive offsets from the one its metadata names.
+        end = future.result().offset + count
+        tp = TopicPartition(topic, partition)
+        if end > self._acked.get(tp, 0):
+            self._acked[tp] = end
+
+    def acked_ends(self) -> Mapping[TopicPartition, int]:
+        return self._acked
 
     def _fail(self, topic: str, partition: int, exc: BaseException) -> None:
         if self._failure is None:

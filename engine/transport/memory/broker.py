@@ -176,13 +176,15 @@ class MemoryBroker:
             self._produce_faults[topic] = _ProduceFault(error, times)
 
     def produce(
-        self, batches: Mapping[TopicPartition, Sequence[ProducedRecord]]
+        self, batches: Mapping[TopicPartition, Sequence[ProducedRecord]],
+        ends: dict[TopicPartition, int] | None = None,
     ) -> dict[TopicPartition, str | BaseException]:
         """Append each batch to its partition, atomically and in order, and wake its fetchers.
 
         Returns the partitions whose batch was not written, with the reason (a
         partition that does not exist), like the per-partition errors of a Kafka
-        produce response. Caller: ``MemoryProducer.send_buffered``.
+        produce response; ``ends`` gets the offset after each written batch (its acks).
+        Caller: ``MemoryProducer.send_buffered``.
         """
         failed: dict[TopicPartition, str | BaseException] = {}
         with self._locked():
@@ -200,6 +202,8 @@ class MemoryBroker:
                 for record in batch:
                     partition_log.append(record)
                 written.add(tp)
+                if ends is not None:
+                    ends[tp] = partition_log.end_offset
             for wakeup, fetched in self._fetchers.items():
                 if not written.isdisjoint(fetched):
                     self._pending_wakeups.add(wakeup)

@@ -10,6 +10,8 @@ partitions of that hand-over are written all the same.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from streamloop.errors import IllegalStateError, ProduceError
 from streamloop.records import Headers, TopicPartition
 from streamloop.transport.base import ProducerSettings
@@ -27,6 +29,7 @@ class MemoryProducer:
         self._buffered = 0
         self._failure: tuple[TopicPartition, str | BaseException] | None = None
         self._closed = False
+        self._acked: dict[TopicPartition, int] = {}
 
     def __repr__(self) -> str:
         return f"MemoryProducer({self._settings.client_id} on {self._broker!r})"
@@ -59,7 +62,7 @@ class MemoryProducer:
         if not self._buffer:
             return
         batches, self._buffer, self._buffered = self._buffer, {}, 0
-        failed = self._broker.produce(batches)
+        failed = self._broker.produce(batches, self._acked)
         if failed:
             self._failure = next(iter(failed.items()))
             self._raise_failure()
@@ -67,6 +70,9 @@ class MemoryProducer:
     async def flush(self) -> None:
         """Send what is buffered; every record is acknowledged once it is written."""
         await self.send_buffered()
+
+    def acked_ends(self) -> Mapping[TopicPartition, int]:
+        return self._acked
 
     async def close(self) -> None:
         """Drop what was not handed over (as the Kafka transport does) and refuse further records."""
