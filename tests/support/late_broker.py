@@ -457,4 +457,31 @@ def late_kafka(
         return made[0]
 
     with proxied_kafka(props, make_proxy=make_proxy, **broker_kwargs) as proxied:
-        yield LateKafka(proxy=made[0], broker=proxied.broker)
+        kafka = LateKafka(proxy=made[0], broker=proxied.broker)
+        asyncio.run(_coordinator_loaded(kafka.bootstrap))
+        yield kafka
+
+
+async def _coordinator_loaded(bootstrap: str, timeout_s: float = 60.0) -> None:
+    """Until the fresh broker's group coordinator has loaded its (one) offsets partition: before
+    that it answers JoinGroup with COORDINATOR_LOAD_IN_PROGRESS, which a test of the group
+    protocol's answers took for an error of the members (the first test on the broker failed)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                answers = await admin.describe_consumer_groups(["streamloop-coordinator-check"])
+                if all(group[0] == 0 for answer in answers for group in answer.groups):
+                    return
+            except KafkaError:
+                pass  # the offsets topic is still being created: no coordinator yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the group coordinator of {bootstrap} did not load within {timeout_s} s")
+            await asyncio.sleep(0.1)  # polls the broker's state, with the deadline above
+    finally:
+        await admin.close()
