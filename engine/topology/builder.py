@@ -35,7 +35,7 @@ from streamloop.topology.joins import StreamJoined, stream_stream_join
 from streamloop.topology.printed import Printed
 from streamloop.topology.produced import Produced, sink_options
 from streamloop.topology.repartition import Repartitioned, repartition
-from streamloop.topology.specs import NodeKind
+from streamloop.topology.spark_stages import ROWS, spark_batch_stage, spark_sink_stage
 from streamloop.topology.stream_processors import print_stream, process_values
 from streamloop.topology.tables import (
     KGroupedStream,
@@ -385,20 +385,9 @@ class KStream:
         (Spark's executors read each task's offset range from Kafka: only a stage right after its
         source, with ``schema``); None takes ``spark.batch.read``. See docs/spark.md.
         """
-        from streamloop.spark.session import require_pyspark
-        from streamloop.spark.stage import BatchSettings, SparkBatchStage, transform_job
-
-        require_pyspark("spark_batch()")
-        if not callable(fn):
-            raise TypeError(f"spark_batch() needs a callable, got {fn!r}")
-        node_name = self._builder._name(name, "KSTREAM-SPARK-BATCH")
-        settings = BatchSettings(max_records, max_wait_ms, max_batches_in_flight)
-        settings.check(node_name)
-        columns = None if value_columns is None else tuple(value_columns)
-        job = transform_job(fn, node_name)
-        self._check_read(node_name, read, schema)
-        return self._spark_stage(node_name, settings, lambda: SparkBatchStage(
-            node_name, job, settings, key_column, columns, schema, read=read))
+        node_name = spark_batch_stage(self, fn, max_records, max_wait_ms, max_batches_in_flight, key_column,
+                                      value_columns, schema, name, read)
+        return KStream(self._builder, node_name, value_kind=ROWS)
 
     def to_spark(
         self,
@@ -422,62 +411,8 @@ class KStream:
         Batching and ``schema`` are as in ``spark_batch``. A record's offset is committed only after the write
         of its batch finished; a crash before that writes the batch again (at-least-once).
         """
-        from streamloop.spark.session import require_pyspark
-        from streamloop.spark.sink import WRITE_MODES, write_job
-        from streamloop.spark.stage import BatchSettings, SparkBatchStage
-
-        require_pyspark("to_spark()")
-        node_name = self._builder._name(name, "KSTREAM-SPARK-SINK")
-        if (path is None) == (table is None):
-            raise TopologyError(f"Spark sink '{node_name}' needs exactly one of path= or table=")
-        if mode not in WRITE_MODES:
-            raise TopologyError(f"mode of Spark sink '{node_name}' must be one of {list(WRITE_MODES)}, got {mode!r}")
-        settings = BatchSettings(max_records, max_wait_ms, max_batches_in_flight)
-        settings.check(node_name)
-        job = write_job(path, table, format, mode, options)
-        self._check_read(node_name, read, schema)
-        self._spark_stage(node_name, settings, lambda: SparkBatchStage(
-            node_name, job, settings, key_column, None, schema, read=read))
-
-    def _check_read(self, node_name: str, read: str | None, schema: Any) -> None:
-        """``read=`` of a Spark stage: executors read Kafka only for a stage right after its
-        source (nothing in between runs on the executors), and need the columns before reading."""
-        from streamloop.spark.kafka_source import StageRead, check_stage_read
-
-        topology = self._builder._topology
-        spec = topology.spec(self._node)
-        after_source = spec.kind is NodeKind.SOURCE
-        check_stage_read(node_name, read, after_source, len(spec.topics), schema)
-        topology.spark_reads[node_name] = StageRead(read, after_source, len(spec.topics), schema is not None)
-
-    def _spark_stage(self, node_name: str, settings: Any, supplier: Callable[[], Any]) -> KStream:
-        builder = self._builder
-        topology = builder._topology
-        upstream = self._upstream_spark_stage()
-        if upstream is not None:
-            # A batch's rows leave with one record, so they would reach the next stage one at a
-            # time, each waiting for a batch of its own.
-            raise TopologyError(
-                f"Spark stage '{node_name}' follows Spark stage '{upstream}' in the same sub-topology; "
-                "write the first one's output to a topic and read it again in between")
-        topology.add_processor(node_name, supplier, self._node)
-        builder._spark_stages.add(node_name)
-        # Records of a batch wait in flight together; "key" ordering would let only one per key in.
-        topology.set_concurrency(node_name, settings.window, "partition")
-        # A batch's rows are new records: no serde of the input fits them, and each value is a dict.
-        return KStream(self._builder, node_name, value_kind="dict (a Spark stage's rows)")
-
-    def _upstream_spark_stage(self) -> str | None:
-        topology = self._builder._topology
-        pending, seen = [self._node], set()
-        while pending:
-            name = pending.pop()
-            if name in self._builder._spark_stages:
-                return name
-            if name not in seen:
-                seen.add(name)
-                pending.extend(topology.spec(name).parents)
-        return None
+        spark_sink_stage(self, path, table, format, mode, options, max_records, max_wait_ms, max_batches_in_flight,
+                         key_column, schema, name, read)
 
     def branch(self, *predicates: Callable[[Any, Any], Any], name: str | None = None) -> list[KStream]:
         """One stream per predicate; each record goes to the first that matches."""
