@@ -39,8 +39,9 @@ class DriverProducer:
     async def send_buffered(self) -> None:
         buffer, self._buffer = self._buffer, []
         for topic, partition, key, value, timestamp, headers in buffer:
-            self._log_of(topic).append(partition, key, value, timestamp, headers)
-            self._acked[TopicPartition(topic, partition)] = len(self._log_of(topic).partitions[partition])
+            topic_log = self._log_of(topic)
+            topic_log.append(partition, key, value, timestamp, headers)
+            self._acked[TopicPartition(topic, partition)] = len(topic_log.partitions[partition])
 
     def acked_ends(self) -> Mapping[TopicPartition, int]:
         return self._acked
