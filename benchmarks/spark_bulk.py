@@ -54,6 +54,9 @@ from tests.support.spark_enrichment import check_output, customer, order  # noqa
 SSS_PYSPARK = "4.2.0"
 SSS_VENV = ROOT / ".cache" / "spark-sss-venv"
 SSS_JARS = ROOT / ".cache" / "spark-sss" / SSS_PYSPARK / "jars"
+# What the engine's modules (and the test tooling that starts the broker) need in that venv:
+# benchmarks/spark_exec_cost.py runs the executors' cycles there, beside Spark's Kafka connector.
+SSS_ENGINE_DEPS = ("orjson", "aiokafka", "anyio", "pytest")
 SSS_POM = ROOT / "benchmarks" / "peers" / "spark_structured_pom.xml"
 PARTITIONS = 4
 KEY, JSON = StringSerde(), JsonSerde()
@@ -79,11 +82,13 @@ class Figures:
 def sss_environment() -> tuple[Path, Path]:
     """The pinned pyspark venv and the connector's jars, made once under ``.cache/``."""
     python = SSS_VENV / "bin" / "python"
-    probe = [str(python), "-c", f"import pyspark, sys; sys.exit(pyspark.__version__ != '{SSS_PYSPARK}')"]
+    imports = ", ".join(("pyspark", "sys", *SSS_ENGINE_DEPS))
+    probe = [str(python), "-c", f"import {imports}; sys.exit(pyspark.__version__ != '{SSS_PYSPARK}')"]
     if not python.exists() or subprocess.run(probe, capture_output=True).returncode != 0:
         print(f"making {SSS_VENV.relative_to(ROOT)} (pyspark=={SSS_PYSPARK}) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(SSS_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", f"pyspark=={SSS_PYSPARK}", "pyarrow", "pandas"],
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"pyspark=={SSS_PYSPARK}", "pyarrow", "pandas",
+                        *SSS_ENGINE_DEPS],
                        check=True)
     if not any(SSS_JARS.glob("spark-sql-kafka-0-10_2.13-*.jar")):
         print(f"fetching the spark-sql-kafka-0-10 {SSS_PYSPARK} connector with Maven ...", flush=True)

@@ -14,8 +14,16 @@ partitions, as the engine's tasks do, and prints each phase's seconds for:
   write job per range, the 4 ranges' jobs running at once on 4 threads, as 4 tasks without
   sharing run them).
 
+``--client connector`` times the same cycles through Spark's own Kafka connector (the JVM fetches
+and produces; our serdes decode and serialize in ``mapInArrow``: ``spark_connector_cycle.py``),
+``connector-one-job`` through the connector in one job a cycle (no read job: what asking the
+handlers before the write costs), ``both`` all three, interleaved round by round, in one run. The
+connector exists for the pinned pyspark only (``spark_bulk.SSS_PYSPARK``), so those runs re-run
+the script in that venv, the engine's cycles too.
+
 Run: ``python benchmarks/spark_exec_cost.py`` (starts the test broker), ``--records N``,
-``--rounds N``. Prints seconds per cycle and µs per record; nothing is asserted.
+``--rounds N``, ``--client engine|connector|connector-one-job|both``. Prints seconds per cycle and
+µs per record; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +46,10 @@ from benchmarks.spark_bulk import JSON, KEY, PARTITIONS, Bench  # noqa: E402
 from streamloop.spark.kafka_source import KafkaRange, ReadSpec  # noqa: E402
 from tests.support.spark_enrichment import OUTPUT_FIELDS, SCHEMA, enrich  # noqa: E402
 
+ENGINE, CONNECTOR, ONE_JOB, BOTH = "engine", "connector", "connector-one-job", "both"
+CLIENTS = {ENGINE: "Python data sources (the engine)", CONNECTOR: "Spark's Kafka connector",
+           ONE_JOB: "Spark's Kafka connector, one job (no handler asked first)"}
+
 
 class Cycles:
     def __init__(self, session: Any, bootstrap: str, source: str, sink: str) -> None:
@@ -47,6 +60,7 @@ class Cycles:
         self.source, self.sink = source, sink
         self.schema = resolve_schema(session, SCHEMA)
         self.positions = [0] * PARTITIONS
+        self.client = ENGINE
 
     def _take(self, records: int) -> list[KafkaRange]:
         ranges = []
@@ -57,6 +71,8 @@ class Cycles:
 
     def _jobs(self, ranges: list[KafkaRange]) -> tuple[float, float]:
         """One read and one write job over ``ranges``: the seconds of each."""
+        if self.client in (CONNECTOR, ONE_JOB):
+            return self._connector_jobs(ranges)
         from streamloop.spark.kafka_reader import read_ranges, write_ranges
         from streamloop.spark.kafka_writer import WriteSpec
 
@@ -69,6 +85,21 @@ class Cycles:
         write = WriteSpec(self.kafka, self.sink, 1, "key", OUTPUT_FIELDS, KEY, JSON, 0, stamps)
         try:
             write_ranges(session, frame, enrich, spec, write, list(range(len(ranges))))
+        finally:
+            frame.unpersist()
+        return read - began, time.perf_counter() - read
+
+    def _connector_jobs(self, ranges: list[KafkaRange]) -> tuple[float, float]:
+        from benchmarks import spark_connector_cycle as connector
+
+        bootstrap = self.kafka["bootstrap_servers"]
+        began = time.perf_counter()
+        frame, _side = connector.read_ranges(self.session, bootstrap, ranges, KEY, JSON, "key", self.schema,
+                                              ask_first=self.client == CONNECTOR)
+        read = time.perf_counter()
+        try:
+            connector.write_ranges(self.session, bootstrap, frame, enrich, self.schema, self.sink, 1, "key",
+                                   OUTPUT_FIELDS, KEY, JSON)
         finally:
             frame.unpersist()
         return read - began, time.perf_counter() - read
@@ -86,7 +117,7 @@ class Cycles:
         return time.perf_counter() - began, read, write
 
 
-def session_for_bench() -> Any:
+def session_for_bench(jars: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     from streamloop.spark.session import session_settings
@@ -96,6 +127,8 @@ def session_for_bench() -> Any:
     settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": "4", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1"}
+    if jars:
+        settings["spark.jars"] = jars
     for key, value in session_settings(settings).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -104,33 +137,42 @@ def session_for_bench() -> Any:
     return session
 
 
-def run(bootstrap: str, records: int, rounds: int) -> str:
+def run(bootstrap: str, records: int, rounds: int, clients: list[str], jars: str | None) -> str:
     with tempfile.TemporaryDirectory(prefix="spark-exec-cost-") as tmp:
         bench = Bench(bootstrap, Path(tmp))
 
         async def topics() -> tuple[str, str]:
             # Keys spread over the 4 partitions unevenly (murmur2 of 100 customers): room for every cycle.
-            return await bench.fill(PARTITIONS * 3 * (2 * rounds * records + 8)), await bench.sink()
+            need = PARTITIONS * 3 * len(clients) * (2 * rounds * records + 8)
+            return await bench.fill(need), await bench.sink()
 
         source, sink = asyncio.run(topics())
-        cycles = Cycles(session_for_bench(), bootstrap, source, sink)
-        lines = [f"Spark jobs of read='executors' over {PARTITIONS} ranges (local[*], {os.cpu_count()} cores; "
-                 "seconds: cycle = read + write)", "",
-                 "| cycle | ranges' jobs | records per range | cycle s | read s | write s | µs per record |",
-                 "|---|---|---|---|---|---|---|"]
+        import pyspark
+
+        cycles = Cycles(session_for_bench(jars), bootstrap, source, sink)
+        lines = [f"Spark jobs of read='executors' over {PARTITIONS} ranges (local[*], {os.cpu_count()} cores, "
+                 f"pyspark {pyspark.__version__}; seconds: cycle = read + write)", "",
+                 "| Kafka client | cycle | ranges' jobs | records per range | cycle s | read s | write s "
+                 "| µs per record |",
+                 "|---|---|---|---|---|---|---|---|"]
 
         def row(name: str, per_range: int, shared: bool) -> None:
             total, read, write = cycles.cycle(per_range, shared)
             per = f"{total * 1e6 / (per_range * PARTITIONS):.1f}" if per_range > 1 else "-"
-            lines.append(f"| {name} | {'shared' if shared else 'alone'} | {per_range:,} | {total:.2f} | {read:.2f} | "
-                         f"{write:.2f} | {per} |")
+            lines.append(f"| {CLIENTS[cycles.client]} | {name} | {'shared' if shared else 'alone'} | {per_range:,} | "
+                         f"{total:.2f} | {read:.2f} | {write:.2f} | {per} |")
             print(lines[-1], flush=True)
 
-        row("cold (first use)", 1, True)
+        for index, client in enumerate(clients):
+            cycles.client = client
+            # Only the first client's first cycle starts Spark's Python workers.
+            row("cold (first use)" if index == 0 else "first use (Python workers up)", 1, True)
         for _ in range(rounds):
-            for shared in (False, True):
-                row("fixed cost", 1, shared)
-                row("batch", records, shared)
+            for client in clients:  # interleaved: the clients share each round's machine load
+                cycles.client = client
+                for shared in (False, True):
+                    row("fixed cost", 1, shared)
+                    row("batch", records, shared)
         return "\n".join(lines)
 
 
@@ -139,14 +181,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start the test broker)")
     parser.add_argument("--records", type=int, default=10_000, help="records per range of a batch cycle")
     parser.add_argument("--rounds", type=int, default=2, help="alone/shared pairs of each cycle")
+    parser.add_argument("--client", choices=[ENGINE, CONNECTOR, ONE_JOB, BOTH], default=ENGINE,
+                        help="who reads and writes Kafka on the executors: the engine's Python data sources, "
+                             "Spark's Kafka connector (benchmarks/spark_connector_cycle.py), the connector in one "
+                             "job a cycle, or all three in one run")
     args = parser.parse_args(argv)
+    clients = [ENGINE, CONNECTOR, ONE_JOB] if args.client == BOTH else [args.client]
+    jars = None
+    if set(clients) - {ENGINE}:
+        import pyspark
+
+        from benchmarks.spark_bulk import SSS_PYSPARK, sss_environment
+
+        python, jar_dir = sss_environment()
+        if pyspark.__version__ != SSS_PYSPARK:
+            # The connector exists for the pinned pyspark only: run again in its venv, both clients
+            # on the same Spark.
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": str(python)}
+            return subprocess.run([str(python), __file__, *(argv if argv is not None else sys.argv[1:])],
+                                  env=env).returncode
+        jars = ",".join(str(jar) for jar in sorted(jar_dir.glob("*.jar")))
     if args.bootstrap:
-        print("\n" + run(args.bootstrap, args.records, args.rounds))
+        print("\n" + run(args.bootstrap, args.records, args.rounds, clients, jars))
         return 0
     from tests.support.kafka_broker import KafkaBroker
 
     with KafkaBroker() as broker:
-        print("\n" + run(broker.bootstrap, args.records, args.rounds))
+        print("\n" + run(broker.bootstrap, args.records, args.rounds, clients, jars))
     return 0
 
 
