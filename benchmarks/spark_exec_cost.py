@@ -17,12 +17,12 @@ partitions, as the engine's tasks do, and prints each phase's seconds for:
 ``--client connector`` times the same cycles through Spark's own Kafka connector (the JVM fetches
 and produces; our serdes decode and serialize in ``mapInArrow``: ``spark_connector_cycle.py``),
 ``connector-one-job`` through the connector in one job a cycle (no read job: what asking the
-handlers before the write costs), ``both`` all three, interleaved round by round, in one run. The
+handlers before the write costs), ``all`` all three, interleaved round by round, in one run. The
 connector exists for the pinned pyspark only (``spark_bulk.SSS_PYSPARK``), so those runs re-run
 the script in that venv, the engine's cycles too.
 
 Run: ``python benchmarks/spark_exec_cost.py`` (starts the test broker), ``--records N``,
-``--rounds N``, ``--client engine|connector|connector-one-job|both``. Prints seconds per cycle and
+``--rounds N``, ``--client engine|connector|connector-one-job|all``. Prints seconds per cycle and
 µs per record; nothing is asserted.
 """
 
@@ -46,7 +46,7 @@ from benchmarks.spark_bulk import JSON, KEY, PARTITIONS, Bench  # noqa: E402
 from streamloop.spark.kafka_source import KafkaRange, ReadSpec  # noqa: E402
 from tests.support.spark_enrichment import OUTPUT_FIELDS, SCHEMA, enrich  # noqa: E402
 
-ENGINE, CONNECTOR, ONE_JOB, BOTH = "engine", "connector", "connector-one-job", "both"
+ENGINE, CONNECTOR, ONE_JOB, ALL = "engine", "connector", "connector-one-job", "all"
 CLIENTS = {ENGINE: "Python data sources (the engine)", CONNECTOR: "Spark's Kafka connector",
            ONE_JOB: "Spark's Kafka connector, one job (no handler asked first)"}
 
@@ -181,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start the test broker)")
     parser.add_argument("--records", type=int, default=10_000, help="records per range of a batch cycle")
     parser.add_argument("--rounds", type=int, default=2, help="alone/shared pairs of each cycle")
-    parser.add_argument("--client", choices=[ENGINE, CONNECTOR, ONE_JOB, BOTH], default=ENGINE,
+    parser.add_argument("--client", choices=[ENGINE, CONNECTOR, ONE_JOB, ALL], default=ENGINE,
                         help="who reads and writes Kafka on the executors: the engine's Python data sources, "
                              "Spark's Kafka connector (benchmarks/spark_connector_cycle.py), the connector in one "
                              "job a cycle, or all three in one run")
     args = parser.parse_args(argv)
-    clients = [ENGINE, CONNECTOR, ONE_JOB] if args.client == BOTH else [args.client]
+    clients = [ENGINE, CONNECTOR, ONE_JOB] if args.client == ALL else [args.client]
     jars = None
     if set(clients) - {ENGINE}:
         import pyspark
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
         python, jar_dir = sss_environment()
         if pyspark.__version__ != SSS_PYSPARK:
-            # The connector exists for the pinned pyspark only: run again in its venv, both clients
+            # The connector exists for the pinned pyspark only: run again in its venv, every client
             # on the same Spark.
             env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": str(python)}
             return subprocess.run([str(python), __file__, *(argv if argv is not None else sys.argv[1:])],
