@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from streamloop.records import ConsumerRecord, Record
 from streamloop.serdes import Serde
 
-from .schema import SchemaMismatch, align
+from .schema import SchemaMismatch, aligner
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -78,13 +78,14 @@ def to_arrow(records: Sequence[Record], key_column: str, schema: StructType | No
 
     rows = []
     left_out: dict[int, SchemaMismatch] = {}
+    fit = None if schema is None else aligner(schema)
     for index, record in enumerate(records):
         value = record.value
         row = dict(value) if isinstance(value, Mapping) else {VALUE_COLUMN: value}
         row[key_column] = record.key
-        if schema is not None:
+        if fit is not None:
             try:
-                row = align(row, schema)
+                row = fit(row)
             except SchemaMismatch as mismatch:
                 left_out[index] = mismatch
                 continue

@@ -36,7 +36,7 @@ from .kafka_source import (
     pack_error,
     register_source,
 )
-from .schema import SchemaMismatch, align
+from .schema import SchemaMismatch, aligner
 
 
 def register(session: Any) -> None:
@@ -99,7 +99,8 @@ def decode_range(records: Iterator[Any], spec: ReadSpec, fields: int) -> Iterato
     """The rows of a range: each record decoded with the stage's serdes and aligned to its schema,
     as ``frames.decode`` and ``frames.to_frame`` do on the driver; a record that does not decode
     or fit is a side row, and the range's summary comes last."""
-    key_serde, value_serde, key_column, schema = spec.key_serde, spec.value_serde, spec.key_column, spec.schema
+    key_serde, value_serde, key_column = spec.key_serde, spec.value_serde, spec.key_column
+    fit = aligner(spec.schema)
     empty = (None,) * fields
     nothing = (None,) * 9
     count, max_timestamp = 0, -1
@@ -118,7 +119,7 @@ def decode_range(records: Iterator[Any], spec: ReadSpec, fields: int) -> Iterato
             what = MISFIT
             row = dict(value) if isinstance(value, Mapping) else {VALUE_COLUMN: value}
             row[key_column] = key
-            aligned = align(row, schema)
+            aligned = fit(row)
         except SchemaMismatch as mismatch:
             if not failed:
                 failed, carrier = True, last_good

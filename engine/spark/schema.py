@@ -11,7 +11,7 @@ Types are told apart by ``DataType.typeName()``, so pyspark is not imported here
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -53,59 +53,136 @@ def align(fields: Mapping[str, Any], schema: StructType) -> dict[str, Any]:
     are aligned the same way. Each value must fit its declared type (an int also fits a
     fractional type and is widened); the first that does not raises ``SchemaMismatch``.
     """
-    return _struct(fields, schema, "")
+    return aligner(schema)(fields)
 
 
-def _struct(fields: Mapping[str, Any], schema: StructType, prefix: str) -> dict[str, Any]:
-    return {field.name: _fit(fields.get(field.name), field.dataType, field.nullable, prefix + field.name)
-            for field in schema.fields}
+Fit = Callable[[Any], Any]
 
 
-def _fit(value: Any, data_type: DataType, nullable: bool, path: str) -> Any:
-    """``value`` as ``data_type`` holds it, or a ``SchemaMismatch`` naming ``path``."""
-    if value is None:
-        if nullable:
-            return None
-        raise SchemaMismatch(path, f"{data_type.simpleString()} not null", "null")
+def aligner(schema: StructType) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """``align`` against ``schema``, with each field's check chosen once: a loop over a batch's
+    records calls this once and the result per record (the per-record cost was in asking each
+    field's type its name again for every record)."""
+    fits = [(field.name, _fitter(field.dataType, field.nullable, field.name)) for field in schema.fields]
+
+    def aligned(fields: Mapping[str, Any]) -> dict[str, Any]:
+        get = fields.get
+        return {name: fit(get(name)) for name, fit in fits}
+
+    return aligned
+
+
+def _fitter(data_type: DataType, nullable: bool, path: str) -> Fit:
+    """The function that gives a value as ``data_type`` holds it, or raises a ``SchemaMismatch``
+    naming ``path``. Each checks for None first itself: one call per field and record."""
     kind = data_type.typeName()
+
+    def null() -> None:
+        if not nullable:
+            raise SchemaMismatch(path, f"{data_type.simpleString()} not null", "null")
+
+    def mismatch(value: Any) -> SchemaMismatch:
+        return SchemaMismatch(path, data_type.simpleString(), type(value).__name__)
+
     if kind in _TAKEN_AS_IS:
-        if isinstance(value, _TAKEN_AS_IS[kind]):
-            return value
-    elif kind in _INTEGRAL_BITS:
-        if isinstance(value, int) and not isinstance(value, bool):
-            bound = 1 << (_INTEGRAL_BITS[kind] - 1)
-            if -bound <= value < bound:
+        types = _TAKEN_AS_IS[kind]
+
+        def as_is(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, types):
                 return value
-            raise SchemaMismatch(path, data_type.simpleString(), "int out of range")
-    elif kind in ("double", "float"):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif kind == "decimal":
-        return _decimal(value, data_type, path)
-    elif kind == "date":
-        if isinstance(value, datetime.date):
-            return value.date() if isinstance(value, datetime.datetime) else value
-    elif kind == "binary":
-        if isinstance(value, (bytes, bytearray)):
-            return bytes(value)
-    elif kind == "struct":
-        if isinstance(value, Mapping):
-            return _struct(value, data_type, path + ".")  # type: ignore[arg-type]  # kind names the DataType subclass
-    elif kind == "array":
-        if isinstance(value, (list, tuple)):
-            element, nulls = data_type.elementType, data_type.containsNull  # type: ignore[attr-defined]  # kind names the DataType subclass
-            return [_fit(item, element, nulls, path + "[]") for item in value]
-    elif kind == "map":
-        if isinstance(value, Mapping):
-            keys, values = data_type.keyType, data_type.valueType  # type: ignore[attr-defined]  # kind names the DataType subclass
-            nulls = data_type.valueContainsNull  # type: ignore[attr-defined]  # kind names the DataType subclass
-            return {_fit(k, keys, False, path + "{key}"): _fit(v, values, nulls, path + "{value}")
-                    for k, v in value.items()}
-    elif kind == "void":
-        pass  # NullType: only None fits
-    else:
-        return value  # intervals, variants, user types: Spark checks them itself
-    raise SchemaMismatch(path, data_type.simpleString(), type(value).__name__)
+            raise mismatch(value)
+
+        return as_is
+    if kind in _INTEGRAL_BITS:
+        bound = 1 << (_INTEGRAL_BITS[kind] - 1)
+
+        def integral(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, int) and not isinstance(value, bool):
+                if -bound <= value < bound:
+                    return value
+                raise SchemaMismatch(path, data_type.simpleString(), "int out of range")
+            raise mismatch(value)
+
+        return integral
+    if kind in ("double", "float"):
+        def fractional(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            raise mismatch(value)
+
+        return fractional
+    if kind == "decimal":
+        return lambda value: null() if value is None else _decimal(value, data_type, path)
+    if kind == "date":
+        def date(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, datetime.date):
+                return value.date() if isinstance(value, datetime.datetime) else value
+            raise mismatch(value)
+
+        return date
+    if kind == "binary":
+        def binary(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, (bytes, bytearray)):
+                return bytes(value)
+            raise mismatch(value)
+
+        return binary
+    if kind == "struct":
+        fits = [(field.name, _fitter(field.dataType, field.nullable, f"{path}.{field.name}"))
+                for field in data_type.fields]  # type: ignore[attr-defined]  # kind names the DataType subclass
+
+        def struct(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, Mapping):
+                get = value.get
+                return {name: fit(get(name)) for name, fit in fits}
+            raise mismatch(value)
+
+        return struct
+    if kind == "array":
+        element = _fitter(data_type.elementType, data_type.containsNull, path + "[]")  # type: ignore[attr-defined]  # kind names the DataType subclass
+
+        def array(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, (list, tuple)):
+                return [element(item) for item in value]
+            raise mismatch(value)
+
+        return array
+    if kind == "map":
+        key = _fitter(data_type.keyType, False, path + "{key}")  # type: ignore[attr-defined]  # kind names the DataType subclass
+        item = _fitter(data_type.valueType, data_type.valueContainsNull,  # type: ignore[attr-defined]  # kind names the DataType subclass
+                       path + "{value}")
+
+        def mapping(value: Any) -> Any:
+            if value is None:
+                return null()
+            if isinstance(value, Mapping):
+                return {key(k): item(v) for k, v in value.items()}
+            raise mismatch(value)
+
+        return mapping
+    if kind == "void":
+        def void(value: Any) -> Any:
+            if value is None:
+                return null()
+            raise mismatch(value)  # NullType: only None fits
+
+        return void
+    # Intervals, variants, user types: Spark checks them itself.
+    return lambda value: null() if value is None else value
 
 
 def _decimal(value: Any, data_type: Any, path: str) -> Decimal:
