@@ -5,6 +5,7 @@ data source whose reader fetches one offset range per Spark partition
 This module runs inside Spark's Python workers (it is imported there by the data source's class
 path), so it imports pyspark at the top and keeps to what an executor has: aiokafka, the
 stage's serdes (shipped pickled in the ``spec`` option) and ``streamloop.spark.schema.align``.
+Its rows go to Spark as Arrow batches built by columns (``arrow_rows``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pyspark.sql.types import StructType
 
 from streamloop.transport.kafka.range_fetch import fetch_range
 
+from . import arrow_rows
 from .frames import VALUE_COLUMN
 from .kafka_source import (
     CARRIER,
@@ -87,12 +89,16 @@ class KafkaRangeReader(DataSourceReader):
                               kafka_range.end, spec.stall_ms)
         index = partition.value
         if spec.mode == RAW:
-            for raw in records:
-                yield (*([None] * fields), RAW, raw.offset, raw.timestamp, raw.key, raw.value,
-                       _headers(raw.headers), None, None, None, index)
-            return
-        for row in decode_range(records, spec, fields):
-            yield (*row, index)
+            empty = (None,) * fields
+            rows: Iterator[tuple[Any, ...]] = (
+                (*empty, RAW, raw.offset, raw.timestamp, raw.key, raw.value, _headers(raw.headers), None, None, None,
+                 index) for raw in records)
+        else:
+            rows = ((*row, index) for row in decode_range(records, spec, fields))
+        if arrow_rows.available():
+            yield from arrow_rows.batches(rows, full_schema(spec.schema))
+        else:
+            yield from rows
 
 
 def decode_range(records: Iterator[Any], spec: ReadSpec, fields: int) -> Iterator[tuple[Any, ...]]:
