@@ -1,4 +1,4 @@
-"""A Python data source's rows handed to Spark as Arrow record batches, columns in bulk.
+"""A Python data source's rows to and from Spark as Arrow record batches, columns in bulk.
 
 A reader that yields tuples has Spark's Python worker convert each value of each row with a
 converter of its column's type before it builds the Arrow batch itself (about 3 µs a record for
@@ -10,6 +10,10 @@ dates, and the side columns, which are the reader's own). Any other column (a ti
 decimal, a struct, an array, a map) still goes through Spark's own converter, value by value, so
 its semantics are Spark's. Without that converter (an older pyspark), the reader yields tuples
 as before (``available``).
+
+The other way, ``dicts`` gives a writer's Arrow batches as the dicts ``Row.asDict(recursive=True)``
+gives of the rows Spark's worker would have made of them (about as much again per record on the
+write): bulk columns by Arrow's ``to_pylist``, the others through Spark's own converter.
 
 Runs inside Spark's Python workers, as ``kafka_reader`` does.
 """
@@ -45,18 +49,20 @@ _BULK = (StringType, LongType, IntegerType, ShortType, ByteType, DoubleType, Flo
          BinaryType, DateType)
 
 
-def _converter_factory() -> Callable[..., Any] | None:
+def _converter_factory(name: str = "LocalDataToArrowConversion") -> Callable[..., Any] | None:
+    """Spark's converter of values of one type, to Arrow (``LocalDataToArrowConversion``) or from
+    it (``ArrowTableToRowsConversion``); None in a pyspark without it."""
     try:
-        from pyspark.sql.conversion import LocalDataToArrowConversion
+        from pyspark.sql import conversion
     except ImportError:
         return None
-    create = getattr(LocalDataToArrowConversion, "_create_converter", None)
+    create = getattr(getattr(conversion, name, None), "_create_converter", None)
     return create if callable(create) else None
 
 
 def available() -> bool:
-    """Whether ``batches`` can build batches here (else yield tuples)."""
-    return _converter_factory() is not None
+    """Whether ``batches`` and ``dicts`` can convert here (else tuples and Rows, as Spark makes them)."""
+    return _converter_factory() is not None and _converter_factory("ArrowTableToRowsConversion") is not None
 
 
 def batches(rows: Iterator[Sequence[Any]], schema: StructType) -> Iterator[Any]:
@@ -80,3 +86,32 @@ def batches(rows: Iterator[Sequence[Any]], schema: StructType) -> Iterator[Any]:
         for values, convert, kind in zip(zip(*chunk, strict=True), converters, types, strict=True):
             columns.append(pa.array(values if convert is None else [convert(value) for value in values], type=kind))
         yield pa.RecordBatch.from_arrays(columns, schema=arrow)
+
+
+def dicts(batch: Any, schema: StructType) -> list[dict[str, Any]]:
+    """The rows of an Arrow record batch of ``schema`` as dicts, each what ``asDict(recursive=True)``
+    gives of the ``Row`` Spark's worker would make of it."""
+    create = _converter_factory("ArrowTableToRowsConversion")
+    assert create is not None, "call available() first"
+    columns = []
+    for column, field in zip(batch.columns, schema.fields, strict=True):
+        values = column.to_pylist()
+        if not isinstance(field.dataType, _BULK):
+            convert = create(field.dataType)
+            values = [_plain(convert(value)) for value in values]
+        columns.append(values)
+    names = schema.fieldNames()
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _plain(value: Any) -> Any:
+    """``Row.asDict(recursive=True)``'s conversion of one value: nested rows as dicts."""
+    from pyspark.sql import Row
+
+    if isinstance(value, Row):
+        return value.asDict(recursive=True)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

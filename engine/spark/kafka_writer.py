@@ -22,13 +22,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from streamloop.serdes import Serde
 from streamloop.transport.kafka.range_write import write_records
 from streamloop.transport.partitioner import key_hash
 
+from . import arrow_rows
 from .frames import to_records
 from .kafka_source import PART, decode_option, encode_option, register_source
 
@@ -80,16 +81,21 @@ class KafkaTopicSink(DataSource):
         return WRITE_SOURCE_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if arrow_rows.available():
+            return KafkaTopicArrowWriter(self.options["spec"], schema)
         return KafkaTopicWriter(self.options["spec"])
 
 
 class KafkaTopicWriter(DataSourceWriter):
+    """Takes Spark's rows (a pyspark without the converters ``arrow_rows`` uses)."""
+
     def __init__(self, spec: str) -> None:
         self.spec = spec  # kept encoded: Spark pickles the writer with its own pickler
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         spec = WriteSpec.decode(self.spec)
-        return Written(write_records(spec.kafka, spec.topic, keyed(spec, iterator)))
+        rows = [row.asDict(recursive=True) for row in iterator]
+        return Written(write_records(spec.kafka, spec.topic, keyed(spec, rows)))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # each writer's records were acknowledged before it returned
@@ -98,12 +104,30 @@ class KafkaTopicWriter(DataSourceWriter):
         pass  # nothing to undo: the range is not committed, so it is read (and written) again
 
 
-def keyed(spec: WriteSpec, rows: Iterator[Any]) -> Iterator[tuple[int, bytes | None, bytes | None, int]]:
-    """``(partition, key bytes, value bytes, timestamp)`` of each row, as the driver path's
-    collector would send the row's record."""
+class KafkaTopicArrowWriter(DataSourceArrowWriter):
+    """Takes Spark's Arrow batches and makes their rows' dicts by columns (``arrow_rows.dicts``)."""
+
+    def __init__(self, spec: str, schema: StructType) -> None:
+        self.spec = spec
+        self.schema = schema
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        spec = WriteSpec.decode(self.spec)
+        rows = [row for batch in iterator for row in arrow_rows.dicts(batch, self.schema)]
+        return Written(write_records(spec.kafka, spec.topic, keyed(spec, rows)))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # as KafkaTopicWriter's
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+
+def keyed(spec: WriteSpec, dicts: list[dict[str, Any]]) -> Iterator[tuple[int, bytes | None, bytes | None, int]]:
+    """``(partition, key bytes, value bytes, timestamp)`` of each row (as ``Row.asDict(recursive=True)``
+    gives it), as the driver path's collector would send the row's record."""
     key_serde, value_serde, count = spec.key_serde, spec.value_serde, spec.partitions
     round_robin = itertools.count()
-    dicts = [row.asDict(recursive=True) for row in rows]
     if spec.timestamps:
         runs: Iterable[tuple[int, list[dict[str, Any]]]] = (
             (spec.timestamps[part], list(run)) for part, run in itertools.groupby(dicts, key=_pop_part))

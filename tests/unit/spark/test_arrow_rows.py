@@ -87,3 +87,17 @@ def test_a_null_in_a_field_declared_not_null_fares_as_with_spark() -> None:
 
 def test_no_rows_no_batch() -> None:
     assert list(arrow_rows.batches(iter([]), full_schema(SCHEMA))) == []
+
+
+def test_a_writers_batches_give_the_dicts_of_sparks_rows() -> None:
+    import pyarrow as pa
+    from pyspark.sql.conversion import ArrowTableToRowsConversion
+
+    stage = [row(i, nulls=i % 5 == 0)[:len(SCHEMA.fields)] for i in range(50)]
+    (batch,) = spark_batches(stage, SCHEMA)
+    spark_rows = ArrowTableToRowsConversion.convert(pa.Table.from_batches([batch]), SCHEMA, binary_as_bytes=True)
+    expected = [r.asDict(recursive=True) for r in spark_rows]
+    got = arrow_rows.dicts(batch, SCHEMA)
+    assert got == expected
+    assert [type(v) for v in got[1].values()] == [type(v) for v in expected[1].values()]
+    assert got[1]["home"] == {"city": "x1"} and got[1]["seen"] == {"a": 1}  # nested rows and maps as dicts

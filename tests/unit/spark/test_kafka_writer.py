@@ -17,16 +17,6 @@ from streamloop.spark.frames import to_records
 from streamloop.spark.kafka_writer import WriteSpec, keyed
 
 
-class Row:
-    """What a writer's iterator yields (``pyspark.sql.Row``'s ``asDict``)."""
-
-    def __init__(self, **fields: Any) -> None:
-        self.fields = fields
-
-    def asDict(self, recursive: bool = False) -> dict[str, Any]:
-        return dict(self.fields)
-
-
 def spec(key_serde: Any, value_columns: tuple[str, ...] | None = None, partitions: int = 5) -> WriteSpec:
     return WriteSpec({"bootstrap_servers": "127.0.0.1:1"}, "out", partitions, "key", value_columns, key_serde,
                      JsonSerde(), 1234)
@@ -48,7 +38,7 @@ async def _no_lookup(topic: str) -> int | None:
 @pytest.mark.parametrize("key_serde", [StringSerde(), IntegerSerde()])
 def test_each_row_is_written_as_the_driver_paths_collector_sends_its_record(key_serde: Any) -> None:
     rows = [{"key": f"k{i}" if isinstance(key_serde, StringSerde) else i, "amount": i, "tier": "t"} for i in range(40)]
-    written = list(keyed(spec(key_serde), iter(Row(**row) for row in rows)))
+    written = list(keyed(spec(key_serde), [dict(row) for row in rows]))
     producer = _Producer()
     collector = RecordCollector(producer, {"out": 5}, _no_lookup)  # type: ignore[arg-type]
     sink = SinkNode("sink", "out", key_serde, JsonSerde(), None)
@@ -59,8 +49,8 @@ def test_each_row_is_written_as_the_driver_paths_collector_sends_its_record(key_
 
 
 def test_value_columns_and_keyless_rows() -> None:
-    rows = [Row(key=None, amount=i, tier="t", extra=i) for i in range(6)]
-    written = list(keyed(spec(StringSerde(), ("amount",), partitions=3), iter(rows)))
+    rows = [{"key": None, "amount": i, "tier": "t", "extra": i} for i in range(6)]
+    written = list(keyed(spec(StringSerde(), ("amount",), partitions=3), rows))
     assert [partition for partition, *_ in written] == [0, 1, 2, 0, 1, 2]  # round-robin, as the collector
     assert [JsonSerde().deserialize(value) for _p, _k, value, _t in written] == [{"amount": i} for i in range(6)]
     assert all(key is None and ts == 1234 for _p, key, _v, ts in written)
