@@ -171,8 +171,12 @@ def to_records(rows: list[dict[str, Any]], key_column: str, value_columns: Seque
                timestamp: int) -> list[Record]:
     """One record per row: the key column as key, the value columns (default: all others) as value.
 
-    The rows are taken over (the key is popped from each), which saves a copy per row.
+    The rows are taken over (the key is popped from each), which saves a copy per row. They are
+    the rows of one frame, so all have the first one's fields: when those are the key and the
+    value columns in order, each row is its record's value as it is (no dict made per row).
     """
+    if value_columns is not None and rows and [n for n in rows[0] if n != key_column] == list(value_columns):
+        value_columns = None
     records = []
     for row in rows:
         key = row.pop(key_column, None)

@@ -133,10 +133,17 @@ def keyed(spec: WriteSpec, dicts: list[dict[str, Any]]) -> Iterator[tuple[int, b
             (spec.timestamps[part], list(run)) for part, run in itertools.groupby(dicts, key=_pop_part))
     else:
         runs = ((spec.timestamp, dicts),)
+    # murmur2 in pure Python costs microseconds and keys repeat, as in the record collector.
+    partitions: dict[bytes, int] = {}
     for timestamp, run in runs:
         for record in to_records(run, spec.key_column, spec.value_columns, timestamp):
             key = key_serde.serialize(record.key)
-            partition = next(round_robin) % count if key is None else key_hash(key) % count
+            if key is None:
+                partition = next(round_robin) % count
+            else:
+                partition = partitions.get(key, -1)
+                if partition < 0:
+                    partition = partitions[key] = key_hash(key) % count
             yield partition, key, value_serde.serialize(record.value), record.timestamp
 
 

@@ -62,3 +62,13 @@ def test_the_spec_travels_encoded() -> None:
     assert (decoded.topic, decoded.partitions, decoded.timestamp) == ("out", 5, 1234)
     assert decoded.value_columns == ("amount", "tier")
     assert decoded.key_serde.serialize(7) == IntegerSerde().serialize(7)
+
+
+def test_the_value_columns_order_each_value_whether_or_not_the_rows_hold_only_them() -> None:
+    values = [JsonSerde().deserialize(v) for _p, _k, v, _t in keyed(spec(StringSerde(), ("amount", "tier")), [
+        {"key": "a", "amount": 1, "tier": "t"}, {"key": "b", "amount": 2, "tier": "u"}])]
+    assert values == [{"amount": 1, "tier": "t"}, {"amount": 2, "tier": "u"}]
+    # The rows' own order differs from the value columns': the value follows the value columns.
+    rows = [{"key": "a", "tier": "t", "amount": 1}]
+    reordered = [v for _p, _k, v, _t in keyed(spec(StringSerde(), ("amount", "tier")), rows)]
+    assert reordered == [b'{"amount":1,"tier":"t"}']
