@@ -271,6 +271,7 @@ SPARK_BATCH_MAX_BYTES = "spark.batch.max.bytes"
 SPARK_BATCH_SHARED = "spark.batch.shared"
 SPARK_BATCH_SHARED_MAX_MS = "spark.batch.shared.max.ms"
 SPARK_BATCH_READ = "spark.batch.read"
+SPARK_BATCH_READ_MAX_RECORDS = "spark.batch.read.max.records"
 SPARK_BATCH_EAGER = "spark.batch.eager"
 SPARK_READ_DRIVER = "driver"
 SPARK_READ_EXECUTORS = "executors"
@@ -508,6 +509,10 @@ KEYS: tuple[ConfigKey, ...] = (
               "Kafka themselves and the records never pass through this process; needs the stage's schema=, "
               "see docs/spark.md). A stage's read= overrides it.",
               _one_of(SPARK_READ_DRIVER, SPARK_READ_EXECUTORS)),
+    ConfigKey(SPARK_BATCH_READ_MAX_RECORDS, int, 50_000,
+              "With read=executors, the offsets of one task's range at most, where the stage's max_records= does "
+              "not say: the records never pass through this process, so spark.batch.max.records (what a batch "
+              "holds here) does not bound them, and each range pays a job's fixed cost once.", _at_least(1)),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "

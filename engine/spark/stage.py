@@ -173,6 +173,10 @@ class SparkBatchStage:
         self.eager: bool = config.get(cfg.SPARK_BATCH_EAGER, True)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
         self.read = self.read_setting or config.get(cfg.SPARK_BATCH_READ, cfg.SPARK_READ_DRIVER)
+        if self.read == cfg.SPARK_READ_EXECUTORS and self._settings.max_records is None:
+            # A range's records stay on the executors: a bigger range spreads a job's fixed cost
+            # (two planned data sources, two jobs) over more of them.
+            self._max_records = config.get(cfg.SPARK_BATCH_READ_MAX_RECORDS, 50_000)
 
     def executor_job(self) -> tuple[BatchJob, str, Sequence[str] | None, Any]:
         """The job, key column, value columns and declared schema: what the executors' read path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from streamloop import StreamsBuilder, TopologyError
@@ -62,3 +64,23 @@ def test_a_spark_stage_after_another_in_one_sub_topology_is_refused() -> None:
     with pytest.raises(TopologyError, match="follows Spark stage 'first'"):
         first.to_spark("/lake")
     builder.stream("again").spark_batch(lambda frame: frame)  # another sub-topology is fine
+
+
+def test_a_stage_reading_on_the_executors_takes_its_ranges_from_spark_batch_read_max_records() -> None:
+    from types import SimpleNamespace
+
+    from streamloop.ids import TaskId
+    from streamloop.spark.session import SparkSessions
+    from streamloop.spark.stage import SparkBatchStage
+
+    def batching(settings: BatchSettings, read: str | None, **config: Any) -> int:
+        stage = SparkBatchStage("s", lambda frame: frame, settings, "key", None, schema="key long", read=read)
+        sessions = SparkSessions({k.replace("_", "."): v for k, v in config.items()}, "app")
+        stage.init(SimpleNamespace(spark=sessions, application_id="app", task_id=TaskId(0, 0)))  # type: ignore[arg-type]
+        return stage.batching()[0]
+
+    assert batching(BatchSettings(), "executors") == 50_000  # the default: a job's fixed cost spread wider
+    assert batching(BatchSettings(), "executors", spark_batch_read_max_records=7, spark_batch_max_records=3) == 7
+    assert batching(BatchSettings(), "driver", spark_batch_read_max_records=7, spark_batch_max_records=3) == 3
+    assert batching(BatchSettings(max_records=5), "executors", spark_batch_read_max_records=7) == 5  # the stage's own
+    assert batching(BatchSettings(), None, spark_batch_read="executors", spark_batch_read_max_records=7) == 7
