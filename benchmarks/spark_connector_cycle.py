@@ -15,6 +15,15 @@ This cycle keeps what the engine promises of those jobs and changes who touches 
   picks it) and produced by Spark's Kafka sink, whose ``save()`` returns after the producer flushed
   and every send was acknowledged.
 
+``read_ranges_jvm``/``write_ranges_jvm`` are the same two jobs with the JSON decode and encode in
+the JVM (``from_json``/``to_json`` with the stage's schema), so the stage runs Structured
+Streaming's own plan and no record reaches a Python worker. What that gives up of our serdes'
+semantics (measured here, not an engine path): a value that is not JSON or does not fit the schema
+is caught by Spark's PERMISSIVE parse into a corrupt-record column and becomes a side row as above,
+but Spark's conversions are not ``schema.align``'s (an int where a string is declared is taken, a
+float where a long is declared is not); ``to_json`` leaves null fields out and writes floats as
+Java does; the partition is the Kafka producer's (murmur2 of the key, as ``key_hash``).
+
 Used by ``benchmarks/spark_exec_cost.py --client connector`` beside the engine's cycle, in one run;
 it needs pyspark and the connector of the same version (``spark_bulk.sss_environment``). Not an
 engine path: what it measured, and why it is not one yet, is in docs/spark.md.
@@ -43,13 +52,7 @@ def read_ranges(session: Any, bootstrap: str, ranges: Sequence[Any], key_serde: 
     from pyspark import StorageLevel
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    topic = ranges[0].topic
-    starts = {topic: {str(r.partition): r.start for r in ranges}}
-    ends = {topic: {str(r.partition): r.end for r in ranges}}
-    raw = (session.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
-           .option("startingOffsets", json.dumps(starts)).option("endingOffsets", json.dumps(ends))
-           .load().select("key", "value", "offset"))
+    raw = _raw(session, bootstrap, ranges).select("key", "value", "offset")
     out = StructType([*schema.fields, StructField(KIND, StringType()), StructField(OFFSET, LongType()),
                       StructField(ERROR, StringType())])
     names = schema.fieldNames()
@@ -117,6 +120,59 @@ def write_ranges(session: Any, bootstrap: str, frame: Any, fn: Any, schema: Any,
 
     (out.select(*names).mapInArrow(encode, records).write.format("kafka")
      .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).save())
+
+
+def _raw(session: Any, bootstrap: str, ranges: Sequence[Any]) -> Any:
+    topic = ranges[0].topic
+    starts = {topic: {str(r.partition): r.start for r in ranges}}
+    ends = {topic: {str(r.partition): r.end for r in ranges}}
+    return (session.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("assign", json.dumps({topic: sorted(r.partition for r in ranges)}))
+            .option("startingOffsets", json.dumps(starts)).option("endingOffsets", json.dumps(ends))
+            .load())
+
+
+def read_ranges_jvm(session: Any, bootstrap: str, ranges: Sequence[Any], key_column: str, schema: Any,
+                    ask_first: bool = True) -> tuple[Any, list[dict[str, Any]]]:
+    """The read job with the decode in the JVM: the key as a UTF-8 string (``StringSerde``), the
+    value by ``from_json`` against ``schema``'s value fields; a value Spark cannot parse or fit
+    keeps its text in a corrupt-record column and is a side row (kind, offset, error)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    value_fields = [f for f in schema.fields if f.name != key_column]
+    parsed = StructType([*value_fields, StructField(ERROR, StringType())])
+    raw = _raw(session, bootstrap, ranges)
+    decoded = raw.select(F.col("key").cast("string").alias(key_column), F.col("offset").alias(OFFSET),
+                         F.from_json(F.col("value").cast("string"), parsed,
+                                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": ERROR}).alias("v"))
+    failed = F.col(f"v.{ERROR}").isNotNull() | F.col("v").isNull()
+    frame = decoded.select(*(F.col(key_column) if f.name == key_column else F.col(f"v.{f.name}").alias(f.name)
+                             for f in schema.fields),
+                           F.when(failed, F.lit("failed")).alias(KIND), F.col(OFFSET),
+                           F.when(failed, F.lit("not JSON of the schema")).alias(ERROR))
+    if not ask_first:
+        return frame, []
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        side = [row.asDict() for row in frame.where(frame[KIND].isNotNull()).select(KIND, OFFSET, ERROR).collect()]
+    except BaseException:
+        frame.unpersist()
+        raise
+    return frame, side
+
+
+def write_ranges_jvm(bootstrap: str, frame: Any, fn: Any, schema: Any, sink: str, key_column: str,
+                     value_columns: Sequence[str]) -> None:
+    """The write job with the encode in the JVM: ``to_json`` of the value columns; the Kafka sink's
+    producer partitions by the key (murmur2, as the record collector)."""
+    from pyspark.sql import functions as F
+
+    out = fn(frame.where(frame[KIND].isNull()).select(*schema.fieldNames()))
+    (out.select(F.col(key_column).cast("binary").alias("key"),
+                F.to_json(F.struct(*value_columns)).cast("binary").alias("value"))
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", sink).save())
 
 
 def _arrow(schema: Any) -> Any:

@@ -17,12 +17,14 @@ partitions, as the engine's tasks do, and prints each phase's seconds for:
 ``--client connector`` times the same cycles through Spark's own Kafka connector (the JVM fetches
 and produces; our serdes decode and serialize in ``mapInArrow``: ``spark_connector_cycle.py``),
 ``connector-one-job`` through the connector in one job a cycle (no read job: what asking the
-handlers before the write costs), ``all`` all three, interleaved round by round, in one run. The
-connector exists for the pinned pyspark only (``spark_bulk.SSS_PYSPARK``), so those runs re-run
-the script in that venv, the engine's cycles too.
+handlers before the write costs), ``connector-jvm`` and ``connector-jvm-one-job`` the same with the
+JSON decoded and encoded in the JVM (``from_json``/``to_json``: Structured Streaming's own plan, no
+Python worker), ``all`` all five, interleaved round by round, in one run (or a comma-separated
+list of them). The connector exists for the pinned pyspark only (``spark_bulk.SSS_PYSPARK``), so
+those runs re-run the script in that venv, the engine's cycles too.
 
 Run: ``python benchmarks/spark_exec_cost.py`` (starts the test broker), ``--records N``,
-``--rounds N``, ``--client engine|connector|connector-one-job|all``. Prints seconds per cycle and
+``--rounds N``, ``--client engine|connector|...|all``. Prints seconds per cycle and
 µs per record; nothing is asserted.
 """
 
@@ -46,9 +48,12 @@ from benchmarks.spark_bulk import JSON, KEY, PARTITIONS, Bench  # noqa: E402
 from streamloop.spark.kafka_source import KafkaRange, ReadSpec  # noqa: E402
 from tests.support.spark_enrichment import OUTPUT_FIELDS, SCHEMA, enrich  # noqa: E402
 
-ENGINE, CONNECTOR, ONE_JOB, ALL = "engine", "connector", "connector-one-job", "all"
+ENGINE, CONNECTOR, ONE_JOB, JVM, JVM_ONE_JOB, ALL = ("engine", "connector", "connector-one-job", "connector-jvm",
+                                                    "connector-jvm-one-job", "all")
 CLIENTS = {ENGINE: "Python data sources (the engine)", CONNECTOR: "Spark's Kafka connector",
-           ONE_JOB: "Spark's Kafka connector, one job (no handler asked first)"}
+           ONE_JOB: "Spark's Kafka connector, one job (no handler asked first)",
+           JVM: "Spark's Kafka connector, JSON in the JVM",
+           JVM_ONE_JOB: "Spark's Kafka connector, JSON in the JVM, one job"}
 
 
 class Cycles:
@@ -73,6 +78,8 @@ class Cycles:
         """One read and one write job over ``ranges``: the seconds of each."""
         if self.client in (CONNECTOR, ONE_JOB):
             return self._connector_jobs(ranges)
+        if self.client in (JVM, JVM_ONE_JOB):
+            return self._jvm_jobs(ranges)
         from streamloop.spark.kafka_reader import read_ranges, write_ranges
         from streamloop.spark.kafka_writer import WriteSpec
 
@@ -100,6 +107,20 @@ class Cycles:
         try:
             connector.write_ranges(self.session, bootstrap, frame, enrich, self.schema, self.sink, 1, "key",
                                    OUTPUT_FIELDS, KEY, JSON)
+        finally:
+            frame.unpersist()
+        return read - began, time.perf_counter() - read
+
+    def _jvm_jobs(self, ranges: list[KafkaRange]) -> tuple[float, float]:
+        from benchmarks import spark_connector_cycle as connector
+
+        bootstrap = self.kafka["bootstrap_servers"]
+        began = time.perf_counter()
+        frame, _side = connector.read_ranges_jvm(self.session, bootstrap, ranges, "key", self.schema,
+                                                  ask_first=self.client == JVM)
+        read = time.perf_counter()
+        try:
+            connector.write_ranges_jvm(bootstrap, frame, enrich, self.schema, self.sink, "key", OUTPUT_FIELDS)
         finally:
             frame.unpersist()
         return read - began, time.perf_counter() - read
@@ -181,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start the test broker)")
     parser.add_argument("--records", type=int, default=10_000, help="records per range of a batch cycle")
     parser.add_argument("--rounds", type=int, default=2, help="alone/shared pairs of each cycle")
-    parser.add_argument("--client", choices=[ENGINE, CONNECTOR, ONE_JOB, ALL], default=ENGINE,
+    parser.add_argument("--client", default=ENGINE,
                         help="who reads and writes Kafka on the executors: the engine's Python data sources, "
                              "Spark's Kafka connector (benchmarks/spark_connector_cycle.py), the connector in one "
-                             "job a cycle, or all three in one run")
+                             "job a cycle, the connector with JSON decoded and encoded in the JVM (one or two "
+                             "jobs), or all of them in one run; a comma-separated list picks several")
     args = parser.parse_args(argv)
-    clients = [ENGINE, CONNECTOR, ONE_JOB] if args.client == ALL else [args.client]
+    clients = list(CLIENTS) if args.client == ALL else args.client.split(",")
+    if unknown := set(clients) - set(CLIENTS):
+        parser.error(f"--client: unknown {', '.join(sorted(unknown))}; choose from {', '.join([*CLIENTS, ALL])}")
     jars = None
     if set(clients) - {ENGINE}:
         import pyspark
