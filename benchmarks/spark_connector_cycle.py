@@ -49,7 +49,6 @@ def read_ranges(session: Any, bootstrap: str, ranges: Sequence[Any], key_serde: 
     decoded with the serdes; returns the persisted frame and the side rows (failed records).
     ``ask_first=False`` measures one job a cycle: no read job, the frame neither persisted nor
     its side rows collected, so the write job reads and decodes (no handler is asked first)."""
-    from pyspark import StorageLevel
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     raw = _raw(session, bootstrap, ranges).select("key", "value", "offset")
@@ -80,15 +79,7 @@ def read_ranges(session: Any, bootstrap: str, ranges: Sequence[Any], key_serde: 
             yield pa.RecordBatch.from_pydict(columns, schema=_arrow(out))
 
     frame = raw.mapInArrow(decode, out)
-    if not ask_first:
-        return frame, []
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        side = [row.asDict() for row in frame.where(frame[KIND].isNotNull()).select(KIND, OFFSET, ERROR).collect()]
-    except BaseException:
-        frame.unpersist()
-        raise
-    return frame, side
+    return _asked(frame, ask_first)
 
 
 def write_ranges(session: Any, bootstrap: str, frame: Any, fn: Any, schema: Any, sink: str, partitions: int,
@@ -122,6 +113,22 @@ def write_ranges(session: Any, bootstrap: str, frame: Any, fn: Any, schema: Any,
      .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).save())
 
 
+def _asked(frame: Any, ask_first: bool) -> tuple[Any, list[dict[str, Any]]]:
+    """The read job's end: the decoded frame persisted and its side rows collected (the handlers
+    are asked before the write); with ``ask_first=False`` the frame as it is, for the write job."""
+    from pyspark import StorageLevel
+
+    if not ask_first:
+        return frame, []
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        side = [row.asDict() for row in frame.where(frame[KIND].isNotNull()).select(KIND, OFFSET, ERROR).collect()]
+    except BaseException:
+        frame.unpersist()
+        raise
+    return frame, side
+
+
 def _raw(session: Any, bootstrap: str, ranges: Sequence[Any]) -> Any:
     topic = ranges[0].topic
     starts = {topic: {str(r.partition): r.start for r in ranges}}
@@ -137,7 +144,6 @@ def read_ranges_jvm(session: Any, bootstrap: str, ranges: Sequence[Any], key_col
     """The read job with the decode in the JVM: the key as a UTF-8 string (``StringSerde``), the
     value by ``from_json`` against ``schema``'s value fields; a value Spark cannot parse or fit
     keeps its text in a corrupt-record column and is a side row (kind, offset, error)."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -152,15 +158,7 @@ def read_ranges_jvm(session: Any, bootstrap: str, ranges: Sequence[Any], key_col
                              for f in schema.fields),
                            F.when(failed, F.lit("failed")).alias(KIND), F.col(OFFSET),
                            F.when(failed, F.lit("not JSON of the schema")).alias(ERROR))
-    if not ask_first:
-        return frame, []
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        side = [row.asDict() for row in frame.where(frame[KIND].isNotNull()).select(KIND, OFFSET, ERROR).collect()]
-    except BaseException:
-        frame.unpersist()
-        raise
-    return frame, side
+    return _asked(frame, ask_first)
 
 
 def write_ranges_jvm(bootstrap: str, frame: Any, fn: Any, schema: Any, sink: str, key_column: str,
