@@ -24,6 +24,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from pyspark.sql import Row
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -106,8 +107,6 @@ def dicts(batch: Any, schema: StructType) -> list[dict[str, Any]]:
 
 def _plain(value: Any) -> Any:
     """``Row.asDict(recursive=True)``'s conversion of one value: nested rows as dicts."""
-    from pyspark.sql import Row
-
     if isinstance(value, Row):
         return value.asDict(recursive=True)
     if isinstance(value, list):

@@ -86,7 +86,19 @@ class KafkaTopicSink(DataSource):
         return KafkaTopicWriter(self.options["spec"])
 
 
-class KafkaTopicWriter(DataSourceWriter):
+class _Acknowledged:
+    """What both writers do at a job's end: nothing. Each writer returns only after the broker
+    acknowledged its records, and a failed job leaves its range uncommitted, to be read (and
+    written) again."""
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+
+class KafkaTopicWriter(_Acknowledged, DataSourceWriter):
     """Takes Spark's rows (a pyspark without the converters ``arrow_rows`` uses)."""
 
     def __init__(self, spec: str) -> None:
@@ -97,14 +109,8 @@ class KafkaTopicWriter(DataSourceWriter):
         rows = [row.asDict(recursive=True) for row in iterator]
         return Written(write_records(spec.kafka, spec.topic, keyed(spec, rows)))
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # each writer's records were acknowledged before it returned
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # nothing to undo: the range is not committed, so it is read (and written) again
-
-
-class KafkaTopicArrowWriter(DataSourceArrowWriter):
+class KafkaTopicArrowWriter(_Acknowledged, DataSourceArrowWriter):
     """Takes Spark's Arrow batches and makes their rows' dicts by columns (``arrow_rows.dicts``)."""
 
     def __init__(self, spec: str, schema: StructType) -> None:
@@ -115,12 +121,6 @@ class KafkaTopicArrowWriter(DataSourceArrowWriter):
         spec = WriteSpec.decode(self.spec)
         rows = [row for batch in iterator for row in arrow_rows.dicts(batch, self.schema)]
         return Written(write_records(spec.kafka, spec.topic, keyed(spec, rows)))
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass  # as KafkaTopicWriter's
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass
 
 
 def keyed(spec: WriteSpec, dicts: list[dict[str, Any]]) -> Iterator[tuple[int, bytes | None, bytes | None, int]]:

@@ -70,9 +70,18 @@ class BatchSettings:
     max_wait_ms: int | None = None
     max_in_flight: int | None = None
 
-    def resolve(self, config: Mapping[str, Any]) -> tuple[int, int, int]:
+    def resolve(self, config: Mapping[str, Any], read: str = cfg.SPARK_READ_DRIVER) -> tuple[int, int, int]:
+        """Records per batch (per range when ``read`` is executors), ms a batch waits, batches at once."""
+        if self.max_records is not None:
+            records = self.max_records
+        elif read == cfg.SPARK_READ_EXECUTORS:
+            # A range's records stay on the executors: a bigger range spreads a job's fixed cost
+            # (two planned data sources, two jobs) over more of them.
+            records = config.get(cfg.SPARK_BATCH_READ_MAX_RECORDS, 50_000)
+        else:
+            records = config.get(cfg.SPARK_BATCH_MAX_RECORDS, 10_000)
         return (
-            self.max_records if self.max_records is not None else config.get(cfg.SPARK_BATCH_MAX_RECORDS, 10_000),
+            records,
             self.max_wait_ms if self.max_wait_ms is not None else config.get(cfg.SPARK_BATCH_MAX_WAIT_MS, 1_000),
             self.max_in_flight if self.max_in_flight is not None
             else config.get(cfg.SPARK_BATCH_MAX_IN_FLIGHT, 2),
@@ -163,7 +172,8 @@ class SparkBatchStage:
         self._context = context
         self._sessions: SparkSessions = sessions
         config = sessions.config
-        self._max_records, wait_ms, self._max_in_flight = self._settings.resolve(config)
+        self.read = self.read_setting or config.get(cfg.SPARK_BATCH_READ, cfg.SPARK_READ_DRIVER)
+        self._max_records, wait_ms, self._max_in_flight = self._settings.resolve(config, self.read)
         self._max_wait_s = wait_ms / 1000.0
         self._timeout_ms: int = config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
         self.bulk: bool = config.get(cfg.SPARK_BATCH_BULK, True)
@@ -172,11 +182,6 @@ class SparkBatchStage:
         self.max_shared_ms: int = config.get(cfg.SPARK_BATCH_SHARED_MAX_MS, 10_000)
         self.eager: bool = config.get(cfg.SPARK_BATCH_EAGER, True)
         self._tag_prefix = f"streamloop-{context.application_id}-{context.task_id}-{self.name}"
-        self.read = self.read_setting or config.get(cfg.SPARK_BATCH_READ, cfg.SPARK_READ_DRIVER)
-        if self.read == cfg.SPARK_READ_EXECUTORS and self._settings.max_records is None:
-            # A range's records stay on the executors: a bigger range spreads a job's fixed cost
-            # (two planned data sources, two jobs) over more of them.
-            self._max_records = config.get(cfg.SPARK_BATCH_READ_MAX_RECORDS, 50_000)
 
     def executor_job(self) -> tuple[BatchJob, str, Sequence[str] | None, Any]:
         """The job, key column, value columns and declared schema: what the executors' read path
