@@ -63,9 +63,16 @@ class RecordCollector:
     def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
         ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended)."""
-        key_bytes, value_bytes = self.serialize(topic, record, sink)
-        # ``send_serialized``'s common case (a known topic, Kafka's default partitioning) inlined:
-        # this runs once per output record.
+        # ``serialize`` and ``send_serialized``'s common case (a known topic, Kafka's default
+        # partitioning) inlined: this runs once per output record.
+        try:
+            key_bytes = sink.key_serde.serialize(record.key)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "key", record.key, exc) from exc
+        try:
+            value_bytes = sink.value_serde.serialize(record.value)
+        except Exception as exc:
+            raise _serialization_error(sink, topic, "value", record.value, exc) from exc
         count = self._partitions.get(topic)
         if count is None or sink.partitioner is not None or key_bytes is None:
             return self.send_serialized(topic, record, sink, key_bytes, value_bytes)

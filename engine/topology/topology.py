@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from streamloop.errors import MissingSerdeError, TopologyError
 from streamloop.processors.api import ProcessorSupplier
 from streamloop.processors.context import NodeContext, TaskContext
-from streamloop.processors.nodes import Node, Partitioner, ProcessorNode, SinkNode, SourceNode
+from streamloop.processors.nodes import Node, Partitioner, PassThroughNode, ProcessorNode, SinkNode, SourceNode
 from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.serdes import BytesSerde, Serde, as_serde
 from streamloop.state.global_store import GlobalStoreSpec
@@ -462,7 +462,7 @@ class Topology:
                 node.collector = collector
             nodes[name] = node
         for name, node in nodes.items():
-            node.children = [nodes[c] for c in self._specs[name].children]
+            node.children = self._forwarded_to(name, nodes)
             node.init(context.forwarder)
         for node in nodes.values():
             if isinstance(node, ProcessorNode):
@@ -470,6 +470,20 @@ class Topology:
         sources = {t: n for n in nodes.values() if isinstance(n, SourceNode) for t in n.topics}
         sinks = [n for n in nodes.values() if isinstance(n, SinkNode)]
         return TaskGraph(sources, list(nodes.values()), sinks)
+
+    def _forwarded_to(self, name: str, nodes: Mapping[str, Node]) -> list[Node]:
+        """The nodes ``name`` forwards to: its children, with each pass-through child (a table's
+        ``to_stream``, a ``merge``) replaced by what that forwards to. A pass-through forwards every
+        record unchanged, so the records reach the same nodes in the same order, one call and one
+        forward fewer per record each (it stays in the graph and its description)."""
+        children: list[Node] = []
+        for child in self._specs[name].children:
+            node = nodes[child]
+            if type(node) is PassThroughNode:
+                children.extend(self._forwarded_to(child, nodes))
+            else:
+                children.append(node)
+        return children
 
     # -- description ----------------------------------------------------------
     def describe(self) -> str:
