@@ -192,6 +192,25 @@ class ProcessorNode(Node):
         self.processor.close()
 
 
+class _SyncProcessorNode(ProcessorNode):
+    """A ``ProcessorNode`` whose processor never answers with an awaitable (a built-in one that says
+    so, ``synchronous = True``): forwarding calls the processor's own ``process``, one call and one
+    check fewer per record. The slot shadows ``ProcessorNode.process`` for this class only."""
+
+    __slots__ = ("process",)
+
+    def __init__(self, name: str, processor: Processor) -> None:
+        super().__init__(name, processor)
+        self.process = processor.process  # type: ignore[method-assign]  # the slot above, by design
+
+
+def processor_node(name: str, processor: Processor) -> ProcessorNode:
+    """The node that runs ``processor``: a direct one when it declares itself synchronous."""
+    if getattr(processor, "synchronous", False):
+        return _SyncProcessorNode(name, processor)
+    return ProcessorNode(name, processor)
+
+
 class SinkNode(Node):
     """Hands each record to the collector, which writes it with ``key_serde``/``value_serde``.
 

@@ -28,6 +28,8 @@ class _TableProcessor(BaseProcessor):
     # Set (before ``init``) when a table operation downstream needs the value each update
     # replaces (see streamloop.processors.change): updates then go on as ``ChangeRecord``s.
     send_old_values = False
+    # Never answers with an awaitable: its node calls ``process`` directly (``processor_node``).
+    synchronous = True
 
     def __init__(self, store_name: str) -> None:
         self.store_name = store_name

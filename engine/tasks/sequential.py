@@ -129,10 +129,12 @@ class SequentialLoop:
             done += 1
             if waiting:
                 retries.forget(raw)
-            punctuating = passed(task.record_time)
-            if punctuating is not None:
-                await punctuating
-                stop = task.closing
+            # ``passed`` only when stream time moves (it does nothing otherwise): a call fewer per record.
+            if task.record_time > group.stream_time:
+                punctuating = passed(task.record_time)
+                if punctuating is not None:
+                    await punctuating
+                    stop = task.closing
             if not single:
                 # A queue run empty may make the task unprocessable (``PartitionGroup.ready``).
                 if not queue and group.ready(task.monotonic_ms()) > 0:

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any, cast
 from streamloop.errors import MissingSerdeError, TopologyError
 from streamloop.processors.api import ProcessorSupplier
 from streamloop.processors.context import NodeContext, TaskContext
-from streamloop.processors.nodes import Node, Partitioner, PassThroughNode, ProcessorNode, SinkNode, SourceNode
+from streamloop.processors.nodes import (
+    Node,
+    Partitioner,
+    PassThroughNode,
+    ProcessorNode,
+    SinkNode,
+    SourceNode,
+    processor_node,
+)
 from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.serdes import BytesSerde, Serde, as_serde
 from streamloop.state.global_store import GlobalStoreSpec
@@ -138,7 +146,7 @@ class Topology:
             raise TopologyError(f"Processor '{name}' needs at least one parent")
         if not callable(supplier):
             raise TopologyError(f"Processor '{name}' needs a supplier (a callable returning a Processor)")
-        self._add(NodeSpec(name, NodeKind.PROCESSOR, parents, lambda: ProcessorNode(name, supplier()),
+        self._add(NodeSpec(name, NodeKind.PROCESSOR, parents, lambda: processor_node(name, supplier()),
                            stores=tuple(stores)))
         return self
 
