@@ -10,6 +10,7 @@ before the next item, which keeps depth-first order.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 from streamloop.processors.api import Processor
 from streamloop.processors.partitioners import StreamPartitioner, multicast_of
 from streamloop.records import Record
-from streamloop.serdes import Serde
+from streamloop.serdes import BytesSerde, Serde
 from streamloop.timestamps import TimestampExtractor
 
 
@@ -144,7 +145,9 @@ def _close_all(queue: deque[Any]) -> None:
 
 
 class SourceNode(Node):
-    __slots__ = ("key_serde", "timestamp_extractor", "topics", "value_serde")
+    # ``process`` is a slot, set at ``init``: forwarding to the children is all a source does, so a
+    # record's first call goes straight to ``Forwarder.forward`` (no frame of the source's own).
+    __slots__ = ("key_serde", "process", "raw_keys", "raw_values", "timestamp_extractor", "topics", "value_serde")
 
     def __init__(self, name: str, topics: Sequence[str], key_serde: Serde, value_serde: Serde) -> None:
         super().__init__(name)
@@ -154,10 +157,17 @@ class SourceNode(Node):
         # None: the record's own timestamp, failing on a negative one (FailOnInvalidTimestamp, the
         # default), checked inline so that the common case costs no call per record.
         self.timestamp_extractor: TimestampExtractor | None = None
+        # Decided at ``init`` (below); a source never initialised decodes through its serdes.
+        self.raw_keys = self.raw_values = False
 
-    def process(self, record: Record) -> None:
-        self.forwarder.forward(self.children, record)  # type: ignore[union-attr]  # set by init() before any record
-        return None
+    def init(self, forwarder: Forwarder) -> None:
+        super().init(forwarder)
+        # The children are final by now (``Topology`` sets them before ``init``).
+        self.process = functools.partial(forwarder.forward, self.children)  # type: ignore[method-assign]  # the slot
+        # Bytes in, bytes out: the per-record path skips a ``BytesSerde`` (exactly that class: a
+        # subclass may decode) instead of calling it. The serdes are final by now too.
+        self.raw_keys = type(self.key_serde) is BytesSerde
+        self.raw_values = type(self.value_serde) is BytesSerde
 
 
 class PassThroughNode(Node):

@@ -141,9 +141,9 @@ class RecordPath:
             ctx.headers = raw.headers
             what = "key"
             try:
-                key = source.key_serde.deserialize(raw.key)
+                key = raw.key if source.raw_keys else source.key_serde.deserialize(raw.key)
                 what = "value"
-                value = source.value_serde.deserialize(raw.value)
+                value = raw.value if source.raw_values else source.value_serde.deserialize(raw.value)
             except Exception as exc:  # any serde failure is a deserialization error
                 return deserialization_failed(raw, what, exc)
             timestamp = raw.timestamp

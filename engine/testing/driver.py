@@ -94,7 +94,7 @@ class _TimingOutSource(SourceNode):
         if self._budget[0] > 0:
             self._budget[0] -= 1
             raise TimeoutError(f"timeout injected by the test driver into source '{self.name}'")
-        return self._inner.process(record)
+        self._inner.process(record)
 
 
 # -- the driver ---------------------------------------------------------------------------
