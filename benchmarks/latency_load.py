@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import statistics
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -99,8 +101,11 @@ class Contender:
 class LoadGenerator:
     """Orders at a fixed rate, in one record batch per partition every ``TICK``; keeps each one's time.
 
-    ``per_key[k][n]`` is (creation time, measured?) of the ``n``-th record of key ``k`` (from 0): the
-    count workload's update ``n + 1`` of ``k`` counts that record."""
+    ``per_key[k][n]`` is the creation time of the ``n``-th record of key ``k`` (from 0), negative for
+    a warm-up record: the count workload's update ``n + 1`` of ``k`` counts that record. An array of
+    floats, not a list of tuples: a tuple per record is an object the cyclic GC tracks, and with
+    hundreds of thousands of them its full collections stopped this generator for 100-340 ms, between
+    stamping records and sending them (seen with ``gc.callbacks``), which every contender's p99 carried."""
 
     def __init__(self, bootstrap: str, topic: str, rate: float, seed: int = 11) -> None:
         self.topic = topic
@@ -110,7 +115,7 @@ class LoadGenerator:
         self._partition: dict[bytes, int] = {}
         self.sent = 0
         self.passing = 0  # records the stateless filter keeps
-        self.per_key: dict[bytes, list[tuple[float, bool]]] = {}
+        self.per_key: dict[bytes, array[float]] = {}
 
     async def start(self) -> None:
         await self._producer.start()
@@ -138,7 +143,10 @@ class LoadGenerator:
                 now = time.time()
                 extra = {} if measured else {"warmup": True}
                 key, value = order(self.sent, self._rng, now, **extra)
-                self.per_key.setdefault(key, []).append((now, measured))
+                times = self.per_key.get(key)
+                if times is None:
+                    times = self.per_key[key] = array("d")
+                times.append(now if measured else -now)
                 self.passing += keep(orjson.loads(value))
                 partition = self._partition_of(key)
                 batch = batches.get(partition)
@@ -196,12 +204,12 @@ def latencies(workload: str, output: list[tuple[bytes, bytes, int]], gen: LoadGe
                 values.append((append_ms - o["ts"] * 1000, append_ms))
         return values
     for key, value, append_ms in output:
-        made_here = gen.per_key.get(key, [])
+        made_here = gen.per_key.get(key, ())
         n = int(value)
         if not 0 < n <= len(made_here):
             raise ValueError(f"count {n} of {key!r}: only {len(made_here)} input records of that key were made")
-        made, measured = made_here[n - 1]
-        if measured:
+        made = made_here[n - 1]
+        if made > 0:  # measured (a warm-up record's time is negative)
             values.append((append_ms - made * 1000, append_ms))
     return values
 
@@ -212,6 +220,10 @@ def percentile(values: list[float], q: int) -> float:
 
 async def under_load(peer: ModuleType, workload: Workload, bootstrap: str, rate: float, seconds: float,
                      warmup: float, timeout: float, dump: str | None = None) -> LoadRun:
+    # What the harness holds so far (earlier runs' outputs, the peak runs' inputs) is left out of every
+    # cyclic GC pass from here on: a full pass over it stops the generator mid-tick.
+    gc.collect()
+    gc.freeze()
     tag = f"{peer.__name__.rsplit('.', 1)[-1]}-{workload.name}-load-{uuid.uuid4().hex[:6]}"
     app_id, source, sink = f"bench-{tag}", f"in-{tag}", f"out-{tag}"
     await create_topics(bootstrap, [source], [sink])
