@@ -299,6 +299,14 @@ class Journal:
         if slot not in self._before:  # after a write the store holds this record's value, not the old one
             self._seen[slot] = stored
 
+    def remember_read(self, store: StateStore, key: bytes, stored: bytes | None) -> None:
+        """``key`` is about to be written, and ``stored`` is what its bytes store held, just read by
+        the caller (no cache holds the key): ``seen`` then ``remember`` in one call."""
+        slot = (store, key)
+        before = self._before
+        if slot not in before:  # an earlier write of this record keeps its own pre-image
+            before[slot] = (store, key, None, stored)
+
     def remember(self, store: StateStore, key: bytes) -> None:
         slot = (store, key)
         before = self._before
@@ -344,6 +352,20 @@ class KeyValueStore(StateStore):
             self._check_open()
         data = self._key(key)
         serde = self.value_serde
+        ns, cache = self._ns, self._cache
+        if ns is None or (cache is not None and cache.max_bytes <= 0 and not ns.entries):
+            # No cache (none for this store, or the thread's is 0 bytes and holds nothing of it):
+            # ``_get`` and ``_write`` inlined, as they would run, and the value just read is the
+            # journal's pre-image (three calls fewer per record).
+            stored = self.inner.get(data)
+            old = serde.deserialize(stored)
+            new = aggregator(key, value, initializer() if old is None else old)
+            journal = self.journal
+            if journal is not None and journal.active:
+                journal.remember_read(self, data, stored)
+            self._down(data, None if new is None else serde.serialize(new), self._timestamp(), self._source(),
+                       key, new)
+            return
         old = serde.deserialize(self._get(data))
         new = aggregator(key, value, initializer() if old is None else old)
         self._write(data, None if new is None else serde.serialize(new), key, new)

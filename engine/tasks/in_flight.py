@@ -169,6 +169,11 @@ class RecordJournals(Journal):
         if journal is not None:
             journal.remember(store, key)
 
+    def remember_read(self, store: Any, key: bytes, stored: bytes | None) -> None:
+        journal = self._current()
+        if journal is not None:
+            journal.remember_read(store, key, stored)
+
     def undo(self) -> int:
         journal = self._current()
         return 0 if journal is None else journal.undo()

@@ -273,6 +273,47 @@ def test_a_read_then_written_key_is_read_from_the_store_once_and_its_update_undo
     assert inner.get(b"a") == LONG.serialize(1) and inner.get(b"c") is None
 
 
+@pytest.mark.parametrize("cache", ["none", "zero bytes", "10 KiB"])
+def test_an_aggregation_is_read_once_journaled_and_undone_exactly_with_or_without_a_cache(cache: str) -> None:
+    # ``aggregate`` takes its own path when no cache holds the store's writes (none, or a thread
+    # cache of 0 bytes, as cache.max.bytes.buffering=0 gives): the same reads, writes, changelog
+    # updates and undo as ``get`` + ``put`` through the cache layers.
+    from streamloop.state.store import Journal
+
+    log, inner = Log(), CountingReads("counts")
+    caches = {"none": None, "zero bytes": ThreadCache(0), "10 KiB": ThreadCache(10 << 10)}
+    store = KeyValueStore("counts", inner, STR, LONG, Changelogger("app-counts-changelog", 3, log),
+                          caches[cache], "0_3/counts", lambda: 42, lambda: ("in", 7))
+    journal = Journal()
+    store.journal = journal
+    store.put("a", 1)
+    store.flush_cache()
+    before, reads = len(log.records), inner.reads
+
+    def add(key: str, value: int) -> None:
+        store.aggregate(key, value, lambda: 0, lambda _k, v, total: total + v)
+
+    journal.begin(lambda: ("in", 9))
+    add("a", 2)
+    add("b", 5)
+    add("a", 10)                          # the second write of "a" keeps the first pre-image
+    aggregated = inner.reads - reads
+    assert (store.get("a"), store.get("b")) == (13, 5)
+    store.flush_cache()
+    if cache != "10 KiB":
+        # Each update went down at once: one read per aggregation ("a" again: the store holds the
+        # record's own update), none for the journal, an update on the changelog per aggregation.
+        assert aggregated == 3
+        assert [(r[2], LONG.deserialize(r[3])) for r in log.records[before:]] == [(b"a", 3), (b"b", 5), (b"a", 13)]
+        assert all(decode_source(r[5]) == ("in", 7) for r in log.records[before:])
+
+    assert journal.undo() == 2
+    journal.end()
+    assert (store.get("a"), store.get("b")) == (1, None)
+    store.flush_cache()
+    assert inner.get(b"a") == LONG.serialize(1) and inner.get(b"b") is None
+
+
 def test_the_records_key_is_serialised_once_for_a_get_and_a_put_and_other_keys_as_usual() -> None:
     calls: list[Any] = []
 
