@@ -164,7 +164,10 @@ class RecordPath:
             if begin_record is not None:
                 begin_record()
             try:
-                if forwarder.start(source, record):
+                # ``Forwarder.start`` inlined: a source forwards to its children and answers None.
+                forwarder.node = source
+                source.process(record)
+                if forwarder.pending:
                     return drain(raw, source, record, started)
             except Exception as exc:  # classified in _failed
                 return failed(raw, source, record, exc, started)
