@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamloop.errors import MissingSinkTopicError, ProduceError, SerializationError
 from streamloop.records import Headers, Record
@@ -60,11 +60,16 @@ class RecordCollector:
         """Records stream partitioners dropped (answered an empty set), here and in the siblings."""
         return self._dropped[0]
 
-    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
+    def send(self, topic: str, record: Record, sink: SinkNode,
+             hold: list[Any] | None = None) -> Awaitable[None] | None:
         """Serialise ``record`` with the sink's serdes and append it; a serde that fails raises a
-        ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended)."""
-        # ``serialize`` and ``send_serialized``'s common case (a known topic, Kafka's default
-        # partitioning) inlined: this runs once per output record.
+        ``SerializationError`` naming the sink, the topic and how to fix it (nothing is appended).
+
+        With ``hold``, the serialised record goes there instead, as ``(topic, record, sink, key
+        bytes, value bytes)`` for ``send_serialized`` later: ``HeldCollector``, for a record in
+        flight, whose output waits for its turn while a serde failure is raised as it runs.
+        """
+        # Serialising is written once, here, and runs once per output record: no call of its own.
         try:
             key_bytes = sink.key_serde.serialize(record.key)
         except Exception as exc:
@@ -73,6 +78,10 @@ class RecordCollector:
             value_bytes = sink.value_serde.serialize(record.value)
         except Exception as exc:
             raise _serialization_error(sink, topic, "value", record.value, exc) from exc
+        if hold is not None:
+            hold.append((topic, record, sink, key_bytes, value_bytes))
+            return None
+        # ``send_serialized``'s common case (a known topic, Kafka's default partitioning) inlined.
         count = self._partitions.get(topic)
         if count is None or sink.partitioner is not None or key_bytes is None:
             return self.send_serialized(topic, record, sink, key_bytes, value_bytes)
@@ -83,25 +92,9 @@ class RecordCollector:
         self.sent += 1
         return None
 
-    def serialize(self, topic: str, record: Record, sink: SinkNode) -> tuple[bytes | None, bytes | None]:
-        """The key and value bytes of ``record`` as the sink writes them to ``topic``.
-
-        Caller: ``send``, and ``HeldCollector`` for a record in flight, which holds the bytes
-        until the record's turn so that a serde failure is raised while the record runs.
-        """
-        try:
-            key_bytes = sink.key_serde.serialize(record.key)
-        except Exception as exc:
-            raise _serialization_error(sink, topic, "key", record.key, exc) from exc
-        try:
-            value_bytes = sink.value_serde.serialize(record.value)
-        except Exception as exc:
-            raise _serialization_error(sink, topic, "value", record.value, exc) from exc
-        return key_bytes, value_bytes
-
     def send_serialized(self, topic: str, record: Record, sink: SinkNode, key_bytes: bytes | None,
                         value_bytes: bytes | None) -> Awaitable[None] | None:
-        """Partition and append what ``serialize`` made; an awaitable when the topic's
+        """Partition and append what ``send`` serialised; an awaitable when the topic's
         partition count must be looked up first, else None."""
         count = self._partitions.get(topic)
         if count is None:

@@ -193,9 +193,7 @@ class HeldCollector:
             return self._collector.send(topic, record, sink)
         # Serialised now, while the record runs, so that a serde failure goes to the processing
         # handler as the sink's failure on this record; the bytes wait for the record's turn.
-        key_bytes, value_bytes = self._collector.serialize(topic, record, sink)
-        slot.outputs.append((topic, record, sink, key_bytes, value_bytes))
-        return None
+        return self._collector.send(topic, record, sink, slot.outputs)
 
     async def partition_count(self, topic: str) -> int:
         return await self._collector.partition_count(topic)
