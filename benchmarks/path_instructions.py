@@ -3,7 +3,7 @@
 Wall-clock and CPU-time A/B runs of a change to the per-record path move by 10-40% between runs on
 the shared two-core machines (a min of seven runs of the same tree moved by a quarter), more than
 most single changes give. Instructions executed are deterministic to about 0.5%, so this script
-counts them: for each ``--tree`` (a checkout of this repository, e.g. ``git worktree add /tmp/before
+counts them: for each ``--tree`` (a checkout of this repository, e.g. ``git worktree add ../before
 REV``), a child process builds the workload's topology in that tree's ``TopologyTestDriver``, warms
 its task on ``--records`` records, and calls the task's own record path (the function the stream
 thread's sequential loop calls per record) on them ``passes`` more times. Its instructions are
@@ -17,7 +17,7 @@ a RocksDB store with its changelog, record cache off, every update to the sink a
 of the driver and the task (``_manager``, ``loop._path``): a tree from before they existed cannot
 be measured.
 
-Run: ``python benchmarks/path_instructions.py --tree /tmp/before --tree .`` (takes a minute or two
+Run: ``python benchmarks/path_instructions.py --tree ../before --tree .`` (takes a minute or two
 per tree and workload).
 """
 
