@@ -58,6 +58,4 @@ class Changelogger:
         self._append = append
 
     def log(self, key: bytes, value: bytes | None, timestamp: int, source: tuple[str, int] | None) -> None:
-        # ``encode_source`` and ``max`` inlined: this runs for every store write.
-        headers = () if source is None else ((SOURCE_HEADER, f"{source[0]}:{source[1]}".encode()),)
-        self._append(self.topic, self.partition, key, value, timestamp if timestamp > 0 else 0, headers)
+        self._append(self.topic, self.partition, key, value, timestamp if timestamp > 0 else 0, encode_source(source))
