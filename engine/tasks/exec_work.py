@@ -1,5 +1,6 @@
 """The Spark side of a stage reading on the executors (``streamloop.tasks.bulk_exec``): the jobs a
-task's loop runs on worker threads, each under a job tag its loop can cancel by.
+task's loop runs on worker threads, each under a job tag its loop can cancel by, a timeout
+(``spark.batch.timeout.ms``) and, for timeouts and lost executors, retries under ``task.timeout.ms``.
 
 Each job is one call of ``streamloop.spark.kafka_reader`` with the stage's read and write specs
 (what the executors need: the consumer's plain options, the ranges, the serdes, the schema); the
@@ -9,14 +10,24 @@ loop decides which job runs when, and what its outcome means for the task's posi
 from __future__ import annotations
 
 import contextlib
+import enum
+import itertools
 import logging
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+import anyio.to_thread
+
+from streamloop import config as cfg
+from streamloop.errors import SparkBatchTimeoutError
 from streamloop.processors.nodes import SinkNode, SourceNode
+from streamloop.spark.failures import SparkBatchTransientError, is_transient
 from streamloop.spark.kafka_source import KafkaRange, RangeOutcome, ReadSpec
 from streamloop.spark.parts import TransformJob
 from streamloop.spark.stage import SparkBatchStage
+
+from .timeouts import is_timeout
 
 if TYPE_CHECKING:
     from streamloop.spark.kafka_writer import WriteSpec
@@ -27,8 +38,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Closed(enum.Enum):
+    """``RangeWork.settle``'s answer when the task closed during a back-off: the range is read again
+    by the next owner."""
+
+    CLOSED = "closed"
+
+
+CLOSED = Closed.CLOSED
+_tags = itertools.count()
+T = TypeVar("T")
+
+
 class RangeWork:
-    """Caller: ``ExecutorWindow``; every method but ``sessions`` runs on a worker thread."""
+    """Caller: ``ExecutorWindow``. ``settle`` and ``off_loop`` run on the task's loop and hand a job
+    (any other method but ``sessions``) to a worker thread."""
 
     def __init__(self, task: StreamTask, stage: SparkBatchStage, source: SourceNode,
                  options: Mapping[str, Any]) -> None:
@@ -107,6 +131,51 @@ class RangeWork:
             sessions.get().sparkContext.cancelJobsWithTag(tag)
         except Exception:
             log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+
+    async def settle(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T | Exception | Closed:
+        """The outcome of ``work`` (a job over the range), retrying timeouts and lost executors
+        under ``task.timeout.ms``; an exception when the job raised otherwise; ``CLOSED`` when the
+        task closed meanwhile (a sentinel: a job's own outcome may be None)."""
+        task, stage = self._task, self._stage
+        timer = task.timer
+        while True:
+            started = task.monotonic_ms()
+            try:
+                outcome = await self.off_loop(work, kafka_range)
+            except Exception as exc:
+                if is_transient(exc) and not is_timeout(exc):
+                    transient = SparkBatchTransientError(stage.name, kafka_range.size, exc)
+                    transient.__cause__ = exc
+                    exc = transient
+                if not is_timeout(exc):
+                    return exc
+                await task.back_off(exc, f"Spark stage '{stage.name}' reading {kafka_range.topic}-"
+                                         f"{kafka_range.partition} offsets {kafka_range.start}.."
+                                         f"{kafka_range.end - 1} on the executors", started)
+                if task.closing:
+                    return CLOSED
+                continue
+            if timer.deadline_ms is not None and timer.cleared_by_processing:
+                timer.clear()
+            return outcome
+
+    async def off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
+        """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
+        by its tag (the thread is left to end with it)."""
+        stage = self._stage
+        tag = f"streamloop-exec-{self._task.context.application_id}-{self._task.id}-{stage.name}-{next(_tags)}"
+        timeout_ms: int = self.sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        try:
+            with anyio.fail_after(timeout_ms / 1000.0 if timeout_ms else None):
+                # Abandoned on cancel: a task closed dirty must not wait for the cluster.
+                return await anyio.to_thread.run_sync(work, tag, abandon_on_cancel=True)
+        except TimeoutError as exc:
+            await anyio.to_thread.run_sync(self.cancel, tag)
+            raise SparkBatchTimeoutError(stage.name, kafka_range.size, timeout_ms) from exc
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.cancel, tag)
+            raise
 
 
 @contextlib.contextmanager

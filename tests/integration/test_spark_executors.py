@@ -202,6 +202,65 @@ async def test_records_that_do_not_decode_or_fit_reach_the_handlers_in_offset_or
     assert len(executor_windows) == 1 and executor_windows[0].sink is not None  # the executors wrote it
 
 
+class PauseOnBadBytes(Asked):
+    def handle(self, context: Any, record: Any, exception: BaseException) -> DeserializationHandlerResponse:
+        Asked.asked.append(("deserialization", record.offset, exception))
+        return DeserializationHandlerResponse.PAUSE
+
+
+async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_what_was_read_ahead(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range's read job runs while the range before it is written (so a cycle costs about one job,
+    not two); a handler that PAUSEs in a range drops the range read ahead of it, and the resume reads
+    on from the paused record, nothing past it written before."""
+    import threading
+
+    from streamloop.tasks import exec_work
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
+    values[45] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    reads, writes = exec_work.RangeWork.read_ranges, exec_work.RangeWork.write_ranges
+    read_started: dict[int, threading.Event] = {}
+    seen_during_first_write: list[bool] = []
+    written: list[int] = []
+
+    def spy_read(self: Any, ranges: Any, tag: str) -> Any:
+        read_started.setdefault(ranges[0].start, threading.Event()).set()
+        return reads(self, ranges, tag)
+
+    def spy_write(self: Any, frame: Any, ranges: Any, leaving: Any, *args: Any) -> Any:
+        start = ranges[leaving[0]].start
+        if start == 0:  # the second range's read starts while the first is written (30 s: a cold session's read)
+            seen_during_first_write.append(read_started.setdefault(20, threading.Event()).wait(30))
+        written.append(start)
+        return writes(self, frame, ranges, leaving, *args)
+
+    monkeypatch.setattr(exec_work.RangeWork, "read_ranges", spy_read)
+    monkeypatch.setattr(exec_work.RangeWork, "write_ranges", spy_write)
+    Asked.asked = []
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
+            as client:
+        await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 45")
+        # The paused range's output leaves with its records before the paused one (carrier 44).
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 45), WAIT, "committed to 45")
+        assert 60 in read_started  # the range after the paused one had been read ahead...
+        (paused,) = client.paused_local_tasks()
+        assert await client.resume_async(paused.task_id, skip=True)
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 80), WAIT, "all committed")
+    assert seen_during_first_write == [True]
+    assert written == [0, 20, 40, 46, 66]  # ...and dropped: read on from 46 after the resume
+    assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 45)]
+    keys = sorted({INT.deserialize(r.key) for r in await cluster.read_all(sink)})
+    assert keys == [k for k in range(80) if k != 45]
+
+
 async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
         cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
     source, sink = names("in"), names("out")
