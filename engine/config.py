@@ -509,10 +509,12 @@ KEYS: tuple[ConfigKey, ...] = (
               "Kafka themselves and the records never pass through this process; needs the stage's schema=, "
               "see docs/spark.md). A stage's read= overrides it.",
               _one_of(SPARK_READ_DRIVER, SPARK_READ_EXECUTORS)),
-    ConfigKey(SPARK_BATCH_READ_MAX_RECORDS, int, 50_000,
+    ConfigKey(SPARK_BATCH_READ_MAX_RECORDS, int, 100_000,
               "With read=executors, the offsets of one task's range at most, where the stage's max_records= does "
               "not say: the records never pass through this process, so spark.batch.max.records (what a batch "
-              "holds here) does not bound them, and each range pays a job's fixed cost once.", _at_least(1)),
+              "holds here) does not bound them, and each range pays a job's fixed cost once. A stream thread's "
+              "tasks read their ranges in one shared job: keep their number times this under what the cluster "
+              "reads within spark.batch.timeout.ms.", _at_least(1)),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "
@@ -545,6 +547,12 @@ KEYS: tuple[ConfigKey, ...] = (
 )
 
 _BY_NAME = {key.name: key for key in KEYS}
+
+
+def default(name: str) -> Any:
+    """Key ``name``'s default, for code that reads a bare mapping (a test's, a stage's own settings)
+    where the key may be missing: the default lives here only."""
+    return _BY_NAME[name].default
 
 
 def _closest_key(name: str) -> str | None:

@@ -77,14 +77,15 @@ class BatchSettings:
         elif read == cfg.SPARK_READ_EXECUTORS:
             # A range's records stay on the executors: a bigger range spreads a job's fixed cost
             # (two planned data sources, two jobs) over more of them.
-            records = config.get(cfg.SPARK_BATCH_READ_MAX_RECORDS, 50_000)
+            records = config.get(cfg.SPARK_BATCH_READ_MAX_RECORDS, cfg.default(cfg.SPARK_BATCH_READ_MAX_RECORDS))
         else:
-            records = config.get(cfg.SPARK_BATCH_MAX_RECORDS, 10_000)
+            records = config.get(cfg.SPARK_BATCH_MAX_RECORDS, cfg.default(cfg.SPARK_BATCH_MAX_RECORDS))
         return (
             records,
-            self.max_wait_ms if self.max_wait_ms is not None else config.get(cfg.SPARK_BATCH_MAX_WAIT_MS, 1_000),
+            self.max_wait_ms if self.max_wait_ms is not None else config.get(cfg.SPARK_BATCH_MAX_WAIT_MS,
+                                                                               cfg.default(cfg.SPARK_BATCH_MAX_WAIT_MS)),
             self.max_in_flight if self.max_in_flight is not None
-            else config.get(cfg.SPARK_BATCH_MAX_IN_FLIGHT, 2),
+            else config.get(cfg.SPARK_BATCH_MAX_IN_FLIGHT, cfg.default(cfg.SPARK_BATCH_MAX_IN_FLIGHT)),
         )
 
     def window(self, config: Mapping[str, Any]) -> int:
