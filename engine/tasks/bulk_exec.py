@@ -85,9 +85,6 @@ class _Kind(enum.Enum):
     SHARED = "shared"
 
 
-_ROWS, _DIRECT, _SHARED = _Kind.ROWS, _Kind.DIRECT, _Kind.SHARED
-
-
 class _Ahead:
     """A range whose first job (its read; the whole job when the rows come back) was started in the
     loop's task group: ``value`` is the job's outcome once ``done`` is set (None if cancelled first)."""
@@ -303,11 +300,11 @@ class ExecutorWindow:
         """Start the range's first job (its read; the whole job when the rows come back) in
         ``group``; its outcome is ``_run_range``'s to handle, or ``_discard``'s to drop."""
         if self.sink is None:
-            kind = _ROWS
+            kind = _Kind.ROWS
         else:
             job = self._stage.executor_job()[0]
             shared = self._jobs is not None and isinstance(job, TransformJob) and job.row_wise
-            kind = _SHARED if shared else _DIRECT
+            kind = _Kind.SHARED if shared else _Kind.DIRECT
         ahead = _Ahead(kafka_range, kind, time.perf_counter_ns())
         group.start_soon(fail_stray, f"a Spark read of task {self._task.id}", self._first_job, ahead)
         return ahead
@@ -316,10 +313,10 @@ class ExecutorWindow:
         kafka_range = ahead.kafka_range
         try:
             with ahead.scope:
-                if ahead.kind is _SHARED:
+                if ahead.kind is _Kind.SHARED:
                     assert self._jobs is not None
                     ahead.value = await self._jobs.read(self, kafka_range, self._read_ranges, self._unpersist)
-                elif ahead.kind is _DIRECT:
+                elif ahead.kind is _Kind.DIRECT:
                     ahead.value = await self._read_alone(kafka_range)
                 else:
                     ahead.value = await self._work.settle(functools.partial(self._work.run, kafka_range), kafka_range)
@@ -331,10 +328,10 @@ class ExecutorWindow:
         ahead.scope.cancel()
         await ahead.done.wait()
         value = ahead.value
-        if ahead.kind is _SHARED and value is not None:
+        if ahead.kind is _Kind.SHARED and value is not None:
             assert self._jobs is not None
             await self._jobs.done(*value)
-        elif ahead.kind is _DIRECT and isinstance(value, tuple):
+        elif ahead.kind is _Kind.DIRECT and isinstance(value, tuple):
             await self._unpersist(value[0])
 
     async def _run_range(self, ahead: _Ahead) -> None:
@@ -342,10 +339,10 @@ class ExecutorWindow:
         task, stage, kafka_range, first = self._task, self._stage, ahead.kafka_range, ahead.value
         self._running = kafka_range
         try:
-            if ahead.kind is _SHARED:
+            if ahead.kind is _Kind.SHARED:
                 assert self.sink is not None and self._jobs is not None
                 done, summary = await self._run_shared(self._jobs, first, kafka_range, self.sink)
-            elif ahead.kind is _DIRECT:
+            elif ahead.kind is _Kind.DIRECT:
                 assert self.sink is not None
                 done, summary = await self._run_direct(first, kafka_range, self.sink)
             elif isinstance(first, Exception):
@@ -396,7 +393,7 @@ class ExecutorWindow:
             return await self._write_alone(frame, ranges, 0, kafka_range, sink, summary)
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(frame.unpersist)
+                await self._unpersist(frame)
 
     async def _run_shared(self, jobs: RangeJobs, read: tuple[RangeGroup, int], kafka_range: KafkaRange,
                           sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
