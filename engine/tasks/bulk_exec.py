@@ -22,7 +22,8 @@ the stage's function (``kafka_source.run_range_job``), and then, in this order:
 A job that raised (not a timeout, not a lost executor) fails each record of the range with
 ``SparkBatchError``: the range is read once more, raw, so that each record reaches the
 processing handler as on the driver path. Timeouts and lost executors are retried under
-``task.timeout.ms``.
+``task.timeout.ms``; a read that timed out is retried with half its offsets, and the task's next
+ranges stay that small until one takes under a quarter of the timeout (``exec_work.RangeLimit``).
 
 A task finishes one range at a time, in offset order, but with a backlog it reads one ahead: once
 a range's first job (its read; the whole job when the rows come back) is done and a full range
@@ -48,7 +49,7 @@ import anyio.abc
 import anyio.to_thread
 
 from streamloop import config as cfg
-from streamloop.errors import ConfigError
+from streamloop.errors import ConfigError, SparkBatchTimeoutError
 from streamloop.processors.nodes import ProcessorNode, SinkNode, SourceNode
 from streamloop.records import TopicPartition
 from streamloop.spark.kafka_source import (
@@ -171,7 +172,7 @@ class ExecutorWindow:
         # Shared with the stage's other tasks on the thread: one read and one write job for all
         # their ranges, while the stage's function is row-wise (``streamloop.tasks.range_jobs``).
         self._jobs = jobs
-        self._max_records, self._max_wait_s, _in_flight = stage.batching()
+        self._max_wait_s = stage.batching()[1]
         self._running: KafkaRange | None = None
         self._outcomes = RangeOutcomes(task, tp, source, node, stage)
         assert reads.options is not None  # executor_window's rule
@@ -254,7 +255,7 @@ class ExecutorWindow:
                     # what came during this read, and on a small cluster two jobs at once make each
                     # slower (at 2,000 rec/s on two cores, p50 1.2 -> 1.8 s when it always read ahead).
                     following = await self._next_range(current.kafka_range.end)
-                    if following is not None and following.size >= self._max_records:
+                    if following is not None and following.size >= self._work.limit.records:
                         ahead = self._start(group, following)
                     elif following is None:
                         self._idle()
@@ -276,7 +277,7 @@ class ExecutorWindow:
         """The range from ``start`` to the partition's end offset (at most ``max.records``); None
         when there is nothing past ``start`` yet."""
         end = (await self._reads.end_offsets([self._tp]))[self._tp]
-        return pick_range(self._tp, start, end, self._max_records)
+        return pick_range(self._tp, start, end, self._work.limit.records)
 
     def _hold(self) -> None:
         """Keep the partition paused in the group consumer and drop what it fetched before: the
@@ -317,9 +318,9 @@ class ExecutorWindow:
                     assert self._jobs is not None
                     ahead.value = await self._jobs.read(self, kafka_range, self._read_ranges, self._unpersist)
                 elif ahead.kind is _Kind.DIRECT:
-                    ahead.value = await self._read_alone(kafka_range)
+                    ahead.kafka_range, ahead.value = await self._read_alone(kafka_range)
                 else:
-                    ahead.value = await self._work.settle(functools.partial(self._work.run, kafka_range), kafka_range)
+                    ahead.kafka_range, ahead.value = await self._work.settle(self._work.run, kafka_range, narrow=True)
         finally:
             ahead.done.set()
 
@@ -341,7 +342,8 @@ class ExecutorWindow:
         try:
             if ahead.kind is _Kind.SHARED:
                 assert self.sink is not None and self._jobs is not None
-                done, summary = await self._run_shared(self._jobs, first, kafka_range, self.sink)
+                done, summary = await self._run_shared(self._jobs, first, ahead, self.sink)
+                kafka_range = ahead.kafka_range  # cut when its read timed out
             elif ahead.kind is _Kind.DIRECT:
                 assert self.sink is not None
                 done, summary = await self._run_direct(first, kafka_range, self.sink)
@@ -361,7 +363,9 @@ class ExecutorWindow:
         task.positions.advance_past(tp, kafka_range.end - 1, [], task.paused_offset(tp))
         count = summary[COUNT] if summary is not None else kafka_range.size
         task.processed += count
-        task.meter.add(count, time.perf_counter_ns() - ahead.began)
+        elapsed_ns = time.perf_counter_ns() - ahead.began
+        task.meter.add(count, elapsed_ns)
+        self._work.limit.finished(kafka_range.size, elapsed_ns / 1e6, self._work.timeout_ms)
         self.ranges += 1
         log.debug("Spark stage '%s' read %s on the executors: %d records", stage.name, kafka_range, count)
         if summary is not None and summary[MAX_TIMESTAMP] is not None:
@@ -369,9 +373,11 @@ class ExecutorWindow:
             if punctuating is not None:
                 await punctuating
 
-    async def _read_alone(self, kafka_range: KafkaRange) -> tuple[Any, list[RangeOutcome]] | Exception | Closed:
-        """Read (and persist) the range in a job of its own, retrying under ``task.timeout.ms``."""
-        return await self._work.settle(functools.partial(self._work.read_ranges, (kafka_range,)), kafka_range)
+    async def _read_alone(self, kafka_range: KafkaRange) -> tuple[KafkaRange,
+                                                                  tuple[Any, list[RangeOutcome]] | Exception | Closed]:
+        """Read (and persist) the range in a job of its own, retrying under ``task.timeout.ms`` (a
+        timeout with half its offsets: the range read comes first)."""
+        return await self._work.settle(self._work.read_range, kafka_range, narrow=True)
 
     async def _run_direct(self, read: tuple[Any, list[RangeOutcome]] | Exception | Closed, kafka_range: KafkaRange,
                           sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
@@ -395,19 +401,23 @@ class ExecutorWindow:
             with anyio.CancelScope(shield=True):
                 await self._unpersist(frame)
 
-    async def _run_shared(self, jobs: RangeJobs, read: tuple[RangeGroup, int], kafka_range: KafkaRange,
+    async def _run_shared(self, jobs: RangeJobs, read: tuple[RangeGroup, int], ahead: _Ahead,
                           sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
         """``_run_direct`` together with the stage's other tasks on the thread: the range was read in
         one job with theirs (``read``: the group and the range's index in it, from ``RangeJobs.read``),
         and is written in one job with theirs (``streamloop.tasks.range_jobs``). When either job
-        failed, this range is read or written on its own, as ``_run_direct`` does."""
-        stage = self._stage
+        failed, this range is read or written on its own, as ``_run_direct`` does (after a timed-out
+        read, cut to the halved limit: ``ahead.kafka_range``)."""
+        stage, kafka_range = self._stage, ahead.kafka_range
         group, index = read
         try:
             if group.read.error is not None:
                 log.info("Spark stage '%s': a read shared by %d tasks failed (%r); %s is read on its own",
                          stage.name, len(group.ranges), group.read.error, kafka_range)
-                return await self._run_direct(await self._read_alone(kafka_range), kafka_range, sink)
+                if isinstance(group.read.error, SparkBatchTimeoutError):
+                    self._work.timed_out(kafka_range)
+                ahead.kafka_range, alone = await self._read_alone(self._work.limit.narrowed(kafka_range))
+                return await self._run_direct(alone, ahead.kafka_range, sink)
             outcome = group.outcome(index)
             await self._outcomes.report_failures(outcome)
             summary = outcome.summary()
@@ -426,6 +436,8 @@ class ExecutorWindow:
             elif isinstance(written, Exception):
                 log.info("Spark stage '%s': a write shared by %d tasks failed (%r); %s is written on its own",
                          stage.name, len(group.ranges), written, kafka_range)
+                if isinstance(written, SparkBatchTimeoutError):
+                    self._work.timed_out(kafka_range)
             return await self._write_alone(group.frame, tuple(group.ranges), index, kafka_range, sink, summary)
         finally:
             with anyio.CancelScope(shield=True):
@@ -438,7 +450,8 @@ class ExecutorWindow:
         partitions = await self._partitions(sink)
         write = functools.partial(self._work.write_ranges, frame, ranges, (index,), (summary[TIMESTAMP],), sink,
                                   partitions)
-        written = await self._work.settle(write, kafka_range)
+        # A frame's range is written whole (its rows are read already), retried as it is.
+        _written_range, written = await self._work.settle(lambda _range, tag: write(tag), kafka_range)
         if written is CLOSED:
             return False, None
         if isinstance(written, Exception):

@@ -5,12 +5,18 @@ task's loop runs on worker threads, each under a job tag its loop can cancel by,
 Each job is one call of ``streamloop.spark.kafka_reader`` with the stage's read and write specs
 (what the executors need: the consumer's plain options, the ranges, the serdes, the schema); the
 loop decides which job runs when, and what its outcome means for the task's position.
+
+A range's size adapts to the cluster's pace (``RangeLimit``): a read that runs past
+``spark.batch.timeout.ms`` is retried with half its offsets, not whole, so a range too big for
+the cluster is read in parts instead of timing out again until ``task.timeout.ms`` runs out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -50,9 +56,35 @@ _tags = itertools.count()
 T = TypeVar("T")
 
 
+class RangeLimit:
+    """How many offsets a task's next range takes at most: the stage's ``max_records``, halved each
+    time one of its jobs runs past ``spark.batch.timeout.ms``, and doubled back (up to
+    ``max_records``) after a full range that took less than a quarter of it. Caller: the task's loop."""
+
+    def __init__(self, max_records: int) -> None:
+        self.max_records = max_records
+        self.records = max_records
+
+    def timed_out(self, size: int) -> None:
+        self.records = max(1, min(self.records, size) // 2)
+
+    def narrowed(self, kafka_range: KafkaRange) -> KafkaRange:
+        """``kafka_range`` cut to the limit (its start kept)."""
+        if kafka_range.size <= self.records:
+            return kafka_range
+        return dataclasses.replace(kafka_range, end=kafka_range.start + self.records)
+
+    def finished(self, size: int, elapsed_ms: float, timeout_ms: int) -> None:
+        """A range of ``size`` offsets was done in ``elapsed_ms``: twice as many fit the timeout
+        with a margin when it took under a quarter of it."""
+        if self.records < self.max_records and size >= self.records and elapsed_ms * 4 < timeout_ms:
+            self.records = min(self.max_records, self.records * 2)
+            log.info("Ranges of up to %d offsets again (%d offsets took %.0f ms)", self.records, size, elapsed_ms)
+
+
 class RangeWork:
     """Caller: ``ExecutorWindow``. ``settle`` and ``off_loop`` run on the task's loop and hand a job
-    (any other method but ``sessions``) to a worker thread."""
+    (any other method but ``sessions`` and ``timeout_ms``) to a worker thread."""
 
     def __init__(self, task: StreamTask, stage: SparkBatchStage, source: SourceNode,
                  options: Mapping[str, Any]) -> None:
@@ -61,6 +93,7 @@ class RangeWork:
         self._source = source
         self._options = options
         self._schema: Any = None  # the stage's schema, resolved on the first job
+        self.limit = RangeLimit(stage.batching()[0])
 
     def spec(self, session: Any, ranges: tuple[KafkaRange, ...]) -> ReadSpec:
         from streamloop.spark.schema import resolve_schema
@@ -76,6 +109,12 @@ class RangeWork:
         sessions = self._task.context.spark
         assert sessions is not None  # a Spark stage's init checked it
         return sessions
+
+    @property
+    def timeout_ms(self) -> int:
+        """``spark.batch.timeout.ms`` (0: none)."""
+        timeout_ms: int = self.sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        return timeout_ms
 
     def run(self, kafka_range: KafkaRange, tag: str) -> RangeOutcome:
         from streamloop.spark.kafka_reader import run_range_job
@@ -101,6 +140,9 @@ class RangeWork:
         session = self.sessions().get()
         with _tagged(session, tag):
             return read_ranges(session, self.spec(session, ranges))
+
+    def read_range(self, kafka_range: KafkaRange, tag: str) -> tuple[Any, list[RangeOutcome]]:
+        return self.read_ranges((kafka_range,), tag)
 
     def write_ranges(self, frame: Any, ranges: tuple[KafkaRange, ...], leaving: tuple[int, ...],
                      stamps: tuple[int, ...], sink: SinkNode, partitions: int, tag: str) -> str | None:
@@ -132,39 +174,53 @@ class RangeWork:
         except Exception:
             log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
 
-    async def settle(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T | Exception | Closed:
+    async def settle(self, work: Callable[[KafkaRange, str], T], kafka_range: KafkaRange,
+                     narrow: bool = False) -> tuple[KafkaRange, T | Exception | Closed]:
         """The outcome of ``work`` (a job over the range), retrying timeouts and lost executors
         under ``task.timeout.ms``; an exception when the job raised otherwise; ``CLOSED`` when the
-        task closed meanwhile (a sentinel: a job's own outcome may be None)."""
+        task closed meanwhile (a sentinel: a job's own outcome may be None). With ``narrow`` (a
+        read) a job that ran past ``spark.batch.timeout.ms`` is retried over the range cut to
+        the halved limit: the range the outcome is of comes first."""
         task, stage = self._task, self._stage
         timer = task.timer
         while True:
             started = task.monotonic_ms()
             try:
-                outcome = await self.off_loop(work, kafka_range)
+                outcome = await self.off_loop(functools.partial(work, kafka_range), kafka_range)
             except Exception as exc:
                 if is_transient(exc) and not is_timeout(exc):
                     transient = SparkBatchTransientError(stage.name, kafka_range.size, exc)
                     transient.__cause__ = exc
                     exc = transient
                 if not is_timeout(exc):
-                    return exc
+                    return kafka_range, exc
                 await task.back_off(exc, f"Spark stage '{stage.name}' reading {kafka_range.topic}-"
                                          f"{kafka_range.partition} offsets {kafka_range.start}.."
                                          f"{kafka_range.end - 1} on the executors", started)
                 if task.closing:
-                    return CLOSED
+                    return kafka_range, CLOSED
+                if isinstance(exc, SparkBatchTimeoutError):
+                    self.timed_out(kafka_range)
+                    if narrow:
+                        kafka_range = self.limit.narrowed(kafka_range)
                 continue
             if timer.deadline_ms is not None and timer.cleared_by_processing:
                 timer.clear()
-            return outcome
+            return kafka_range, outcome
+
+    def timed_out(self, kafka_range: KafkaRange) -> None:
+        """A job over ``kafka_range`` ran past ``spark.batch.timeout.ms``: the next ranges take half."""
+        self.limit.timed_out(kafka_range.size)
+        log.warning("Spark stage '%s': a job over %s ran past %s; reading at most %d offsets at a time "
+                    "(of its max_records %d) until a range takes under a quarter of it", self._stage.name,
+                    kafka_range, cfg.SPARK_BATCH_TIMEOUT_MS, self.limit.records, self.limit.max_records)
 
     async def off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
         """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
         by its tag (the thread is left to end with it)."""
         stage = self._stage
         tag = f"streamloop-exec-{self._task.context.application_id}-{self._task.id}-{stage.name}-{next(_tags)}"
-        timeout_ms: int = self.sessions().config.get(cfg.SPARK_BATCH_TIMEOUT_MS, 0)
+        timeout_ms = self.timeout_ms
         try:
             with anyio.fail_after(timeout_ms / 1000.0 if timeout_ms else None):
                 # Abandoned on cancel: a task closed dirty must not wait for the cluster.

@@ -261,6 +261,44 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
     assert keys == [k for k in range(80) if k != 45]
 
 
+async def test_a_read_that_runs_past_the_timeout_is_retried_with_half_its_offsets(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range too big for the cluster's pace (its read runs past ``spark.batch.timeout.ms``) is
+    retried with half its offsets, not whole until ``task.timeout.ms`` fails the task; the ranges
+    read cover the input once, in order, and every record is written and committed."""
+    from streamloop.errors import SparkBatchTimeoutError
+    from streamloop.tasks import exec_work
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(i, {"amount": i, "customer": "c"}) for i in range(40)], INT, JSON, partitions=1)
+    reads = exec_work.RangeWork.read_ranges
+    asked: list[tuple[int, int]] = []
+    read: list[tuple[int, int]] = []
+
+    def slow_past_ten(self: Any, ranges: Any, tag: str) -> Any:
+        (kafka_range,) = ranges
+        asked.append((kafka_range.start, kafka_range.end))
+        if kafka_range.size > 10:  # what off_loop raises when a job runs past spark.batch.timeout.ms
+            raise SparkBatchTimeoutError("slow", kafka_range.size, 120_000)
+        read.append((kafka_range.start, kafka_range.end))
+        return reads(self, ranges, tag)
+
+    monkeypatch.setattr(exec_work.RangeWork, "read_ranges", slow_past_ten)
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=40, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, task_timeout_ms=60_000, retry_backoff_ms=50) as client:
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 40), WAIT, "all committed")
+        assert client.state is ClientState.RUNNING
+    assert asked[:3] == [(0, 40), (0, 20), (0, 10)]
+    # Read once each, in order (doubling back after a fast range: a range of 20 is asked again, then cut).
+    assert [start for start, _end in read] == [0, *[end for _start, end in read][:-1]] and read[-1][1] == 40
+    keys = sorted(INT.deserialize(r.key) for r in await cluster.read_all(sink))
+    assert keys == list(range(40))
+
+
 async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
         cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
     source, sink = names("in"), names("out")

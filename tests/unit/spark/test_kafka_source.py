@@ -41,6 +41,31 @@ def test_a_range_runs_from_the_position_to_the_end_offset_bounded_by_max_records
         pick_range(TP, 0, 10, 0)
 
 
+def test_a_range_limit_halves_on_a_timeout_and_doubles_back_after_a_fast_full_range() -> None:
+    from streamloop.tasks.exec_work import RangeLimit
+
+    limit = RangeLimit(100)
+    assert limit.narrowed(KafkaRange("in", 3, 10, 60)) == KafkaRange("in", 3, 10, 60)
+    limit.timed_out(100)
+    assert limit.records == 50
+    assert limit.narrowed(KafkaRange("in", 3, 10, 110)) == KafkaRange("in", 3, 10, 60)
+    limit.timed_out(8)  # a small range timed out: half of it, not of the limit
+    assert limit.records == 4
+    limit.finished(3, 1.0, 1_000)  # not a full range: says nothing of a bigger one
+    limit.finished(4, 300.0, 1_000)  # over a quarter of the timeout: twice as long would not leave a margin
+    assert limit.records == 4
+    limit.finished(4, 200.0, 1_000)
+    assert limit.records == 8
+    for _ in range(10):
+        limit.finished(limit.records, 1.0, 1_000)
+    assert limit.records == 100  # never past max_records
+    limit.timed_out(1)
+    limit.timed_out(1)
+    assert limit.records == 1  # a single record is retried as it is, under task.timeout.ms
+    limit.finished(1, 1.0, 0)  # no timeout (0): nothing to fit under, so it stays
+    assert limit.records == 1
+
+
 def test_the_executors_take_only_plain_options_of_the_consumer() -> None:
     options = {"bootstrap_servers": "b:9092", "group_id": "g", "isolation_level": "read_committed",
                "ssl_context": object(), "request_timeout_ms": 1000, "session_timeout_ms": 10}
