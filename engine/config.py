@@ -509,12 +509,12 @@ KEYS: tuple[ConfigKey, ...] = (
               "Kafka themselves and the records never pass through this process; needs the stage's schema=, "
               "see docs/spark.md). A stage's read= overrides it.",
               _one_of(SPARK_READ_DRIVER, SPARK_READ_EXECUTORS)),
-    ConfigKey(SPARK_BATCH_READ_MAX_RECORDS, int, 100_000,
+    ConfigKey(SPARK_BATCH_READ_MAX_RECORDS, int, 250_000,
               "With read=executors, the offsets of one task's range at most, where the stage's max_records= does "
               "not say: the records never pass through this process, so spark.batch.max.records (what a batch "
-              "holds here) does not bound them, and each range pays a job's fixed cost once. A stream thread's "
-              "tasks read their ranges in one shared job: keep their number times this under what the cluster "
-              "reads within spark.batch.timeout.ms.", _at_least(1)),
+              "holds here) does not bound them, and each range pays a job's fixed cost once. A range whose read "
+              "runs past spark.batch.timeout.ms is retried with half its offsets, and the task's next ranges stay "
+              "that small until one takes under a quarter of the timeout.", _at_least(1)),
     ConfigKey(SECURITY_PROTOCOL, str, "PLAINTEXT",
               "How every Kafka client connects: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. This key and "
               "the sasl.* and ssl.* keys below reach the consumer, producer, admin and restore consumer; "

@@ -79,7 +79,7 @@ def test_a_stage_reading_on_the_executors_takes_its_ranges_from_spark_batch_read
         stage.init(SimpleNamespace(spark=sessions, application_id="app", task_id=TaskId(0, 0)))  # type: ignore[arg-type]
         return stage.batching()[0]
 
-    assert batching(BatchSettings(), "executors") == 100_000  # the default: a job's fixed cost spread wider
+    assert batching(BatchSettings(), "executors") == 250_000  # the default: a job's fixed cost spread wider
     assert batching(BatchSettings(), "executors", spark_batch_read_max_records=7, spark_batch_max_records=3) == 7
     assert batching(BatchSettings(), "driver", spark_batch_read_max_records=7, spark_batch_max_records=3) == 3
     assert batching(BatchSettings(max_records=5), "executors", spark_batch_read_max_records=7) == 5  # the stage's own
