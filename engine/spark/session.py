@@ -96,6 +96,16 @@ class SparkSessions:
             self._session, self._owned = builder.getOrCreate(), True
             return self._session
 
+    def cancel_tagged(self, tag: str) -> None:
+        """Cancel the session's jobs tagged ``tag`` (a timeout, a close); nothing before it started."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            session.sparkContext.cancelJobsWithTag(tag)
+        except Exception:
+            log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+
     def stop(self) -> None:
         """Stop the session if this client created it; a borrowed one keeps running."""
         with self._lock:

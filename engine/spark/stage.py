@@ -395,12 +395,7 @@ class SparkBatchStage:
         return result
 
     def _cancel(self, tag: str) -> None:
-        if not self._sessions.started:
-            return
-        try:
-            self._sessions.get().sparkContext.cancelJobsWithTag(tag)
-        except Exception:
-            log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+        self._sessions.cancel_tagged(tag)
 
 
 # Serdes that keep no state and touch no event loop: safe to call on a worker thread.

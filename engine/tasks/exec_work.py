@@ -166,13 +166,7 @@ class RangeWork:
             return run_raw_job(session, self.spec(session, (kafka_range,)))
 
     def cancel(self, tag: str) -> None:
-        sessions = self.sessions()
-        if not sessions.started:
-            return
-        try:
-            sessions.get().sparkContext.cancelJobsWithTag(tag)
-        except Exception:
-            log.warning("Could not cancel the Spark jobs tagged %s", tag, exc_info=True)
+        self.sessions().cancel_tagged(tag)
 
     async def settle(self, work: Callable[[KafkaRange, str], T], kafka_range: KafkaRange,
                      narrow: bool = False) -> tuple[KafkaRange, T | Exception | Closed]:
