@@ -471,8 +471,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SPARK_MASTER, str, "local[*]",
               "Where Spark stages run: local[*] in this process, or a cluster (spark://host:7077, yarn, "
               "k8s://...). Every other spark.* key is passed to the SparkSession too.", _non_empty),
-    ConfigKey(SPARK_BATCH_MAX_RECORDS, int, 10_000,
-              "Records of one task per Spark batch at most, where the stage does not say.", _at_least(1)),
+    ConfigKey(SPARK_BATCH_MAX_RECORDS, int, 40_000,
+              "Records of one task per Spark batch at most, where the stage does not say (a task holds up to "
+              "this times spark.batch.max.in.flight in this process).", _at_least(1)),
     ConfigKey(SPARK_BATCH_MAX_WAIT_MS, int, 1_000,
               "How long a Spark batch waits to fill before it runs anyway, where the stage does not say.",
               _at_least(0)),
