@@ -339,6 +339,7 @@ class ExecutorWindow:
         """The rest of a range whose first job is done: its handlers, its output, its position."""
         task, stage, kafka_range, first = self._task, self._stage, ahead.kafka_range, ahead.value
         self._running = kafka_range
+        self._outcomes.stopped_at = None
         try:
             if ahead.kind is _Kind.SHARED:
                 assert self.sink is not None and self._jobs is not None
@@ -360,7 +361,11 @@ class ExecutorWindow:
         finally:
             self._running = None
         tp = self._tp
-        task.positions.advance_past(tp, kafka_range.end - 1, [], task.paused_offset(tp))
+        # Done up to the end, or up to where a PAUSE stopped the handlers: a resume since then (with
+        # the range still running) must not carry the position past records it did not ask about.
+        stopped = self._outcomes.stopped_at
+        end = kafka_range.end if stopped is None else min(kafka_range.end, stopped)
+        task.positions.advance_past(tp, end - 1, [], task.paused_offset(tp))
         count = summary[COUNT] if summary is not None else kafka_range.size
         task.processed += count
         elapsed_ns = time.perf_counter_ns() - ahead.began

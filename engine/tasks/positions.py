@@ -61,6 +61,15 @@ class Positions:
         self.next[tp] = watermark
         return watermark
 
+    def rewind(self, tp: TopicPartition, done_below: int, position: int) -> None:
+        """A resume: ``tp`` is read again from ``done_below`` (the paused offset, or one past it),
+        its position ``position`` (lower while records below are in flight). Everything below
+        ``done_below`` is done or in flight; what was done at or above it is done again, so it no
+        longer counts: a record below it done later must not move the position past records not
+        read again yet."""
+        self.next[tp] = position
+        self._done_high[tp] = done_below - 1
+
     def moved(self, flushed_only: bool) -> dict[TopicPartition, OffsetAndMetadata]:
         """Positions that moved since the last commit (``flushed_only``: as of the last cache flush),
         each with its partition's time. A time that moved while the offset did not is not a reason

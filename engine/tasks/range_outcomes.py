@@ -44,6 +44,9 @@ class RangeOutcomes:
         self._node = node
         self._stage = stage
         self.path = RecordPath(task, journal=False)
+        # Where the handlers last asked about a range stopped: a PAUSE's offset (None: they did not).
+        # The range's records end there, even when a resume comes before the range is finished.
+        self.stopped_at: int | None = None
 
     def raw(self, row: Mapping[str, Any]) -> FetchedRecord:
         headers = tuple((h["key"], h["value"]) for h in row[HEADERS] or ())
@@ -57,7 +60,7 @@ class RangeOutcomes:
         for row in outcome.failures():
             raw = self.raw(row)
             if self._task.paused_below(raw):
-                return
+                break
             kind, error = row["__streamloop_kind"], unpack_error(row[ERROR])
             if kind in (KEY_FAILED, VALUE_FAILED):
                 await self.path.deserialization_failed(raw, kind, error)
@@ -69,6 +72,7 @@ class RangeOutcomes:
             failure = SparkSchemaError(stage.name, mismatch.field, mismatch.expected, mismatch.found, raw.topic,
                                        raw.partition, raw.offset)
             await self.path.processing_failed(raw, stage.name, record, failure)
+        self.stopped_at = self._task.paused_offset(self._tp)
 
     async def fail_each(self, kafka_range: KafkaRange, error: Exception, raws: RangeOutcome) -> None:
         """The range's job raised ``error``: each record of ``raws`` (the range read again, raw) to the
@@ -80,7 +84,7 @@ class RangeOutcomes:
         for row in raws.side:
             raw = self.raw(row)
             if self._task.paused_below(raw):
-                return
+                break
             what = "key"
             try:
                 key = source.key_serde.deserialize(raw.key)
@@ -91,6 +95,7 @@ class RangeOutcomes:
                 continue
             await self.path.processing_failed(raw, stage.name, Record(key, value, raw.timestamp, raw.headers),
                                                failure)
+        self.stopped_at = self._task.paused_offset(self._tp)
 
     async def forward(self, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> None:
         """The rows downstream, in the context of the range's carrier record (``bulk._forward``)."""

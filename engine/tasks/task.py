@@ -434,10 +434,12 @@ class StreamTask:
 
     def resume(self, skip: bool) -> None:
         """Caller: ``TaskManager.resume`` after it seeked the partitions back."""
-        if skip and self.paused_at is not None:
+        if self.paused_at is not None:
             tp, offset = self.paused_at
-            self.positions.next[tp] = self._below_in_flight(tp, offset + 1)
-            self.context.commit_requested = True
+            start = offset + 1 if skip else offset
+            self.positions.rewind(tp, start, self._below_in_flight(tp, start))
+            if skip:
+                self.context.commit_requested = True
         self.paused_at = None
         self.state.transition_to(TaskState.RUNNING)
         self._wakeup.set()

@@ -299,6 +299,92 @@ async def test_a_read_that_runs_past_the_timeout_is_retried_with_half_its_offset
     assert keys == list(range(40))
 
 
+async def test_a_resume_reads_every_record_past_the_pause_when_the_next_range_is_cut(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range that paused at its first record, resumed past it: the range after the resume is cut
+    (its read timed out), and the position moves to the cut range's end, not to the end of the
+    range that paused (offsets 31-39 were neither read nor written, and were committed, once)."""
+    from streamloop.errors import SparkBatchTimeoutError
+    from streamloop.tasks import exec_work
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(60)]
+    values[20] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    reads = exec_work.RangeWork.read_ranges
+
+    def slow_after_the_pause(self: Any, ranges: Any, tag: str) -> Any:
+        (kafka_range,) = ranges
+        if kafka_range.start == 21 and kafka_range.size > 10:  # as off_loop raises past spark.batch.timeout.ms
+            raise SparkBatchTimeoutError("slow", kafka_range.size, 120_000)
+        return reads(self, ranges, tag)
+
+    monkeypatch.setattr(exec_work.RangeWork, "read_ranges", slow_after_the_pause)
+    Asked.asked = []
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes,
+                           task_timeout_ms=60_000, retry_backoff_ms=50) as client:
+        await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 20")
+        (paused,) = client.paused_local_tasks()
+        assert await client.resume_async(paused.task_id, skip=True)
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 60), WAIT, "all committed")
+        await cluster.read(sink, 59, timeout=WAIT)
+    assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 20)]
+    keys = sorted({INT.deserialize(r.key) for r in await cluster.read_all(sink)})
+    assert keys == [k for k in range(60) if k != 20]
+
+
+async def test_a_resume_while_the_paused_range_is_written_still_asks_about_the_records_past_the_pause(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range's output is written after its handler said PAUSE (it leaves with the record below the
+    paused one); a resume during that write moves the position past the paused record, not to the
+    range's end: a bad record above the pause in the same range still reaches the handler."""
+    import threading
+
+    from streamloop.tasks import exec_work
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
+    values[45] = values[50] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    writes = exec_work.RangeWork.write_ranges
+    resumed = threading.Event()
+    waited: list[bool] = []
+
+    def held_after_the_pause(self: Any, frame: Any, ranges: Any, leaving: Any, *args: Any) -> Any:
+        if ranges[leaving[0]].start == 40:  # written after the PAUSE at 45: until the resume
+            waited.append(resumed.wait(WAIT))
+        return writes(self, frame, ranges, leaving, *args)
+
+    monkeypatch.setattr(exec_work.RangeWork, "write_ranges", held_after_the_pause)
+    Asked.asked = []
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
+            as client:
+        try:
+            await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 45")
+            (paused,) = client.paused_local_tasks()
+            assert await client.resume_async(paused.task_id, skip=True)
+        finally:
+            resumed.set()
+        await eventually_async(lambda: len(Asked.asked) == 2 and bool(client.paused_local_tasks()), WAIT,
+                               "the task paused at offset 50")
+        assert await client.resume_async(paused.task_id, skip=True)
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 80), WAIT, "all committed")
+    assert waited == [True]
+    assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 45), ("deserialization", 50)]
+    keys = sorted({INT.deserialize(r.key) for r in await cluster.read_all(sink)})
+    assert keys == [k for k in range(80) if k not in (45, 50)]
+
+
 async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
         cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
     source, sink = names("in"), names("out")
