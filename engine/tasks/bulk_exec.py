@@ -27,11 +27,11 @@ ranges stay that small until one takes under a quarter of the timeout (``exec_wo
 
 A task finishes one range at a time, in offset order, but with a backlog it reads one ahead: once
 a range's first job (its read; the whole job when the rows come back) is done and a full range
-(``max.records``) waits past it, that range's first job starts and runs on the cluster while steps
-1-3 of the range before it run (its write job among them). Its outcome is looked at only after that, so the handlers
-are still asked in offset order and nothing of it is written before the range below it is. A
-range that paused (or a close) drops what was read ahead: the resume, or the next owner, reads on
-from the position.
+(``RangeLimit.records``) waits past it, that range's first job runs while steps 1-3 of the range
+before it run. Its outcome is looked at only after that, so the handlers are still asked in
+offset order and nothing of it is written before the range below it is (a ``to_spark`` job, which
+writes as it runs, is never run ahead). A range that paused (or a close) drops what was read
+ahead: the resume, or the next owner, reads on from the position.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from streamloop.spark.parts import TransformJob
 from streamloop.spark.stage import SparkBatchStage, direct_sink
 from streamloop.stray_cancel import fail_stray
 
-from .exec_work import CLOSED, Closed, RangeWork
+from .exec_work import CLOSED, Closed, RangeWork, release_read
 from .range_jobs import RangeGroup, RangeJobs
 from .range_outcomes import RangeOutcomes
 
@@ -173,6 +173,9 @@ class ExecutorWindow:
         # their ranges, while the stage's function is row-wise (``streamloop.tasks.range_jobs``).
         self._jobs = jobs
         self._max_wait_s = stage.batching()[1]
+        # Only a first job with no effect outside (a read, a transform whose rows come back) is run
+        # ahead: a ``to_spark`` job writes as it runs, before the handlers of the range below it.
+        self._reads_ahead = sink is not None or isinstance(stage.executor_job()[0], TransformJob)
         self._running: KafkaRange | None = None
         self._outcomes = RangeOutcomes(task, tp, source, node, stage)
         assert reads.options is not None  # executor_window's rule
@@ -212,6 +215,10 @@ class ExecutorWindow:
     async def _serve_ranges(self, until_idle: bool) -> None:
         task, tp = self._task, self._tp
         initial: int | None = None
+        # The range whose first job was started and not yet handed to ``_run_range`` (which then
+        # owns its frame, or its place in a shared group), and the one read ahead of it: whatever
+        # ends the loop, the ``finally`` lets go of both.
+        current: _Ahead | None = None
         ahead: _Ahead | None = None
         async with anyio.create_task_group() as group:
             try:
@@ -254,12 +261,14 @@ class ExecutorWindow:
                     # outcome is looked at only after that. Without one it waits: it would hold only
                     # what came during this read, and on a small cluster two jobs at once make each
                     # slower (at 2,000 rec/s on two cores, p50 1.2 -> 1.8 s when it always read ahead).
-                    following = await self._next_range(current.kafka_range.end)
-                    if following is not None and following.size >= self._work.limit.records:
-                        ahead = self._start(group, following)
-                    elif following is None:
-                        self._idle()
-                    await self._run_range(current)
+                    if self._reads_ahead:
+                        following = await self._next_range(current.kafka_range.end)
+                        if following is not None and following.size >= self._work.limit.records:
+                            ahead = self._start(group, following)
+                        elif following is None:
+                            self._idle()
+                    running, current = current, None
+                    await self._run_range(running)
                     if ahead is not None and (task.paused_at is not None
                                               or task.position(tp) != ahead.kafka_range.start):
                         # Paused inside this range (or closed): the next owner, or the resume, reads on from
@@ -268,14 +277,15 @@ class ExecutorWindow:
                         ahead = None
                     await task.punctuate_wall_clock()
             finally:
-                if ahead is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self._discard(ahead)
+                with anyio.CancelScope(shield=True):
+                    for dropped in (current, ahead):
+                        if dropped is not None:
+                            await self._discard(dropped)
         await task.flush_output()
 
     async def _next_range(self, start: int) -> KafkaRange | None:
-        """The range from ``start`` to the partition's end offset (at most ``max.records``); None
-        when there is nothing past ``start`` yet."""
+        """The range from ``start`` to the partition's end offset (at most ``RangeLimit.records``);
+        None when there is nothing past ``start`` yet."""
         end = (await self._reads.end_offsets([self._tp]))[self._tp]
         return pick_range(self._tp, start, end, self._work.limit.records)
 
@@ -382,7 +392,7 @@ class ExecutorWindow:
                                                                   tuple[Any, list[RangeOutcome]] | Exception | Closed]:
         """Read (and persist) the range in a job of its own, retrying under ``task.timeout.ms`` (a
         timeout with half its offsets: the range read comes first)."""
-        return await self._work.settle(self._work.read_range, kafka_range, narrow=True)
+        return await self._work.settle(self._work.read_range, kafka_range, narrow=True, release=release_read)
 
     async def _run_direct(self, read: tuple[Any, list[RangeOutcome]] | Exception | Closed, kafka_range: KafkaRange,
                           sink: SinkNode) -> tuple[bool, dict[str, Any] | None]:
@@ -470,7 +480,7 @@ class ExecutorWindow:
         return await sink.collector.partition_count(sink.topic)
 
     async def _read_ranges(self, ranges: tuple[KafkaRange, ...]) -> tuple[Any, list[RangeOutcome]]:
-        return await self._work.off_loop(functools.partial(self._work.read_ranges, ranges), ranges[0])
+        return await self._work.off_loop(functools.partial(self._work.read_ranges, ranges), ranges[0], release_read)
 
     async def _write_ranges(self, sink: SinkNode, frame: Any, ranges: tuple[KafkaRange, ...], leaving: Sequence[int],
                             stamps: tuple[int, ...]) -> str | None:

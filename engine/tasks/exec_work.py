@@ -19,8 +19,9 @@ import enum
 import functools
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -54,6 +55,42 @@ class Closed(enum.Enum):
 CLOSED = Closed.CLOSED
 _tags = itertools.count()
 T = TypeVar("T")
+
+
+class _Handoff(Generic[T]):
+    """A job's result between its worker thread and the loop. When the loop stops waiting for it (a
+    cancel or a timeout: the thread is abandoned, and a job it starts after the cancel by tag runs
+    to its end), ``release`` lets go of what the job made (a persisted frame): on the worker when it
+    finishes after that, else on the loop's side, for a result made but not taken."""
+
+    def __init__(self, work: Callable[[str], T], release: Callable[[T], None]) -> None:
+        self._work = work
+        self._release = release
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._made: list[T] = []
+
+    def run(self, tag: str) -> T:
+        made = self._work(tag)
+        with self._lock:
+            abandoned = self._abandoned
+            if not abandoned:
+                self._made.append(made)
+        if abandoned:
+            self._release(made)
+        return made
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            made, self._made = self._made, []
+        for result in made:
+            self._release(result)
+
+
+def release_read(made: tuple[Any, list[RangeOutcome]]) -> None:
+    """What a read left behind, when nobody takes it: its persisted frame."""
+    made[0].unpersist()
 
 
 class RangeLimit:
@@ -168,19 +205,19 @@ class RangeWork:
     def cancel(self, tag: str) -> None:
         self.sessions().cancel_tagged(tag)
 
-    async def settle(self, work: Callable[[KafkaRange, str], T], kafka_range: KafkaRange,
-                     narrow: bool = False) -> tuple[KafkaRange, T | Exception | Closed]:
+    async def settle(self, work: Callable[[KafkaRange, str], T], kafka_range: KafkaRange, narrow: bool = False,
+                     release: Callable[[T], None] | None = None) -> tuple[KafkaRange, T | Exception | Closed]:
         """The outcome of ``work`` (a job over the range), retrying timeouts and lost executors
         under ``task.timeout.ms``; an exception when the job raised otherwise; ``CLOSED`` when the
         task closed meanwhile (a sentinel: a job's own outcome may be None). With ``narrow`` (a
         read) a job that ran past ``spark.batch.timeout.ms`` is retried over the range cut to
-        the halved limit: the range the outcome is of comes first."""
+        the halved limit: the range the outcome is of comes first. ``release``: ``off_loop``'s."""
         task, stage = self._task, self._stage
         timer = task.timer
         while True:
             started = task.monotonic_ms()
             try:
-                outcome = await self.off_loop(functools.partial(work, kafka_range), kafka_range)
+                outcome = await self.off_loop(functools.partial(work, kafka_range), kafka_range, release)
             except Exception as exc:
                 if is_transient(exc) and not is_timeout(exc):
                     transient = SparkBatchTransientError(stage.name, kafka_range.size, exc)
@@ -209,23 +246,32 @@ class RangeWork:
                     "(of its max_records %d) until a range takes under a quarter of it", self._stage.name,
                     kafka_range, cfg.SPARK_BATCH_TIMEOUT_MS, self.limit.records, self.limit.max_records)
 
-    async def off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange) -> T:
-        """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout cancels the job
-        by its tag (the thread is left to end with it)."""
+    async def off_loop(self, work: Callable[[str], T], kafka_range: KafkaRange,
+                       release: Callable[[T], None] | None = None) -> T:
+        """``work`` on a worker thread, under ``spark.batch.timeout.ms``; a timeout or a cancel
+        cancels the job by its tag (the thread is left to end with it), and ``release`` lets go of
+        what the job made, if it makes it anyway (a read's persisted frame: ``release_read``)."""
         stage = self._stage
         tag = f"streamloop-exec-{self._task.context.application_id}-{self._task.id}-{stage.name}-{next(_tags)}"
         timeout_ms = self.timeout_ms
+        handoff = None if release is None else _Handoff(work, release)
         try:
             with anyio.fail_after(timeout_ms / 1000.0 if timeout_ms else None):
                 # Abandoned on cancel: a task closed dirty must not wait for the cluster.
-                return await anyio.to_thread.run_sync(work, tag, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(work if handoff is None else handoff.run, tag,
+                                                      abandon_on_cancel=True)
         except TimeoutError as exc:
-            await anyio.to_thread.run_sync(self.cancel, tag)
+            await anyio.to_thread.run_sync(self._abandon, tag, handoff)
             raise SparkBatchTimeoutError(stage.name, kafka_range.size, timeout_ms) from exc
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.cancel, tag)
+                await anyio.to_thread.run_sync(self._abandon, tag, handoff)
             raise
+
+    def _abandon(self, tag: str, handoff: _Handoff[Any] | None) -> None:
+        self.cancel(tag)
+        if handoff is not None:
+            handoff.abandon()
 
 
 @contextlib.contextmanager

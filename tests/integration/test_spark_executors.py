@@ -202,6 +202,11 @@ async def test_records_that_do_not_decode_or_fit_reach_the_handlers_in_offset_or
     assert len(executor_windows) == 1 and executor_windows[0].sink is not None  # the executors wrote it
 
 
+def _persisted(spark: Any) -> int:
+    """Persisted RDDs of the session's context (a frame the engine persisted and did not let go of)."""
+    return int(spark.sparkContext._jsc.getPersistentRDDs().size())
+
+
 class PauseOnBadBytes(Asked):
     def handle(self, context: Any, record: Any, exception: BaseException) -> DeserializationHandlerResponse:
         Asked.asked.append(("deserialization", record.offset, exception))
@@ -223,13 +228,22 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
     values[45] = b"\xff"
     await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
     reads, writes = exec_work.RangeWork.read_ranges, exec_work.RangeWork.write_ranges
+    discard = bulk_exec.ExecutorWindow._discard
     read_started: dict[int, threading.Event] = {}
     seen_during_first_write: list[bool] = []
     written: list[int] = []
+    dropped = threading.Event()
+    before = _persisted(spark)
 
     def spy_read(self: Any, ranges: Any, tag: str) -> Any:
         read_started.setdefault(ranges[0].start, threading.Event()).set()
+        if ranges[0].start == 60:  # the read ahead of the paused range: its job starts once it was dropped
+            dropped.wait(WAIT)
         return reads(self, ranges, tag)
+
+    async def spy_discard(self: Any, ahead: Any) -> None:
+        await discard(self, ahead)
+        dropped.set()
 
     def spy_write(self: Any, frame: Any, ranges: Any, leaving: Any, *args: Any) -> Any:
         start = ranges[leaving[0]].start
@@ -240,6 +254,7 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
 
     monkeypatch.setattr(exec_work.RangeWork, "read_ranges", spy_read)
     monkeypatch.setattr(exec_work.RangeWork, "write_ranges", spy_write)
+    monkeypatch.setattr(bulk_exec.ExecutorWindow, "_discard", spy_discard)
     Asked.asked = []
     builder = StreamsBuilder()
     (builder.stream(source, key_serde=INT, value_serde=JSON)
@@ -259,6 +274,8 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
     assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 45)]
     keys = sorted({INT.deserialize(r.key) for r in await cluster.read_all(sink)})
     assert keys == [k for k in range(80) if k != 45]
+    # The dropped read's job ran after its cancel (it had not started): what it persisted is let go of.
+    await eventually_async(lambda: _persisted(spark) == before, WAIT, "the dropped read's frame unpersisted")
 
 
 async def test_a_read_that_runs_past_the_timeout_is_retried_with_half_its_offsets(
@@ -383,6 +400,93 @@ async def test_a_resume_while_the_paused_range_is_written_still_asks_about_the_r
     assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 45), ("deserialization", 50)]
     keys = sorted({INT.deserialize(r.key) for r in await cluster.read_all(sink)})
     assert keys == [k for k in range(80) if k not in (45, 50)]
+
+
+async def test_a_range_read_is_let_go_of_when_the_loop_fails_before_it_is_written(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a range's read and its handlers the loop looks for the next range (the broker's end
+    offset): when that fails, the read range's persisted frame is unpersisted, not left cached."""
+    import dataclasses
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(i, {"amount": i, "customer": "c"}) for i in range(20)], INT, JSON, partitions=1)
+    before = _persisted(spark)
+    calls: list[int] = []
+    original = bulk_exec.ExecutorWindow.__init__
+
+    def failing_second_end_offsets(self: Any, task: Any, tp: Any, source: Any, node: Any, stage: Any, reads: Any,
+                                   *args: Any) -> None:
+        async def end_offsets(partitions: Any) -> Any:
+            calls.append(len(calls))
+            if len(calls) == 2:  # after the first range's read, before its handlers
+                raise ConnectionError("the broker went away")
+            return await reads.end_offsets(partitions)
+
+        original(self, task, tp, source, node, stage, dataclasses.replace(reads, end_offsets=end_offsets), *args)
+
+    monkeypatch.setattr(bulk_exec.ExecutorWindow, "__init__", failing_second_end_offsets)
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    client = make_client(builder, cluster, names.app)
+    client.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+    await client.start_async()
+    try:
+        assert await client.wait_for_state_async(ClientState.ERROR, timeout=WAIT)
+    finally:
+        await client.close_async()
+    assert len(calls) == 2
+    assert _persisted(spark) == before
+    assert await committed_offset(cluster, names.app, TopicPartition(source, 0)) is None
+
+
+async def test_a_to_spark_stage_on_the_executors_writes_nothing_past_a_pause(
+        cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Any) -> None:
+    """A ``to_spark`` job writes as it runs, so a range is never run ahead of the one below it: while
+    the task is paused at offset 45 no job of the range after it ran, even with handlers that take
+    their time (a dead-letter produce); the resume writes the rest."""
+    import anyio
+
+    from streamloop.tasks import exec_work, range_outcomes
+
+    source, path = names("in"), str(tmp_path / "lake")
+    await cluster.create_topics({source: 1})
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
+    values[45] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    run = exec_work.RangeWork.run
+    started: list[int] = []
+
+    def spy_run(self: Any, kafka_range: Any, tag: str) -> Any:
+        started.append(kafka_range.start)
+        return run(self, kafka_range, tag)
+
+    report = range_outcomes.RangeOutcomes.report_failures
+
+    async def slow_report(self: Any, outcome: Any) -> None:
+        await anyio.sleep(0.5)  # a handler's own I/O: the loop runs its other tasks meanwhile
+        await report(self, outcome)
+
+    monkeypatch.setattr(exec_work.RangeWork, "run", spy_run)
+    monkeypatch.setattr(range_outcomes.RangeOutcomes, "report_failures", slow_report)
+    Asked.asked = []
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).to_spark(path, schema=SCHEMA, max_records=20,
+                                                                       read="executors")
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
+            as client:
+        await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 45")
+        while_paused = list(started)
+        (paused,) = client.paused_local_tasks()
+        assert await client.resume_async(paused.task_id, skip=True)
+        await eventually_async(lambda: _committed_to(cluster, names.app, source, 1, 80), WAIT, "all committed")
+    assert while_paused == [0, 20, 40]
+    assert [(kind, offset) for kind, offset, _e in Asked.asked] == [("deserialization", 45)]
+    keys = sorted({row["key"] for row in spark.read.parquet(path).collect()})
+    assert keys == [k for k in range(80) if k != 45]
 
 
 async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
