@@ -18,7 +18,7 @@ producer offers 2 000 and 20 000 rec/s (after a warm-up at that rate of a third 
 and ``spark_batch`` on a Spark-bound variant of the job
 (a SHA-512 chain per row) on a standalone cluster of 1 and of 2 workers. Every run's output is read
 back and checked (count and content). One table with ratios against Structured Streaming, a plot,
-and ``--json`` for the raw figures.
+and ``--json`` for the raw figures (``--from-json`` prints and plots them again without a run).
 
 Run: ``python benchmarks/spark_bulk.py`` (starts the test broker), ``--quick`` for a smoke run
 (small counts, short latency runs), ``--plot PATH`` for the figure.
@@ -460,16 +460,21 @@ def plot(figures: Figures, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     systems = [s for s in SYSTEMS if s in figures.throughput]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     counts = sorted({c for per in figures.throughput.values() for c in per})
     width = 0.8 / max(1, len(systems))
     for i, s in enumerate(systems):
-        left.bar([j + i * width for j in range(len(counts))], [figures.steady[s].get(c, 0) for c in counts],
-                 width, label=LABELS[s])
-    left.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(counts))], [f"{c:,}" for c in counts])
+        xs = [j + i * width for j in range(len(counts))]
+        # Both clocks in one bar: the light one from the first output, the narrow dark one from ready.
+        bars = left.bar(xs, [figures.steady[s].get(c, 0) for c in counts], width, alpha=0.45, label=LABELS[s])
+        colour = bars.patches[0].get_facecolor()
+        left.bar(xs, [figures.throughput[s].get(c, 0) for c in counts], width * 0.45, color=colour, alpha=1.0)
+    left.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(counts))],
+                    [f"{c:,} records" for c in counts])
     left.set_ylabel("records/s")
-    left.set_title("Throughput from the first output (enrichment)")
-    left.legend(fontsize=8)
+    left.set_title("Throughput: from the first output (wide), from ready (narrow)", fontsize=10)
+    left.legend(fontsize=8, loc="upper left", framealpha=0.9)
+    left.set_ylim(0, max(v for per in figures.steady.values() for v in per.values()) * 1.35)
     rates = sorted({r for per in figures.latency.values() for r in per})
     for i, s in enumerate([s for s in SYSTEMS if s in figures.latency]):
         right.bar([j + i * width for j in range(len(rates))], [figures.latency[s][r][1] for r in rates], width,
@@ -482,6 +487,19 @@ def plot(figures: Figures, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def load_figures(path: Path) -> Figures:
+    """What ``--json`` wrote: JSON's keys are strings, the figures' counts and rates ints."""
+    raw = json.loads(path.read_text())
+
+    def by_int(per: dict[str, Any]) -> dict[int, Any]:
+        return {int(k): tuple(v) if isinstance(v, list) else v for k, v in per.items()}
+
+    return Figures(throughput={s: by_int(v) for s, v in raw["throughput"].items()},
+                   steady={s: by_int(v) for s, v in raw["steady"].items()},
+                   latency={s: by_int(v) for s, v in raw["latency"].items()},
+                   achieved=by_int(raw["achieved"]), workers=by_int(raw["workers"]), problems=raw["problems"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,10 +524,18 @@ def main(argv: list[str] | None = None) -> int:
                              "(streamloop.spark.row_wise)")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="PATH",
+                        help="no run: the table (and --plot) of figures an earlier run wrote with --json")
     parser.add_argument("--read-cpu", type=int, default=None, metavar="RECORDS",
                         help="only this process's CPU per record, read='driver' against read='executors' "
                              "(benchmarks/spark_read_cpu.py), over RECORDS records")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        figures = load_figures(args.from_json)
+        print(table(figures))
+        if args.plot:
+            plot(figures, args.plot)
+        return 0
     if args.read_cpu is not None:
         from benchmarks.spark_read_cpu import run_read_cpu
 
