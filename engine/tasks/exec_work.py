@@ -77,7 +77,7 @@ class _Handoff(Generic[T]):
             if not abandoned:
                 self._made.append(made)
         if abandoned:
-            self._release(made)
+            self._let_go(made)
         return made
 
     def abandon(self) -> None:
@@ -85,7 +85,15 @@ class _Handoff(Generic[T]):
             self._abandoned = True
             made, self._made = self._made, []
         for result in made:
-            self._release(result)
+            self._let_go(result)
+
+    def _let_go(self, made: T) -> None:
+        # Best effort: on the cancel path an error here would replace the cancellation (a session
+        # stopped under a closing client cannot unpersist, and has nothing cached any more).
+        try:
+            self._release(made)
+        except Exception as exc:
+            log.warning("Could not let go of an abandoned Spark job's result: %r", exc)
 
 
 def release_read(made: tuple[Any, list[RangeOutcome]]) -> None:
