@@ -202,6 +202,23 @@ async def test_records_that_do_not_decode_or_fit_reach_the_handlers_in_offset_or
     assert len(executor_windows) == 1 and executor_windows[0].sink is not None  # the executors wrote it
 
 
+def pass_through(source: str, sink: str) -> StreamsBuilder:
+    """The rows as they came, in ranges of 20, to a direct sink: the executors write them."""
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
+            .to(sink, key_serde=INT, value_serde=JSON))
+    return builder
+
+
+async def produce_with_bad_bytes(cluster: Cluster, source: str, count: int, *bad: int) -> None:
+    """``count`` orders to partition 0 of ``source``, those at the ``bad`` offsets bytes that do not decode."""
+    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(count)]
+    for offset in bad:
+        values[offset] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+
+
 def _persisted(spark: Any) -> int:
     """Persisted RDDs of the session's context (a frame the engine persisted and did not let go of)."""
     return int(spark.sparkContext._jsc.getPersistentRDDs().size())
@@ -224,9 +241,7 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
 
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
-    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
-    values[45] = b"\xff"
-    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    await produce_with_bad_bytes(cluster, source, 80, 45)
     reads, writes = exec_work.RangeWork.read_ranges, exec_work.RangeWork.write_ranges
     discard = bulk_exec.ExecutorWindow._discard
     read_started: dict[int, threading.Event] = {}
@@ -256,10 +271,7 @@ async def test_the_next_range_is_read_while_one_is_written_and_a_pause_drops_wha
     monkeypatch.setattr(exec_work.RangeWork, "write_ranges", spy_write)
     monkeypatch.setattr(bulk_exec.ExecutorWindow, "_discard", spy_discard)
     Asked.asked = []
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
-            .to(sink, key_serde=INT, value_serde=JSON))
+    builder = pass_through(source, sink)
     async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
             as client:
         await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 45")
@@ -326,9 +338,7 @@ async def test_a_resume_reads_every_record_past_the_pause_when_the_next_range_is
 
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
-    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(60)]
-    values[20] = b"\xff"
-    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    await produce_with_bad_bytes(cluster, source, 60, 20)
     reads = exec_work.RangeWork.read_ranges
 
     def slow_after_the_pause(self: Any, ranges: Any, tag: str) -> Any:
@@ -339,10 +349,7 @@ async def test_a_resume_reads_every_record_past_the_pause_when_the_next_range_is
 
     monkeypatch.setattr(exec_work.RangeWork, "read_ranges", slow_after_the_pause)
     Asked.asked = []
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
-            .to(sink, key_serde=INT, value_serde=JSON))
+    builder = pass_through(source, sink)
     async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes,
                            task_timeout_ms=60_000, retry_backoff_ms=50) as client:
         await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "the task paused at offset 20")
@@ -366,9 +373,7 @@ async def test_a_resume_while_the_paused_range_is_written_still_asks_about_the_r
 
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
-    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
-    values[45] = values[50] = b"\xff"
-    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    await produce_with_bad_bytes(cluster, source, 80, 45, 50)
     writes = exec_work.RangeWork.write_ranges
     resumed = threading.Event()
     waited: list[bool] = []
@@ -380,10 +385,7 @@ async def test_a_resume_while_the_paused_range_is_written_still_asks_about_the_r
 
     monkeypatch.setattr(exec_work.RangeWork, "write_ranges", held_after_the_pause)
     Asked.asked = []
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
-            .to(sink, key_serde=INT, value_serde=JSON))
+    builder = pass_through(source, sink)
     async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
             as client:
         try:
@@ -426,10 +428,7 @@ async def test_a_range_read_is_let_go_of_when_the_loop_fails_before_it_is_writte
         original(self, task, tp, source, node, stage, dataclasses.replace(reads, end_offsets=end_offsets), *args)
 
     monkeypatch.setattr(bulk_exec.ExecutorWindow, "__init__", failing_second_end_offsets)
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
-            .to(sink, key_serde=INT, value_serde=JSON))
+    builder = pass_through(source, sink)
     client = make_client(builder, cluster, names.app)
     client.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
     await client.start_async()
@@ -454,9 +453,7 @@ async def test_a_to_spark_stage_on_the_executors_writes_nothing_past_a_pause(
 
     source, path = names("in"), str(tmp_path / "lake")
     await cluster.create_topics({source: 1})
-    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(80)]
-    values[45] = b"\xff"
-    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    await produce_with_bad_bytes(cluster, source, 80, 45)
     run = exec_work.RangeWork.run
     started: list[int] = []
 
@@ -493,13 +490,8 @@ async def test_a_failed_record_that_fails_the_thread_commits_nothing_past_it(
         cluster: Cluster, names: Any, spark: Any, executor_windows: list[Any]) -> None:
     source, sink = names("in"), names("out")
     await cluster.create_topics({source: 1, sink: 1})
-    values = [JSON.serialize({"amount": i, "customer": "c"}) for i in range(50)]
-    values[45] = b"\xff"
-    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON)
-            .spark_batch(lambda frame: frame, schema=SCHEMA, max_records=20, read="executors")
-            .to(sink, key_serde=INT, value_serde=JSON))
+    await produce_with_bad_bytes(cluster, source, 50, 45)
+    builder = pass_through(source, sink)
     client = make_client(builder, cluster, names.app)  # FAIL: the default deserialization handler
     client.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
     await client.start_async()
