@@ -12,10 +12,13 @@ the records is the path's instructions per record: decode, processors, store, ch
 the producer's append (the driver's in-memory one). Fetching, commits and the network are outside it.
 
 Workloads (``benchmarks/workloads.py``'s orders): ``count``, as the compare.py peer's (string keys,
-a RocksDB store with its changelog, record cache off, every update to the sink as JSON), and
-``stateless`` (JSON filter + map_values). Needs ``valgrind`` on PATH. Reads two private attributes
-of the driver and the task (``_manager``, ``loop._path``): a tree from before they existed cannot
-be measured.
+a RocksDB store with its changelog, record cache off, every update to the sink as JSON),
+``stateless`` (JSON filter + map_values), and compare.py's session-window count (``session``) and
+suppressed windowed count (``suppress``) as ``benchmarks/peers/streamloop.py`` builds them (records
+2 ms apart, so that a key's next record falls about a session gap after its last and sessions
+both merge and start; each pass later than the one before).
+Needs ``valgrind`` on PATH. Reads two private attributes of the driver and the task (``_manager``,
+``loop._path``): a tree from before they existed cannot be measured.
 
 Run: ``python benchmarks/path_instructions.py --tree ../before --tree .`` (takes a minute or two
 per tree and workload).
@@ -45,7 +48,15 @@ def child(tree: str, workload: str, records: int, passes: int) -> None:
     from streamloop.testing import TopologyTestDriver
 
     builder = StreamsBuilder()
-    if workload == "count":
+    if workload in ("session", "suppress"):
+        from benchmarks.peers.streamloop import dsl_topology
+
+        class Run:  # what the compare.py peer's topology reads of its run
+            source, sink = "in", "out"
+
+        Run.workload = workload  # type: ignore[attr-defined]
+        dsl_topology(builder, Run)  # type: ignore[arg-type]
+    elif workload == "count":
         (builder.stream("in", key_serde=StringSerde(), value_serde=BytesSerde())
                 .group_by_key()
                 .count(materialized=Materialized("counts", persistent=True))
@@ -62,8 +73,14 @@ def child(tree: str, workload: str, records: int, passes: int) -> None:
     driver.pipe_raw("in", inputs[0][0], inputs[0][1], 1)
     task = next(iter(driver._manager.tasks.values()))
     process = task.loop._path.process
-    raws = [FetchedRecord("in", 0, i + 2, 1_000 + i, key, value) for i, (key, value) in enumerate(inputs)]
-    for _ in range(1 + passes):  # the first pass warms the store (every key in it) and the caches
+    if workload in ("session", "suppress"):  # each pass later than the one before: its own windows
+        step, span = 2, 2 * records + 10_000
+        runs = [[FetchedRecord("in", 0, n * records + i + 2, 10_000 + n * span + i * step, key, value)
+                 for i, (key, value) in enumerate(inputs)] for n in range(1 + passes)]
+    else:
+        raws = [FetchedRecord("in", 0, i + 2, 1_000 + i, key, value) for i, (key, value) in enumerate(inputs)]
+        runs = [raws] * (1 + passes)
+    for raws in runs:  # the first pass warms the store (every key in it) and the caches
         for raw in raws:
             process(raw)
     os._exit(0)  # not the driver's close: only the passes differ between the two counted runs
@@ -83,7 +100,8 @@ def instructions(tree: str, workload: str, records: int, passes: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable; default: this one)")
-    parser.add_argument("--workload", default="count,stateless", help="comma-separated, of: count, stateless")
+    parser.add_argument("--workload", default="count,stateless",
+                        help="comma-separated, of: count, stateless, session, suppress")
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--passes", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
