@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamloop.state.segments import SegmentedBytesStore
-from streamloop.state.store import StateStore
+from streamloop.state.store import StateStore, exact_classes
 from streamloop.state.windows import Windowed, millis
 
 _TIMES = struct.Struct(">qq")
@@ -61,6 +61,10 @@ class SessionStore(StateStore):
         self._expired_at = -1
         durable = self.durable
         self._segments = durable if isinstance(durable, SegmentedBytesStore) else None
+        # A session whose key the key serde gives back unchanged goes down as the object written,
+        # not decoded from the bytes just encoded (``StateStore._down``).
+        self._session_key_classes = exact_classes(self.key_serde)
+        self._exact_keys = frozenset({Windowed})
 
     def _live_from(self) -> int:
         """The oldest session end within the retention of the newest end put (here or beneath: a restore's)."""
@@ -81,7 +85,11 @@ class SessionStore(StateStore):
         """Store ``value`` for the session; ``None`` removes it."""
         if session.end > self.observed_time:
             self.observed_time = session.end
-        self._write(self._composite(session), None if value is None else self.value_serde.serialize(value))
+        data = None if value is None else self.value_serde.serialize(value)
+        if session.key.__class__ in self._session_key_classes:
+            self._write(self._composite(session), data, session, value)
+        else:
+            self._write(self._composite(session), data)
 
     def remove(self, session: Windowed) -> None:
         self.put(session, None)

@@ -425,6 +425,8 @@ class WindowStore(StateStore):
         self._expired_at = -1
         durable = self.durable
         self._segments = durable if isinstance(durable, SegmentedBytesStore) else None
+        self._window_key_classes = exact_classes(self.key_serde)
+        self._exact_keys = frozenset({Windowed})
 
     def _window_time(self) -> int:
         """The newest window start put: through this store, or beneath it (a restore's)."""
@@ -440,7 +442,13 @@ class WindowStore(StateStore):
     def put(self, key: Any, value: Any, window_start: int) -> None:
         if window_start > self.observed_time:
             self.observed_time = window_start
-        self._write(self._composite(key, window_start), None if value is None else self.value_serde.serialize(value))
+        data = None if value is None else self.value_serde.serialize(value)
+        if self._listener is not None and key.__class__ in self._window_key_classes:
+            # Down as the window written, not decoded from the bytes just encoded (``_down``).
+            self._write(self._composite(key, window_start), data, Windowed(key, window_start,
+                                                                           window_start + self.window_size_ms), value)
+        else:
+            self._write(self._composite(key, window_start), data)
 
     def fetch(self, key: Any, window_start: int) -> Any:
         """The value of ``key`` in the window starting at ``window_start`` (None if none)."""

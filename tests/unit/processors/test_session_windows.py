@@ -148,3 +148,55 @@ def test_a_lookup_reads_its_own_key_not_the_keys_that_start_with_its_bytes(
         assert store.fetch("a") == [(Windowed("a", 0, 210), 11)]
         assert store.fetch("a1") == [(Windowed("a1", 0, 180), 10)]
         assert store.fetch("a10") == [(Windowed("a10", 0, 180), 10)]
+
+
+class _Retry:
+    def configure(self, config: Any) -> None:
+        """Nothing to configure."""
+
+    def handle(self, context: Any, record: Any, exception: BaseException) -> Any:
+        from streamloop.handlers import Answer
+
+        return Answer.RETRY
+
+
+def test_a_retried_record_that_merged_sessions_puts_them_back_before_it_runs_again() -> None:
+    """A call after the aggregation fails once per update and is retried: each record's merge (the
+    sessions it removed, the one it stored) is undone before it runs again, so the store is that of
+    a run without failures."""
+    windows = SessionWindows.of_inactivity_gap_with_no_grace(50)
+    inputs = [("a", "x", 0), ("a", "x", 100), ("b", "x", 120), ("a", "x", 60), ("a", "x", 200), ("b", "x", 150),
+              ("a", "x", 130)]
+
+    def run(failing: bool) -> tuple[list[Any], list[Any]]:
+        failed: set[int] = set()
+
+        def call(key: str, value: int) -> tuple[str, int]:
+            if failing and value is not None and (key, value) not in failed:
+                failed.add((key, value))  # type: ignore[arg-type]
+                raise RuntimeError("service down")
+            return key, value
+
+        builder = StreamsBuilder()
+        (builder.stream("in", key_serde=STR, value_serde=STR).group_by_key()
+                .windowed_by(windows).count(materialized="sessions")
+                .to_stream().map(lambda w, v: (f"{w.key}@{w.start}-{w.end}", v))
+                .map(call, name="call-service")
+                .to("out", key_serde=STR, value_serde=LONG))
+        config = {**NO_CACHE, "processing.exception.handler": _Retry(), "processing.retry.backoff.ms": 1,
+                  "processing.retry.backoff.max.ms": 2, "processing.retry.max.attempts": 3}
+        with TopologyTestDriver(builder.build(), config) as driver:
+            source = driver.create_input_topic("in", STR, STR)
+            out = driver.create_output_topic("out", STR, LONG)
+            for key, value, at in inputs:
+                source.pipe_input(key, value, at)
+            store = driver.get_session_store("sessions")
+            return out.read_key_values(), [*store.fetch("a"), *store.fetch("b")]
+
+    retried_output, retried_sessions = run(failing=True)
+    output, sessions = run(failing=False)
+    assert retried_sessions == sessions
+    # [0, 0] is past its retention at stream time 200; 130 came after [60, 100] closed.
+    assert sessions == [(Windowed("a", 60, 100), 2), (Windowed("a", 200, 200), 1), (Windowed("b", 120, 150), 2)]
+    # What a failed attempt sent before its failure (a merged-away session's tombstone) goes again.
+    assert [kv for i, kv in enumerate(retried_output) if i == 0 or kv != retried_output[i - 1]] == output
