@@ -49,13 +49,10 @@ def child(tree: str, workload: str, records: int, passes: int) -> None:
 
     builder = StreamsBuilder()
     if workload in ("session", "suppress"):
+        from benchmarks.peers.process import PeerRun
         from benchmarks.peers.streamloop import dsl_topology
 
-        class Run:  # what the compare.py peer's topology reads of its run
-            source, sink = "in", "out"
-
-        Run.workload = workload  # type: ignore[attr-defined]
-        dsl_topology(builder, Run)  # type: ignore[arg-type]
+        dsl_topology(builder, PeerRun(workload, "", "path-instructions", "in", "out", ""))
     elif workload == "count":
         (builder.stream("in", key_serde=StringSerde(), value_serde=BytesSerde())
                 .group_by_key()
