@@ -87,7 +87,7 @@ class FetchedBatch:
     """One batch: its records (one offset range, the task's part of a job), and once run, what
     came back or the error."""
 
-    __slots__ = ("done", "error", "part", "raws", "result")
+    __slots__ = ("done", "error", "part", "raws", "result", "stopped_at")
 
     def __init__(self, part: JobPart) -> None:
         self.part = part
@@ -95,6 +95,9 @@ class FetchedBatch:
         self.done = False
         self.result: FetchedResult | None = None
         self.error: Exception | None = None
+        # Where a PAUSE stopped the handlers asking about its records (None: it did not): the batch is
+        # done only below it, even when a resume comes before the batch is released.
+        self.stopped_at: int | None = None
 
     @property
     def first(self) -> int:
@@ -127,6 +130,15 @@ class BatchWindow:
     def lowest_in_flight(self, tp: TopicPartition) -> int | None:
         # The minimum, not the head: after a resume a re-read batch may sit behind a stale one.
         return min((batch.first for batch in self._batches), default=None)
+
+    def resumed(self, tp: TopicPartition, start: int) -> None:
+        for batch in self._batches:
+            if batch.raws and batch.raws[-1].offset >= start:
+                batch.stopped_at = _lowest(batch.stopped_at, start)
+        if self._open is not None:
+            # Taken before the pause: the records read again go into a part of their own.
+            self._jobs.seal(self._open.part.job)
+            self._open = None
 
     # -- the loop -----------------------------------------------------------------
     async def run(self) -> None:
@@ -206,6 +218,7 @@ class BatchWindow:
         if not ran:
             return  # the task closed during a back-off: the batch's records are read again by the next owner
         await self._report_failures(batch)
+        batch.stopped_at = _lowest(batch.stopped_at, self._task.paused_offset(self._tp))
         batch.done = True
         await self._release()
 
@@ -273,7 +286,7 @@ class BatchWindow:
             return
         for index in sorted(failures):
             raw = raws[index]
-            if self._task.paused_below(raw):
+            if self._task.paused_below(raw) or (batch.stopped_at is not None and raw.offset >= batch.stopped_at):
                 return
             first, second = failures[index]
             if isinstance(first, str):  # (which part, the serde's error)
@@ -297,27 +310,31 @@ class BatchWindow:
             while batches and batches[0].done:
                 batch = batches[0]
                 began = time.perf_counter_ns()
+                stop = _lowest(batch.stopped_at, task.paused_offset(tp))
                 if batch.result is not None:
-                    await self._forward(batch.result)
+                    await self._forward(batch.result, stop)
                 batches.popleft()
+                raws = batch.raws if stop is None else [raw for raw in batch.raws if raw.offset < stop]
                 bounds = [b for b in (self.lowest_in_flight(tp), task.input.first_offset(tp)) if b is not None]
-                task.positions.advance_past(tp, batch.raws[-1].offset, bounds, task.paused_offset(tp))
-                task.processed += len(batch.raws)
-                task.meter.add(len(batch.raws), time.perf_counter_ns() - began)
-                punctuating = self._path.passed(max(raw.timestamp for raw in batch.raws))
-                if punctuating is not None:
-                    await punctuating
+                last = batch.raws[-1].offset if stop is None else min(batch.raws[-1].offset, stop - 1)
+                task.positions.advance_past(tp, last, bounds, task.paused_offset(tp))
+                task.processed += len(raws)
+                task.meter.add(len(raws), time.perf_counter_ns() - began)
+                if raws:
+                    punctuating = self._path.passed(max(raw.timestamp for raw in raws))
+                    if punctuating is not None:
+                        await punctuating
             task.wake()
 
-    async def _forward(self, result: FetchedResult) -> None:
+    async def _forward(self, result: FetchedResult, stop: int | None) -> None:
         """The batch's output records, downstream of the stage, in the context of the record they
-        leave with; a failure downstream is that record's, as on the per-record path."""
+        leave with; a failure downstream is that record's, as on the per-record path. ``stop``: the
+        offset a PAUSE stopped the batch at, if one did."""
         task = self._task
         _decoded, out, _left_out, carrier, _error, serialized = result
-        paused = task.paused_at
         if not out or carrier is None:
             return
-        if paused is not None and paused[0] == self._tp and carrier.offset >= paused[1]:
+        if stop is not None and carrier.offset >= stop:
             return  # at or past the record that paused the task: read again on resume
         ctx = task.context
         ctx.topic, ctx.partition, ctx.offset = carrier.topic, carrier.partition, carrier.offset
@@ -334,3 +351,7 @@ class BatchWindow:
             return
         await self._path.forward_rows(self._node, carrier, out)
 
+
+
+def _lowest(first: int | None, second: int | None) -> int | None:
+    return second if first is None else first if second is None else min(first, second)

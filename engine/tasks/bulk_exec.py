@@ -190,6 +190,13 @@ class ExecutorWindow:
         running = self._running
         return None if running is None or tp != self._tp else running.start
 
+    def resumed(self, tp: TopicPartition, start: int) -> None:
+        running = self._running
+        if running is not None and running.end > start:
+            # The running range is done only below the resume point (a range read ahead is dropped
+            # once it finishes: the position is no longer its start).
+            self._outcomes.stop_at(start)
+
     # -- the loop -----------------------------------------------------------------
     async def run(self) -> None:
         await self._serve(until_idle=False)
@@ -409,7 +416,7 @@ class ExecutorWindow:
         try:
             await self._outcomes.report_failures(outcome)
             summary = outcome.summary()
-            if summary is None or not self._passes_pause(summary):
+            if summary is None or not self._outcomes.leaves(summary[OFFSET]):
                 return True, summary
             return await self._write_alone(frame, ranges, 0, kafka_range, sink, summary)
         finally:
@@ -436,7 +443,7 @@ class ExecutorWindow:
             outcome = group.outcome(index)
             await self._outcomes.report_failures(outcome)
             summary = outcome.summary()
-            leaves = summary is not None and self._passes_pause(summary)
+            leaves = summary is not None and self._outcomes.leaves(summary[OFFSET])
             write = functools.partial(self._write_ranges, sink)
             written = await jobs.write(group, index, summary[TIMESTAMP] if summary is not None and leaves else None,
                                        write)
@@ -492,15 +499,6 @@ class ExecutorWindow:
 
     async def _unpersist(self, frame: Any) -> None:
         await anyio.to_thread.run_sync(frame.unpersist)
-
-    def _passes_pause(self, summary: Mapping[str, Any]) -> bool:
-        """Whether the range's output may leave: it has a carrier record (a record that decoded)
-        and the task did not pause at or below it (the driver path's rule, ``_forward``)."""
-        offset = summary[OFFSET]
-        if offset is None or offset < 0:
-            return False
-        paused = self._task.paused_at
-        return not (paused is not None and paused[0] == self._tp and offset >= paused[1])
 
     # -- handlers -------------------------------------------------------------------
     async def _fail_each(self, kafka_range: KafkaRange, error: Exception) -> None:

@@ -75,7 +75,7 @@ ORDERINGS = ("partition", "key", "unordered")
 class RecordSlot:
     """One record in flight: its forwarding state, its journal and the output it holds back."""
 
-    __slots__ = ("_journal", "done", "node", "outputs", "pending", "raw", "timestamp", "tp")
+    __slots__ = ("_journal", "done", "node", "outputs", "pending", "raw", "stale", "timestamp", "tp")
 
     def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
         self.raw = raw
@@ -88,6 +88,9 @@ class RecordSlot:
         self.outputs: list[tuple[Any, ...]] = []
         self._journal: Journal | None = None
         self.done = False
+        # Taken before a resume that reads its partition again from at or below it: this attempt is
+        # void (its output does not leave, its failure is not asked about, its offset not passed).
+        self.stale = False
 
     @property
     def journal(self) -> Journal:
@@ -287,6 +290,11 @@ class InFlightWindow:
         slots = self.slots[tp]
         return slots[0].raw.offset if slots else None
 
+    def resumed(self, tp: TopicPartition, start: int) -> None:
+        for slot in self.slots[tp]:
+            if slot.raw.offset >= start:
+                slot.stale = True
+
     async def drain(self) -> None:
         """Every buffered record, until none is in flight. Caller: the test driver."""
         await self._serve(until_idle=True)
@@ -429,12 +437,17 @@ class InFlightWindow:
             else:
                 await self._release_done_prefix(tp)
         else:
+            void = self._void(slot)
+            if void:
+                slot.outputs.clear()
             await self._collector.emit(slot)
             self.slots[tp].remove(slot)
             self.count -= 1
             completed = self._completed[tp]
-            completed[slot.raw.offset] = slot.timestamp
-            watermark = task.positions.advance_past(tp, slot.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            if not void:
+                completed[slot.raw.offset] = slot.timestamp
+            watermark = task.positions.advance_past(tp, -1 if slot.stale else slot.raw.offset, self._bounds(tp),
+                                                    task.paused_offset(tp))
             # Passed in offset order, one by one, as one record at a time would pass them: a
             # stream-time punctuation fires at the same times.
             for offset in sorted(o for o in completed if o < watermark):
@@ -446,11 +459,12 @@ class InFlightWindow:
         task, slots = self._task, self.slots[tp]
         while slots and slots[0].done:
             head = slots.pop(0)
-            if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
-                head.outputs.clear()  # after the record that paused the task: read again on resume
+            if self._void(head):
+                head.outputs.clear()
             await self._collector.emit(head)
             self.count -= 1
-            task.positions.advance_past(tp, head.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
+                                        task.paused_offset(tp))
             await self._passed(head.timestamp)
 
     def _pass_done_prefix_holding_output(self, tp: TopicPartition) -> None:
@@ -459,11 +473,18 @@ class InFlightWindow:
         task, slots = self._task, self.slots[tp]
         while slots and slots[0].done:
             head = slots.pop(0)
-            if task.paused_at is not None and head.raw.offset >= task.paused_at[1]:
-                head.outputs.clear()  # after the record that paused the task: read again on resume
+            if self._void(head):
+                head.outputs.clear()
             self.count -= 1
-            task.positions.advance_past(tp, head.raw.offset, self._bounds(tp), task.paused_offset(tp))
+            task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
+                                        task.paused_offset(tp))
             self._held.append(head)
+
+    def _void(self, slot: RecordSlot) -> bool:
+        """Whether ``slot``'s output must not leave: it is read again on resume (at or after the
+        record that paused the task), or was read again by a resume since it was taken."""
+        paused = self._task.paused_at
+        return slot.stale or (paused is not None and paused[0] == slot.tp and slot.raw.offset >= paused[1])
 
     async def _passed(self, timestamp: int) -> None:
         punctuating = self._path.passed(timestamp)

@@ -53,6 +53,11 @@ class RunLoop(Protocol):
     def lowest_in_flight(self, tp: TopicPartition) -> int | None:
         """The lowest offset of ``tp`` still running or holding output: positions stay below it."""
 
+    def resumed(self, tp: TopicPartition, start: int) -> None:
+        """A resume reads ``tp`` again from ``start``: what was taken at or above it before (still
+        running, or done and waiting for its turn) is not done, its output does not leave and its
+        failures are not asked about (they are, once read again)."""
+
 
 def run_loop(task: StreamTask, in_flight: InFlightPlan | None,
              skips: Mapping[TopicPartition, frozenset[int]],

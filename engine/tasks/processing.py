@@ -262,6 +262,9 @@ class RecordPath:
             return await self._failed(raw, source, record, exc, started)
         if self._task.closed:
             return _ABANDONED  # closed dirty while the record was in flight: nothing more to do
+        if _read_again(self._task, raw):
+            self._undo()  # read again on resume (a PAUSE below it came meanwhile): its updates apply then
+            return Outcome.PAUSED
         return self._done()
 
     async def _failed(self, raw: ConsumerRecord, source: SourceNode, record: Record, exc: Exception,
@@ -277,9 +280,9 @@ class RecordPath:
             return Outcome.RETRY
         if isinstance(exc, StreamsError):
             raise exc
-        if task.paused_below(raw):
-            # Records that fail together (a Spark batch) ask the handler once: the records above
-            # the pause are read again on resume, and asked about then if they fail again.
+        if _read_again(task, raw):
+            # Records that fail together (a Spark batch, records in flight) ask the handler once: the
+            # records above the pause are read again on resume, and asked about then if they fail again.
             self._undo()
             return Outcome.PAUSED
         outcome = await self.processing_failed(raw, node, record, exc, retry=True)
@@ -358,6 +361,8 @@ class RecordPath:
     async def _deserialization_failed(self, raw: ConsumerRecord, what: str, exc: Exception) -> Outcome:
         task = self._task
         _untimed(task)  # not taken to process: stream time stays
+        if _read_again(task, raw):
+            return Outcome.PAUSED  # asked about when it is read again, if it fails again
         error = DeserializationError(task.id, raw.topic, raw.partition, raw.offset, what, exc)
         error.__cause__ = exc
         if task.errors is None:
@@ -378,6 +383,15 @@ class RecordPath:
     def _undo(self) -> None:
         if self._journal is not None:
             self._journal.undo_record()
+
+
+def _read_again(task: StreamTask, raw: ConsumerRecord) -> bool:
+    """Whether ``raw``'s attempt is void: the task is paused below it, or it is a record in flight
+    that a resume since it was taken reads again (``InFlightWindow.resumed``)."""
+    if task.paused_below(raw):
+        return True
+    slot = CURRENT.get()
+    return slot is not None and slot.stale
 
 
 def _untimed(task: StreamTask) -> None:

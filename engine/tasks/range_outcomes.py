@@ -48,6 +48,27 @@ class RangeOutcomes:
         # The range's records end there, even when a resume comes before the range is finished.
         self.stopped_at: int | None = None
 
+    def stop_at(self, offset: int | None) -> None:
+        """The range's records end at ``offset`` (a PAUSE's, or a resume's start) if it is lower."""
+        if offset is not None:
+            self.stopped_at = offset if self.stopped_at is None else min(self.stopped_at, offset)
+
+    def leaves(self, offset: int | None) -> bool:
+        """Whether a range's output may leave with the carrier record at ``offset``: there is one (a
+        record that decoded), and it is below a PAUSE or a resume's start (at or past it, the records
+        are read again on resume: the driver path's rule, ``bulk._forward``)."""
+        if offset is None or offset < 0:
+            return False
+        stop = self._task.paused_offset(self._tp)
+        if self.stopped_at is not None:
+            stop = self.stopped_at if stop is None else min(stop, self.stopped_at)
+        return stop is None or offset < stop
+
+    def _read_again(self, raw: FetchedRecord) -> bool:
+        """Whether ``raw`` is read again on resume (so not asked about now): above the pause, or
+        above a resume that came while the range ran."""
+        return self._task.paused_below(raw) or (self.stopped_at is not None and raw.offset >= self.stopped_at)
+
     def raw(self, row: Mapping[str, Any]) -> FetchedRecord:
         headers = tuple((h["key"], h["value"]) for h in row[HEADERS] or ())
         return FetchedRecord(self._tp.topic, self._tp.partition, row[OFFSET], row[TIMESTAMP], row[RAW_KEY],
@@ -59,7 +80,7 @@ class RangeOutcomes:
         stage, source = self._stage, self._source
         for row in outcome.failures():
             raw = self.raw(row)
-            if self._task.paused_below(raw):
+            if self._read_again(raw):
                 break
             kind, error = row["__streamloop_kind"], unpack_error(row[ERROR])
             if kind in (KEY_FAILED, VALUE_FAILED):
@@ -72,7 +93,7 @@ class RangeOutcomes:
             failure = SparkSchemaError(stage.name, mismatch.field, mismatch.expected, mismatch.found, raw.topic,
                                        raw.partition, raw.offset)
             await self.path.processing_failed(raw, stage.name, record, failure)
-        self.stopped_at = self._task.paused_offset(self._tp)
+        self.stop_at(self._task.paused_offset(self._tp))
 
     async def fail_each(self, kafka_range: KafkaRange, error: Exception, raws: RangeOutcome) -> None:
         """The range's job raised ``error``: each record of ``raws`` (the range read again, raw) to the
@@ -83,7 +104,7 @@ class RangeOutcomes:
         failure.__cause__ = error
         for row in raws.side:
             raw = self.raw(row)
-            if self._task.paused_below(raw):
+            if self._read_again(raw):
                 break
             what = "key"
             try:
@@ -95,17 +116,14 @@ class RangeOutcomes:
                 continue
             await self.path.processing_failed(raw, stage.name, Record(key, value, raw.timestamp, raw.headers),
                                                failure)
-        self.stopped_at = self._task.paused_offset(self._tp)
+        self.stop_at(self._task.paused_offset(self._tp))
 
     async def forward(self, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> None:
         """The rows downstream, in the context of the range's carrier record (``bulk._forward``)."""
         task, tp = self._task, self._tp
         offset, timestamp = summary[OFFSET], summary[TIMESTAMP]
-        if not rows or offset is None or offset < 0:
+        if not rows or not self.leaves(offset):
             return
-        paused = task.paused_at
-        if paused is not None and paused[0] == tp and offset >= paused[1]:
-            return  # at or past the record that paused the task: read again on resume
         from streamloop.spark.frames import to_records
 
         _job, key_column, value_columns, _schema = self._stage.executor_job()

@@ -17,7 +17,7 @@ from .processing import Outcome, RecordPath
 from .retries import wait_for_retry
 
 if TYPE_CHECKING:
-    from streamloop.records import ConsumerRecord
+    from streamloop.records import ConsumerRecord, TopicPartition
 
     from .task import StreamTask
 
@@ -84,6 +84,9 @@ class SequentialLoop:
 
     def lowest_in_flight(self, _tp: object) -> int | None:
         return None  # a record is never in flight here: it is done before the next one starts
+
+    def resumed(self, tp: TopicPartition, start: int) -> None:
+        pass  # nothing is taken while the task is paused, nor left running by the record that paused it
 
     async def _chunk(self) -> ConsumerRecord | None:
         """Up to ``CHUNK`` records; returns the record answered RETRY that stopped it (it heads its

@@ -437,6 +437,8 @@ class StreamTask:
         if self.paused_at is not None:
             tp, offset = self.paused_at
             start = offset + 1 if skip else offset
+            if self.loop is not None:
+                self.loop.resumed(tp, start)
             self.positions.rewind(tp, start, self._below_in_flight(tp, start))
             if skip:
                 self.context.commit_requested = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
+import anyio
 import pytest
 
 from streamloop import KafkaStreams, StreamsBuilder
@@ -214,3 +215,87 @@ async def test_a_transient_spark_failure_on_the_bulk_path_is_retried_not_handed_
     assert Asked.errors == []  # retried under task.timeout.ms, never a record's processing error
     assert len(calls) >= 2
     assert isinstance(windows[0], BatchWindow)
+
+
+class PauseOnBadBytes(Asked):
+    asked: ClassVar[list[int]] = []
+
+    def handle(self, context: Any, record: Any, exception: BaseException) -> DeserializationHandlerResponse:
+        PauseOnBadBytes.asked.append(record.offset)
+        return DeserializationHandlerResponse.PAUSE
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "again"])
+async def test_a_resume_before_the_paused_batch_is_released_reads_on_from_the_pause_and_commits_no_further(
+        cluster: Cluster, names, spark, windows, monkeypatch: pytest.MonkeyPatch, skip: bool) -> None:
+    """A handler PAUSEs at offset 15 of a batch of 0..29, and the resume comes before that batch is
+    released (its handlers were asked; its output waits, as behind another batch's release): the
+    batch is done only below the pause. The partition is read again from the pause (not from the
+    batch's first offset: 0..14 leave once), and the position stays at the resume point until the
+    records read again are done (a commit at 30 would pass the bad record at 20 before any handler
+    was asked about it)."""
+    from streamloop.tasks.task import StreamTask
+
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    values = [JSON.serialize({"i": i}) for i in range(30)]
+    values[15] = values[20] = b"\xff"
+    await cluster.produce(source, list(enumerate(values)), INT, BytesSerde(), partitions=1)
+    PauseOnBadBytes.asked = []
+    resumed: dict[str, Any] = {}
+    reread, stuck = threading.Event(), threading.Event()
+
+    release = BatchWindow._release
+
+    async def held_until_the_resume(self: BatchWindow) -> None:
+        # As behind another batch's release (its lock): the resume runs before this batch is released.
+        if self._task.paused_at is not None and "event" not in resumed:
+            resumed["event"] = anyio.Event()
+            await resumed["event"].wait()
+        await release(self)
+
+    resume = StreamTask.resume
+
+    def resume_and_release(self: StreamTask, skip: bool) -> None:
+        resume(self, skip)
+        if "event" in resumed:
+            resumed["event"].set()
+
+    def held_on_the_reread(frame: Any) -> Any:
+        if frame.agg({"i": "min"}).collect()[0][0] >= 16:
+            stuck.set()
+            reread.wait(WAIT)  # the records read again stay in flight until the test looked
+        return frame
+
+    monkeypatch.setattr(BatchWindow, "_release", held_until_the_resume)
+    monkeypatch.setattr(StreamTask, "resume", resume_and_release)
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .spark_batch(held_on_the_reread, max_records=30, max_wait_ms=5_000)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    async with make_client(builder, cluster, names.app, default_deserialization_exception_handler=PauseOnBadBytes) \
+            as client:
+        try:
+            await eventually_async(lambda: bool(client.paused_local_tasks()), WAIT, "paused at offset 15")
+            assert await client.resume_async("0_0", skip=skip)
+            await eventually_async(lambda: stuck.is_set(), WAIT, "the records past the pause read again")
+            expected = 16 if skip else 15
+            await eventually_async(lambda: _is(committed(cluster, source, names.app), expected), WAIT,
+                                   f"committed up to {expected}")
+            reread.set()
+            if not skip:  # asked about 15 again: past it this time
+                await eventually_async(lambda: PauseOnBadBytes.asked == [15, 15] and bool(client.paused_local_tasks()),
+                                       WAIT, "paused at offset 15 again")
+                assert await client.resume_async("0_0", skip=True)
+            await eventually_async(lambda: PauseOnBadBytes.asked[-1:] == [20] and bool(client.paused_local_tasks()),
+                                   WAIT, "paused at offset 20")
+            assert await client.resume_async("0_0", skip=True)
+            await eventually_async(lambda: _is(committed(cluster, source, names.app), 30), WAIT, "all committed")
+        finally:
+            reread.set()
+    assert PauseOnBadBytes.asked == ([15, 20] if skip else [15, 15, 20])
+    output = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)]
+    # Below the pause, once; the batch's rows past it left with record 14, so those may come twice.
+    assert sorted(i for i in output if i < 15) == list(range(15))
+    assert set(output) == set(range(30)) - {15, 20}
+    assert all(isinstance(w, BatchWindow) for w in windows)
