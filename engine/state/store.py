@@ -293,6 +293,13 @@ class Journal:
         if self._seen:
             self._seen = {}
 
+    def end_keeping(self) -> None:
+        """``end``, keeping the record's pre-images: a record in flight done but not yet released may
+        still be undone (a PAUSE below it: ``InFlightWindow``)."""
+        self.active = False
+        if self._seen:
+            self._seen = {}
+
     def seen(self, store: StateStore, key: bytes, stored: bytes | None) -> None:
         """``stored`` was read from ``store``'s bytes store for ``key``, which its cache does not hold."""
         slot = (store, key)

@@ -131,7 +131,7 @@ class BatchWindow:
         # The minimum, not the head: after a resume a re-read batch may sit behind a stale one.
         return min((batch.first for batch in self._batches), default=None)
 
-    def resumed(self, tp: TopicPartition, start: int) -> None:
+    def resumed(self, tp: TopicPartition, start: int, skipped: int | None) -> None:
         for batch in self._batches:
             if batch.raws and batch.raws[-1].offset >= start:
                 batch.stopped_at = _lowest(batch.stopped_at, start)

@@ -190,7 +190,7 @@ class ExecutorWindow:
         running = self._running
         return None if running is None or tp != self._tp else running.start
 
-    def resumed(self, tp: TopicPartition, start: int) -> None:
+    def resumed(self, tp: TopicPartition, start: int, skipped: int | None) -> None:
         running = self._running
         if running is not None and running.end > start:
             # The running range is done only below the resume point (a range read ahead is dropped

@@ -136,7 +136,12 @@ class RecordJournals(Journal):
     """The task's stores' journal when records are in flight: the journal of the record in
     flight (``RecordSlot.journal``), or none outside a record (a punctuation journals nothing)."""
 
-    __slots__ = ()
+    __slots__ = ("keep_ended",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Records released in offset order keep their pre-images until released (``end_keeping``).
+        self.keep_ended = False
 
     @staticmethod
     def _current() -> Journal | None:
@@ -160,7 +165,10 @@ class RecordJournals(Journal):
     def end(self) -> None:
         journal = self._current()
         if journal is not None:
-            journal.end()
+            if self.keep_ended:
+                journal.end_keeping()
+            else:
+                journal.end()
 
     def seen(self, store: Any, key: bytes, stored: bytes | None) -> None:
         journal = self._current()
@@ -259,6 +267,13 @@ class InFlightWindow:
         # order, whose output and stream time wait for the next transaction (``committing``).
         self._committing = False
         self._held: list[RecordSlot] = []
+        # In offset order, a done record above a PAUSE is void once the task pauses below it, and its
+        # updates are undone with the other void ones, last first, once none of them is running; until
+        # then (after a resume) its partition takes no record, so nothing read again runs before.
+        journals = task.state_manager.journal if task.state_manager is not None else None
+        if self._in_order and isinstance(journals, RecordJournals):
+            journals.keep_ended = True
+        self._settling: set[TopicPartition] = set()
 
     # -- what the task asks of its run loop ---------------------------------------------
     def metadata(self, tp: TopicPartition, watermark: int) -> str:
@@ -290,10 +305,27 @@ class InFlightWindow:
         slots = self.slots[tp]
         return slots[0].raw.offset if slots else None
 
-    def resumed(self, tp: TopicPartition, start: int) -> None:
+    def resumed(self, tp: TopicPartition, start: int, skipped: int | None) -> None:
+        if skipped is not None and skipped >= start:
+            self._skip[tp].add(skipped)  # read again (records below it were dropped), but not run
         for slot in self.slots[tp]:
             if slot.raw.offset >= start:
                 slot.stale = True
+        # Done and in the commit metadata (their output left): finished, as for a restart, so the
+        # partition read again skips them.
+        self._skip[tp].update(offset for offset in self._completed[tp] if offset >= start)
+        if self._in_order and not self._settle(tp):
+            self._settling.add(tp)
+
+    def _settle(self, tp: TopicPartition) -> bool:
+        """Undo the void done records' updates, last first, once none is running; False: not yet."""
+        slots = self.slots[tp]
+        if any(not slot.done and self._void(slot) for slot in slots):
+            return False
+        for slot in reversed(slots):
+            if slot._journal is not None and self._void(slot):
+                slot._journal.undo()  # a no-op for one whose own attempt undid it
+        return True
 
     async def drain(self) -> None:
         """Every buffered record, until none is in flight. Caller: the test driver."""
@@ -373,8 +405,9 @@ class InFlightWindow:
 
     def _pick(self) -> tuple[ConsumerRecord, TopicPartition] | None:
         group = self._task.input
+        settling = self._settling
         for tp, queue in group.queues().items():
-            if not queue:
+            if not queue or (settling and tp in settling):
                 continue
             if self.ordering != "key":
                 return group.take(tp), tp
@@ -393,6 +426,11 @@ class InFlightWindow:
         """One record's whole graph on its own coroutine, by the task's one per-record path."""
         task, path = self._task, self._path
         began = time.perf_counter_ns()
+        if slot.stale or task.paused_below(slot.raw):
+            # Handed over before a PAUSE below it (or a resume) and not begun: read again, not run now.
+            slot.outputs.clear()
+            await self._complete(slot)
+            return
         token = CURRENT.set(slot)
         try:
             while True:
@@ -428,6 +466,8 @@ class InFlightWindow:
         if self.ordering == "key":
             self._busy_keys.discard((tp.topic, slot.raw.key))
         if self._in_order:
+            if self._settling and tp in self._settling and self._settle(tp):
+                self._settling.discard(tp)  # the last void record of the resumed partition is done
             if task.exactly_once and self._committing:
                 self._pass_done_prefix_holding_output(tp)
             elif task.exactly_once:
@@ -457,10 +497,17 @@ class InFlightWindow:
     async def _release_done_prefix(self, tp: TopicPartition) -> None:
         """Emit the output of the done records at the head of ``tp``, in offset order, and pass them."""
         task, slots = self._task, self.slots[tp]
+        settled = False
         while slots and slots[0].done:
-            head = slots.pop(0)
+            head = slots[0]
             if self._void(head):
+                if not settled and not self._settle(tp):
+                    break  # released once the void records running above it are done
+                settled = True
                 head.outputs.clear()
+            else:
+                self._passed_above_pause(head)
+            slots.pop(0)
             await self._collector.emit(head)
             self.count -= 1
             task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
@@ -471,14 +518,29 @@ class InFlightWindow:
         """``_release_done_prefix`` while the transaction commits: pass the done records at the head
         of ``tp`` and free their slots; their output and stream time wait (``committing``)."""
         task, slots = self._task, self.slots[tp]
+        settled = False
         while slots and slots[0].done:
-            head = slots.pop(0)
+            head = slots[0]
             if self._void(head):
+                if not settled and not self._settle(tp):
+                    break
+                settled = True
                 head.outputs.clear()
+            else:
+                self._passed_above_pause(head)
+            slots.pop(0)
             self.count -= 1
             task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
                                         task.paused_offset(tp))
             self._held.append(head)
+
+    def _passed_above_pause(self, slot: RecordSlot) -> None:
+        """A record released at or above a record the pause dropped (taken ahead of it under ``key``
+        ordering): done, though the position stays below it, so the commit metadata lists it and the
+        resume skips it."""
+        cap = self._task.paused_offset(slot.tp)
+        if cap is not None and slot.raw.offset >= cap:
+            self._completed[slot.tp][slot.raw.offset] = slot.timestamp
 
     def _void(self, slot: RecordSlot) -> bool:
         """Whether ``slot``'s output must not leave: it is read again on resume (at or after the

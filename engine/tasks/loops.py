@@ -53,10 +53,12 @@ class RunLoop(Protocol):
     def lowest_in_flight(self, tp: TopicPartition) -> int | None:
         """The lowest offset of ``tp`` still running or holding output: positions stay below it."""
 
-    def resumed(self, tp: TopicPartition, start: int) -> None:
+    def resumed(self, tp: TopicPartition, start: int, skipped: int | None) -> None:
         """A resume reads ``tp`` again from ``start``: what was taken at or above it before (still
         running, or done and waiting for its turn) is not done, its output does not leave and its
-        failures are not asked about (they are, once read again)."""
+        failures are not asked about (they are, once read again). ``skipped``: the paused record,
+        when the resume goes past it (at or above ``start`` only when buffered records below it were
+        dropped by the pause)."""
 
 
 def run_loop(task: StreamTask, in_flight: InFlightPlan | None,

@@ -340,7 +340,7 @@ class TaskManager:
             if failed is not None and tp == failed[0]:
                 # From the paused record, not the position: that is lower while records below it
                 # are still in flight, and those finish on their own (read again, they would leave twice).
-                position = failed[1] + 1 if skip else failed[1]
+                position = task.read_again_from(tp, failed[1] + 1 if skip else failed[1])
             if position is None:
                 committed = await self._consumer.committed(tp)
                 position = committed.offset if committed is not None else None

@@ -85,7 +85,7 @@ class SequentialLoop:
     def lowest_in_flight(self, _tp: object) -> int | None:
         return None  # a record is never in flight here: it is done before the next one starts
 
-    def resumed(self, tp: TopicPartition, start: int) -> None:
+    def resumed(self, tp: TopicPartition, start: int, skipped: int | None) -> None:
         pass  # nothing is taken while the task is paused, nor left running by the record that paused it
 
     async def _chunk(self) -> ConsumerRecord | None:

@@ -150,6 +150,8 @@ class StreamTask:
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
+        # The lowest buffered record below the paused one that the pause dropped (None: none).
+        self._dropped_below: int | None = None
         # Held while records run (a chunk, a wall-clock punctuation; under exactly-once, a record in
         # flight passing): a commit flushes the caches and takes positions only between records.
         # Fast: the sequential loop takes it once per chunk and must not yield to do so.
@@ -399,11 +401,16 @@ class StreamTask:
             # Records in flight that failed together, a higher one asked first: pause lower.
             if raw.offset < self.paused_at[1]:
                 self.paused_at = (tp, raw.offset)
-                next_offsets[tp] = self._below_in_flight(tp, raw.offset)
+                next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
             return
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
-        next_offsets[tp] = self._below_in_flight(tp, raw.offset)
+        queue = self.input.queues().get(tp)
+        if queue and queue[0].offset < raw.offset:
+            # Under processing.ordering=key a record may be taken ahead of buffered ones (behind a
+            # busy key): those are dropped below the paused one, and read again on resume.
+            self._dropped_below = queue[0].offset
+        next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
         for other, queue in self.input.queues().items():
             if queue and other not in next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
@@ -422,9 +429,10 @@ class StreamTask:
         return paused is not None and paused[0] == (raw.topic, raw.partition) and raw.offset > paused[1]
 
     def paused_offset(self, tp: TopicPartition) -> int | None:
-        """The offset the task is paused at on ``tp``: positions never pass it."""
+        """The offset the task is paused at on ``tp``, or a lower one whose record the pause dropped:
+        positions never pass it."""
         paused = self.paused_at
-        return paused[1] if paused is not None and paused[0] == tp else None
+        return self.read_again_from(tp, paused[1]) if paused is not None and paused[0] == tp else None
 
     def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
         """``offset``, or lower while records below it are still in flight (a batch that has not
@@ -432,17 +440,24 @@ class StreamTask:
         lowest = self.loop.lowest_in_flight(tp) if self.loop is not None else None
         return offset if lowest is None else min(offset, lowest)
 
+    def read_again_from(self, tp: TopicPartition, start: int) -> int:
+        """Where a resume reads the paused partition ``tp`` again for a record at ``start`` (the
+        paused one, or the one after it): lower when buffered records below it were dropped."""
+        dropped = self._dropped_below
+        return start if dropped is None else min(start, dropped)
+
     def resume(self, skip: bool) -> None:
-        """Caller: ``TaskManager.resume`` after it seeked the partitions back."""
+        """Caller: ``TaskManager.resume`` after it seeked the paused partition to ``read_again_from``."""
         if self.paused_at is not None:
             tp, offset = self.paused_at
-            start = offset + 1 if skip else offset
+            start = self.read_again_from(tp, offset + 1 if skip else offset)
             if self.loop is not None:
-                self.loop.resumed(tp, start)
+                self.loop.resumed(tp, start, offset if skip else None)
             self.positions.rewind(tp, start, self._below_in_flight(tp, start))
             if skip:
                 self.context.commit_requested = True
         self.paused_at = None
+        self._dropped_below = None
         self.state.transition_to(TaskState.RUNNING)
         self._wakeup.set()
 

@@ -376,25 +376,25 @@ async def test_records_in_flight_above_the_pause_when_the_resume_comes_are_read_
             await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 5")
             assert calls[6] == calls[7] == calls[8] == 1
             assert await streams.resume_async("0_0", skip=True)
-            await eventually_async(lambda: calls[6] >= 2, 30, "record 6 read again while its first attempt runs")
-            release.set()
+            release.set()  # the first attempts finish after the resume
             await eventually_async(lambda: _committed_is(cluster, names.app, tp, 20), 30, "all committed")
             assert not streams.paused_local_tasks()
     finally:
         release.set()
     assert PauseAndRecord.asked == [5]
+    assert [calls[i] for i in (6, 7, 8)] == [2, 2, 2]  # read again
     output = Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink))
     assert output == Counter(i for i in range(20) if i != 5)
 
 
-@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
-@pytest.mark.xfail(strict=True, reason="open: records done above a PAUSE before it keep their store updates and run "
-                                       "again on resume (double counts); see docs/concurrency.md")
-async def test_a_record_in_flight_above_the_pause_updates_its_store_once_after_the_resume(
-        cluster: Cluster, names, guarantee: str) -> None:
+@pytest.mark.parametrize(("guarantee", "ordering"), [("at_least_once", "key"), ("at_least_once", "partition"),
+                                                     ("exactly_once_v2", "key")])
+async def test_records_in_flight_above_the_pause_update_their_stores_once_after_the_resume(
+        cluster: Cluster, names, guarantee: str, ordering: str) -> None:
     """Record 6 is in flight (waiting on I/O) when record 5 pauses the task, and 7-9 are done before
-    the pause. Record 6's updates are undone (it is read again), but 7-9 ended their records before the
-    pause: their updates stay, and the resume runs them again (each counted twice). Open."""
+    it. Each count is applied once: record 6 is read again and its first attempt undone; 7-9, their
+    output gone already (``key`` ordering), are finished and the resume skips them, or, holding their
+    output (``partition`` ordering, exactly-once), are undone, last first, and read again."""
     if guarantee == "exactly_once_v2" and cluster.bootstrap.startswith("memory://"):
         pytest.skip("the memory broker has no transactions")
     source, sink = names("in"), names("out")
@@ -420,7 +420,7 @@ async def test_a_record_in_flight_above_the_pause_updates_its_store_once_after_t
             .group_by_key().count().to_stream().to(sink, key_serde=INT, value_serde=INT))
     PauseAndRecord.asked = []
     streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering="key", processing_exception_handler=PauseAndRecord,
+                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord,
                            default_dsl_store="in_memory", processing_guarantee=guarantee)
     tp = TopicPartition(source, 0)
     try:
@@ -435,3 +435,54 @@ async def test_a_record_in_flight_above_the_pause_updates_its_store_once_after_t
     records = await cluster.read_all(sink, read_committed=guarantee == "exactly_once_v2")
     counts = {INT.deserialize(r.key): INT.deserialize(r.value) for r in records}
     assert counts == {i: 1 for i in range(10) if i != 5}
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
+async def test_a_pause_under_key_ordering_keeps_and_reads_again_the_records_it_dropped_below_the_paused_one(
+        cluster: Cluster, names, guarantee: str) -> None:
+    """Under ``key`` ordering records 2 (key 2) and 3 (key 3) are taken while record 1 (key 1) waits
+    in the buffer behind record 0 (key 1, in flight). Record 3 pauses the task, which drops the
+    buffer: the commit stays below record 1 once record 0 is done, and the resume reads the partition
+    again from it, skipping record 2 (done: its output left, or, under exactly-once, left with 0's)."""
+    if guarantee == "exactly_once_v2" and cluster.bootstrap.startswith("memory://"):
+        pytest.skip("the memory broker has no transactions")
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await cluster.produce(source, [(key, {"i": i}) for i, key in enumerate([1, 1, 2, 3])], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+    release = threading.Event()
+
+    async def work(value: dict) -> dict:
+        i = value["i"]
+        calls[i] += 1
+        if i == 0:
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        if i == 3:
+            while not calls[2]:
+                await asyncio.sleep(0.01)  # fails once 2 ran
+            raise ValueError("record 3 fails")
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
+    PauseAndRecord.asked = []
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                           processing_ordering="key", processing_exception_handler=PauseAndRecord,
+                           processing_guarantee=guarantee)
+    tp = TopicPartition(source, 0)
+    try:
+        async with streams:
+            await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 3")
+            release.set()
+            await eventually_async(lambda: _committed_is(cluster, names.app, tp, 1), 30,
+                                   "committed up to record 1, which never ran")
+            assert calls[1] == 0
+            assert await streams.resume_async("0_0", skip=True)
+            await eventually_async(lambda: _committed_is(cluster, names.app, tp, 4), 30, "all committed")
+    finally:
+        release.set()
+    assert PauseAndRecord.asked == [3]
+    assert calls == Counter([0, 1, 2, 3])
+    records = await cluster.read_all(sink, read_committed=guarantee == "exactly_once_v2")
+    assert sorted(JSON.deserialize(r.value)["i"] for r in records) == [0, 1, 2]
