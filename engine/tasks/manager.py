@@ -334,18 +334,11 @@ class TaskManager:
         task = self.tasks.get(task_id)
         if task is None or not task.is_paused:
             return False
-        failed = task.paused_at
-        for tp in sorted(task.partitions):
-            position = task.position(tp)
-            if failed is not None and tp == failed[0]:
-                # From the paused record, not the position: that is lower while records below it
-                # are still in flight, and those finish on their own (read again, they would leave twice).
-                position = task.read_again_from(tp, failed[1] + 1 if skip else failed[1])
-            if position is None:
-                committed = await self._consumer.committed(tp)
-                position = committed.offset if committed is not None else None
-            if position is not None:
-                self._consumer.seek(tp, position)
+        # From the paused record and from the records the pause dropped, not from the positions:
+        # those are lower while records are in flight, which finish on their own (read again, they
+        # would run and leave twice).
+        for tp, position in sorted(task.resume_offsets(skip).items()):
+            self._consumer.seek(tp, position)
         task.resume(skip)
         self._consumer.resume(*task.partitions)
         self._log.info("Resumed task %s%s", task_id, " past the failed record" if skip else "")

@@ -150,8 +150,8 @@ class StreamTask:
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
         self.paused_at: tuple[TopicPartition, int] | None = None
-        # The lowest buffered record below the paused one that the pause dropped (None: none).
-        self._dropped_below: int | None = None
+        # The lowest buffered offset per partition that the pause dropped: read again from there.
+        self._dropped: dict[TopicPartition, int] = {}
         # Held while records run (a chunk, a wall-clock punctuation; under exactly-once, a record in
         # flight passing): a commit flushes the caches and takes positions only between records.
         # Fast: the sequential loop takes it once per chunk and must not yield to do so.
@@ -405,16 +405,17 @@ class StreamTask:
             return
         self.state.transition_to(TaskState.PAUSED)
         self.paused_at = (tp, raw.offset)
-        queue = self.input.queues().get(tp)
-        if queue and queue[0].offset < raw.offset:
-            # Under processing.ordering=key a record may be taken ahead of buffered ones (behind a
-            # busy key): those are dropped below the paused one, and read again on resume.
-            self._dropped_below = queue[0].offset
+        # Under processing.ordering=key a record may be taken ahead of buffered ones (behind a busy
+        # key): the lowest dropped may be below the paused record, or below records taken.
+        # (The paused record itself may head its queue, not taken yet: that is no record dropped below it.)
+        self._dropped = {TopicPartition(*other): queue[0].offset
+                         for other, queue in self.input.queues().items()
+                         if queue and (other != tp or queue[0].offset < raw.offset)}
         next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
-        for other, queue in self.input.queues().items():
-            if queue and other not in next_offsets:
+        for other, first in self._dropped.items():
+            if other not in next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
-                next_offsets[other] = queue[0].offset
+                next_offsets[other] = first
         self.input.clear()
         self.timer.clear()  # a paused task keeps no timer
         self.context.commit_requested = True
@@ -429,10 +430,14 @@ class StreamTask:
         return paused is not None and paused[0] == (raw.topic, raw.partition) and raw.offset > paused[1]
 
     def paused_offset(self, tp: TopicPartition) -> int | None:
-        """The offset the task is paused at on ``tp``, or a lower one whose record the pause dropped:
-        positions never pass it."""
+        """The offset the task is paused at on ``tp``, or a lower one whose record the pause dropped
+        (on another partition of the task: the lowest it dropped there): positions never pass it."""
         paused = self.paused_at
-        return self.read_again_from(tp, paused[1]) if paused is not None and paused[0] == tp else None
+        if paused is None:
+            return None
+        if paused[0] == tp:
+            return self.read_again_from(tp, paused[1])
+        return self._dropped.get(tp)
 
     def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
         """``offset``, or lower while records below it are still in flight (a batch that has not
@@ -443,21 +448,32 @@ class StreamTask:
     def read_again_from(self, tp: TopicPartition, start: int) -> int:
         """Where a resume reads the paused partition ``tp`` again for a record at ``start`` (the
         paused one, or the one after it): lower when buffered records below it were dropped."""
-        dropped = self._dropped_below
+        dropped = self._dropped.get(tp)
         return start if dropped is None else min(start, dropped)
 
+    def resume_offsets(self, skip: bool) -> dict[TopicPartition, int]:
+        """Where the resume reads each partition again: the paused one from the paused record (or
+        past it), the others from the first record the pause dropped; one that dropped none reads
+        on where its consumer is (its records in flight finish as they are)."""
+        if self.paused_at is None:
+            return {}
+        tp, offset = self.paused_at
+        starts = dict(self._dropped)
+        starts[tp] = self.read_again_from(tp, offset + 1 if skip else offset)
+        return starts
+
     def resume(self, skip: bool) -> None:
-        """Caller: ``TaskManager.resume`` after it seeked the paused partition to ``read_again_from``."""
+        """Caller: ``TaskManager.resume`` after it seeked the partitions to ``resume_offsets``."""
         if self.paused_at is not None:
-            tp, offset = self.paused_at
-            start = self.read_again_from(tp, offset + 1 if skip else offset)
-            if self.loop is not None:
-                self.loop.resumed(tp, start, offset if skip else None)
-            self.positions.rewind(tp, start, self._below_in_flight(tp, start))
+            paused, offset = self.paused_at
+            for tp, start in self.resume_offsets(skip).items():
+                if self.loop is not None:
+                    self.loop.resumed(tp, start, offset if skip and tp == paused else None)
+                self.positions.rewind(tp, start, self._below_in_flight(tp, start))
             if skip:
                 self.context.commit_requested = True
         self.paused_at = None
-        self._dropped_below = None
+        self._dropped = {}
         self.state.transition_to(TaskState.RUNNING)
         self._wakeup.set()
 

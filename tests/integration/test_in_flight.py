@@ -486,3 +486,46 @@ async def test_a_pause_under_key_ordering_keeps_and_reads_again_the_records_it_d
     assert calls == Counter([0, 1, 2, 3])
     records = await cluster.read_all(sink, read_committed=guarantee == "exactly_once_v2")
     assert sorted(JSON.deserialize(r.value)["i"] for r in records) == [0, 1, 2]
+
+
+async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_once(cluster: Cluster, names) -> None:
+    """A task of two partitions pauses on one while records of the other are in flight (101) and done
+    above it (102): the resume does not read those again from the other partition's position (1)."""
+    first, second, sink = names("in1"), names("in2"), names("out")
+    await cluster.create_topics({first: 1, second: 1, sink: 1})
+    # The second partition's records are older: they are taken first.
+    await cluster.produce(second, [(i, {"i": i}) for i in (100, 101, 102)], INT, JSON, partitions=1, timestamp=1_000)
+    await cluster.produce(first, [(i, {"i": i}) for i in (0, 1)], INT, JSON, partitions=1, timestamp=2_000)
+    calls: Counter[int] = Counter()
+    release = threading.Event()
+
+    async def work(value: dict) -> dict:
+        i = value["i"]
+        calls[i] += 1
+        if i == 101:
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        if i == 1:
+            raise ValueError("record 1 fails")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream([first, second], key_serde=INT, value_serde=JSON).map_values(work)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    PauseAndRecord.asked = []
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                           processing_exception_handler=PauseAndRecord)
+    try:
+        async with streams:
+            await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
+            assert calls[100] == calls[101] == calls[102] == 1
+            assert await streams.resume_async("0_0", skip=True)
+            release.set()  # 101 finishes after the resume
+            await eventually_async(lambda: _committed_is(cluster, names.app, TopicPartition(second, 0), 3), 30,
+                                   "the second partition committed")
+            await eventually_async(lambda: _committed_is(cluster, names.app, TopicPartition(first, 0), 2), 30,
+                                   "the first partition committed")
+    finally:
+        release.set()
+    assert calls == Counter([0, 1, 100, 101, 102])
+    assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 100, 101, 102]
