@@ -352,6 +352,5 @@ class BatchWindow:
         await self._path.forward_rows(self._node, carrier, out)
 
 
-
 def _lowest(first: int | None, second: int | None) -> int | None:
     return second if first is None else first if second is None else min(first, second)

@@ -496,51 +496,37 @@ class InFlightWindow:
 
     async def _release_done_prefix(self, tp: TopicPartition) -> None:
         """Emit the output of the done records at the head of ``tp``, in offset order, and pass them."""
-        task, slots = self._task, self.slots[tp]
-        settled = False
-        while slots and slots[0].done:
-            head = slots[0]
-            if self._void(head):
-                if not settled and not self._settle(tp):
-                    break  # released once the void records running above it are done
-                settled = True
-                head.outputs.clear()
-            else:
-                self._passed_above_pause(head)
-            slots.pop(0)
+        while (head := self._pass_head(tp)) is not None:
             await self._collector.emit(head)
-            self.count -= 1
-            task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
-                                        task.paused_offset(tp))
             await self._passed(head.timestamp)
 
     def _pass_done_prefix_holding_output(self, tp: TopicPartition) -> None:
         """``_release_done_prefix`` while the transaction commits: pass the done records at the head
         of ``tp`` and free their slots; their output and stream time wait (``committing``)."""
-        task, slots = self._task, self.slots[tp]
-        settled = False
-        while slots and slots[0].done:
-            head = slots[0]
-            if self._void(head):
-                if not settled and not self._settle(tp):
-                    break
-                settled = True
-                head.outputs.clear()
-            else:
-                self._passed_above_pause(head)
-            slots.pop(0)
-            self.count -= 1
-            task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp),
-                                        task.paused_offset(tp))
+        while (head := self._pass_head(tp)) is not None:
             self._held.append(head)
 
-    def _passed_above_pause(self, slot: RecordSlot) -> None:
-        """A record released at or above a record the pause dropped (taken ahead of it under ``key``
-        ordering): done, though the position stays below it, so the commit metadata lists it and the
-        resume skips it."""
-        cap = self._task.paused_offset(slot.tp)
-        if cap is not None and slot.raw.offset >= cap:
-            self._completed[slot.tp][slot.raw.offset] = slot.timestamp
+    def _pass_head(self, tp: TopicPartition) -> RecordSlot | None:
+        """Take the done record at the head of ``tp`` out of the window and move the position past
+        it (None: the head is running, or void while void records above it still run). A void one's
+        output is dropped once the void records' updates are undone (``_settle``); one released at or
+        above a record the pause dropped (taken ahead of it under ``key`` ordering) is done though
+        the position stays below it, so the commit metadata lists it and the resume skips it."""
+        task, slots = self._task, self.slots[tp]
+        if not slots or not slots[0].done:
+            return None
+        head = slots[0]
+        cap = task.paused_offset(tp)
+        if self._void(head):
+            if not self._settle(tp):
+                return None
+            head.outputs.clear()
+        elif cap is not None and head.raw.offset >= cap:
+            self._completed[tp][head.raw.offset] = head.timestamp
+        slots.pop(0)
+        self.count -= 1
+        task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp), cap)
+        return head
 
     def _void(self, slot: RecordSlot) -> bool:
         """Whether ``slot``'s output must not leave: it is read again on resume (at or after the

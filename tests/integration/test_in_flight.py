@@ -355,12 +355,10 @@ async def test_records_in_flight_above_the_pause_when_the_resume_comes_are_read_
         i = value["i"]
         calls[i] += 1
         if i == 5 and calls[i] == 1:
-            while not calls[8]:
-                await asyncio.sleep(0.01)  # fails once 6-8 are in flight
+            await eventually_async(lambda: calls[8], 30, "records 6-8 in flight")
             raise ValueError("record 5 fails once")
         if i in (6, 7, 8) and calls[i] == 1:
-            while not release.is_set():
-                await asyncio.sleep(0.01)
+            await eventually_async(release.is_set, 30, "the test to release the record")
             if i == 7:
                 raise ValueError("record 7 fails on its first attempt, after the resume")
         return value
@@ -407,12 +405,10 @@ async def test_records_in_flight_above_the_pause_update_their_stores_once_after_
         i = value["i"]
         calls[i] += 1
         if i == 5 and calls[i] == 1:
-            while not calls[6]:
-                await asyncio.sleep(0.01)  # fails once 6 is in flight
+            await eventually_async(lambda: calls[6], 30, "record 6 in flight")
             raise ValueError("record 5 fails once")
         if i == 6 and calls[i] == 1:
-            while not paused.is_set():
-                await asyncio.sleep(0.01)
+            await eventually_async(paused.is_set, 30, "the test to see the pause")
         return value
 
     builder = StreamsBuilder()
@@ -456,11 +452,9 @@ async def test_a_pause_under_key_ordering_keeps_and_reads_again_the_records_it_d
         i = value["i"]
         calls[i] += 1
         if i == 0:
-            while not release.is_set():
-                await asyncio.sleep(0.01)
+            await eventually_async(release.is_set, 30, "the test to release the record")
         if i == 3:
-            while not calls[2]:
-                await asyncio.sleep(0.01)  # fails once 2 ran
+            await eventually_async(lambda: calls[2], 30, "record 2 done")
             raise ValueError("record 3 fails")
         return value
 
@@ -503,8 +497,7 @@ async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_
         i = value["i"]
         calls[i] += 1
         if i == 101:
-            while not release.is_set():
-                await asyncio.sleep(0.01)
+            await eventually_async(release.is_set, 30, "the test to release the record")
         if i == 1:
             raise ValueError("record 1 fails")
         return value
