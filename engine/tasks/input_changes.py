@@ -5,8 +5,9 @@ A task is (sub-topology, partition) and reads that partition of each of its sub-
 so a new matching topic adds a partition to tasks that keep running through a cooperative
 rebalance, and a deleted one takes one away. Kafka Streams updates such a task's input partitions
 in place (``Task#updateInputPartitions``); here the task closes cleanly (finish, commit) and is
-created again with all its partitions, from its committed offsets: the same records, one path
-for creating tasks.
+created again with all its partitions, from its committed offsets (the task manager seeks the
+partitions it keeps back to them: the consumer's position is past the records the closed task
+fetched and did not process): the same records, one path for creating tasks.
 
 Caller: the stream thread's rebalance listener (``streamloop.threads.loop``), only for a topology
 that reads by pattern, before ``TaskManager.handle_assignment``. Eager rebalances revoke every

@@ -385,7 +385,9 @@ class TaskManager:
             finally:
                 # Whatever the commit did, the stores close (and release their files) here.
                 released: list[TopicPartition] = []
+                restart: dict[TopicPartition, int] = {}
                 for task in tasks:
+                    restart.update(task.restart_offsets())
                     task_clean = clean and task.transaction_error is None
                     # A task an error handler PAUSED has its partitions paused in the consumer too: a
                     # revived task (created again, RUNNING) must fetch them again.
@@ -400,9 +402,22 @@ class TaskManager:
                         self._by_partition.pop(tp, None)
                         if self._pressure.drop(tp) or handler_paused:
                             released.append(tp)
+                self._rewind_kept(restart)
                 self._resume_released(released)
         self._log.log(logging.DEBUG if clean else logging.INFO, "Closed tasks %s %s", [str(t.id) for t in tasks],
                       "cleanly" if clean else "dirty")
+
+    def _rewind_kept(self, restart: dict[TopicPartition, int]) -> None:
+        """Partitions of closed tasks that stay assigned (a cooperative rebalance that changed a
+        task's partitions, a revival) go back to where the closed tasks stopped: the task created
+        again on them reads on from the consumer's position, which is past the records fetched but
+        not processed (lost, under at-least-once, with their offsets committed past them)."""
+        if self.shut_down:
+            return
+        assigned = self._consumer.assignment()
+        for tp, offset in sorted(restart.items()):
+            if tp in assigned:
+                self._consumer.seek(tp, offset)
 
     def _resume_released(self, partitions: list[TopicPartition]) -> None:
         """Resume fetching partitions that back-pressure or a PAUSE answer paused for a task now

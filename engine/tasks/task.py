@@ -152,6 +152,9 @@ class StreamTask:
         self.paused_at: tuple[TopicPartition, int] | None = None
         # The lowest buffered offset per partition that the pause dropped: read again from there.
         self._dropped: dict[TopicPartition, int] = {}
+        # The offset of the first record given per partition: where a task created again on it reads
+        # from when this one committed nothing there (``restart_offsets``).
+        self._first_given: dict[TopicPartition, int] = {}
         # Held while records run (a chunk, a wall-clock punctuation; under exactly-once, a record in
         # flight passing): a commit flushes the caches and takes positions only between records.
         # Fast: the sequential loop takes it once per chunk and must not yield to do so.
@@ -171,6 +174,8 @@ class StreamTask:
         A paused task drops them: they were fetched before its partitions were
         paused, and ``resume`` reads them again.
         """
+        if records and partition not in self._first_given:
+            self._first_given[partition] = records[0].offset
         if self.state.state is TaskState.PAUSED:
             return 0
         held = self.input.add(partition, records)
@@ -542,6 +547,15 @@ class StreamTask:
         self.positions.mark_committed(offsets)
         if self.state_manager is not None:
             self.state_manager.commit(offsets)
+
+    def restart_offsets(self) -> dict[TopicPartition, int]:
+        """Where a task created again on these partitions reads them from, once this one is closed:
+        its last commit (after a clean close, everything it processed), else the first record it was
+        given (it committed nothing there). Not its consumer's position: the records it fetched but
+        did not process lie below that. A partition it got no record of is left where it is."""
+        committed = self.committed_offsets()
+        return {tp: committed.get(tp, self._first_given.get(tp, -1)) for tp in self.partitions
+                if tp in committed or tp in self._first_given}
 
     def commit_needed(self) -> bool:
         return self.context.commit_requested

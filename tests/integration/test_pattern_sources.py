@@ -5,7 +5,10 @@ stateful step after a pattern source counts over all of them."""
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -144,3 +147,96 @@ async def test_under_exactly_once_a_new_topic_joins_without_duplicates(cluster: 
         await cluster.read(sink, 30, timeout=60)
     output = [STR.deserialize(r.value) for r in await cluster.read_all(sink, read_committed=True)]
     assert sorted(output) == sorted([f"a-{i}" for i in range(20)] + [f"b-{i}" for i in range(10)])
+
+
+class HeldFirst:
+    """Forwards each record; the first waits until ``release()``, so the records fetched behind it are
+    buffered, not processed, when the task closes. ``holding`` is set once it waits."""
+
+    def __init__(self, holding: threading.Event, release: Callable[[], bool]) -> None:
+        self._holding = holding
+        self._release = release
+        self._held = False
+
+    def init(self, context: Any) -> None:
+        self.context = context
+
+    async def process(self, record: Any) -> None:
+        if not self._held:
+            self._held = True
+            self._holding.set()
+            await eventually_async(self._release, 60, "the close of the task holding the first record")
+        self.context.forward(record)
+
+    def close(self) -> None:
+        pass
+
+
+class CloseSeen(logging.Handler):
+    """True once the stream thread logged that it closes tasks for a change of their partitions (it
+    asks them to close right after; no public signal says so), counting from ``watch()``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self._watching = self._seen = False
+        self._logger = logging.getLogger("streamloop.threads.stream_thread")
+
+    def __enter__(self) -> CloseSeen:
+        self._level = self._logger.level
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+    def watch(self) -> None:
+        self._watching = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._watching and ("Partitions revoked" in record.getMessage()
+                               or "Input partitions of tasks" in record.getMessage()):
+            self._seen = True
+
+    def __call__(self) -> bool:
+        return self._seen
+
+
+@pytest.mark.parametrize("change", ["deleted", "created"])
+@pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
+async def test_records_buffered_when_a_task_closes_for_its_topics_change_are_read_again(
+        cluster: Cluster, names: Any, change: str) -> None:
+    """A task whose partitions change (a matching topic deleted or created) closes and is created
+    again on the partitions it keeps. The records it had fetched but not processed are not lost: the
+    new task reads each kept partition from the closed task's commit, not from the consumer's position
+    (which is past them)."""
+    gone, stays, sink = names("HOLD-A"), names("HOLD-B"), names("out")
+    await cluster.create_topics({stays: 1, sink: 1, **({gone: 1} if change == "deleted" else {})})
+    holding, closing = threading.Event(), CloseSeen()
+    builder = StreamsBuilder()
+    (builder.stream(re.compile(f"HOLD-[A-Z]-{re.escape(names.suffix)}"), key_serde=STR, value_serde=STR)
+            .process(lambda: HeldFirst(holding, closing)).to(sink, key_serde=STR, value_serde=STR))
+    values = ["first", "second", "third"]
+    await cluster.produce(stays, [("k", v) for v in values], STR, STR, partitions=1)
+
+    with closing:
+        async with make_streams(builder.build(), cluster.bootstrap, names.app, **FAST_METADATA) as streams:
+            before = {gone, stays} if change == "deleted" else {stays}
+            await eventually_async(lambda: assigned_topics(streams) == before and holding.is_set(), timeout=60,
+                                   what="the tasks before the change, the first record held")
+            closing.watch()  # from the change on
+            if change == "deleted":
+                admin = cluster.transport.admin("test-admin")
+                await admin.start()
+                try:
+                    await admin.delete_topics([gone])
+                finally:
+                    await admin.close()
+            else:
+                await cluster.create_topics({gone: 1})
+            after = {stays} if change == "deleted" else {gone, stays}
+            await eventually_async(lambda: assigned_topics(streams) == after, timeout=60,
+                                   what="the tasks after the change")
+            output = await cluster.read(sink, 3, timeout=60)
+    assert [STR.deserialize(r.value) for r in output] == values

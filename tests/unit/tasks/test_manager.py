@@ -55,6 +55,10 @@ class RecordingConsumer:
     # Records fetched ahead of poll per partition (aiokafka's prefetch); taken at most once.
     ahead: dict[TopicPartition, list[FetchedRecord]] = field(default_factory=dict)
     taken_before_pause: list[TopicPartition] = field(default_factory=list)
+    seeks: list[tuple[TopicPartition, int]] = field(default_factory=list)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self.seeks.append((partition, offset))
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -532,6 +536,37 @@ async def test_a_partition_paused_by_back_pressure_is_resumed_when_its_task_clos
     assert parked.consumer.paused() == set()
     parked.manager.add_records({A0: records(A0, 0, 5)})
     assert parked.consumer.paused() == {A0}  # and back-pressure tracks it again
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("clean", [True, False])
+async def test_a_closed_tasks_partitions_that_stay_assigned_go_back_to_its_first_unprocessed_record(
+        parked: Rig, clean: bool) -> None:
+    # A cooperative rebalance that changes a task's partitions closes it and creates it again on
+    # those it keeps: the consumer's position is past the records it fetched and did not process.
+    parked.consumer.assigned = {A0, B0}
+    parked.manager.handle_assignment([A0, B0])
+    parked.manager.add_records({A0: records(A0, 3, 5)})
+
+    await parked.manager.close_tasks(list(parked.manager.tasks.values()), clean=clean, timeout=0.1)
+
+    assert parked.consumer.seeks == [(A0, 3)]  # B-0 gave it nothing: it reads on where it is
+
+
+@pytest.mark.asyncio
+async def test_a_closed_tasks_partitions_that_were_revoked_or_shut_down_are_not_seeked(parked: Rig) -> None:
+    parked.consumer.assigned = {A0, B0}
+    parked.manager.handle_assignment([A0, B0])
+    parked.manager.add_records({A0: records(A0, 3, 5), B0: records(B0, 0, 2)})
+    parked.consumer.assigned = {B0}  # A-0 was revoked
+
+    await parked.manager.close_tasks(list(parked.manager.tasks.values()), clean=True, timeout=0.1)
+    assert parked.consumer.seeks == [(B0, 0)]
+
+    parked.manager.handle_assignment([B0])
+    parked.manager.add_records({B0: records(B0, 0, 2)})
+    await parked.manager.shutdown(clean=True, timeout=0.1)
+    assert parked.consumer.seeks == [(B0, 0)]  # nothing more: no task follows a shutdown
 
 
 @pytest.mark.asyncio
