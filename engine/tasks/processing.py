@@ -375,7 +375,13 @@ class RecordPath:
         if action is Answer.FAIL:
             raise error from exc
         if action is Answer.PAUSE:
-            self._task.pause(raw)
+            task = self._task
+            task.pause(raw)
+            slot = CURRENT.get()
+            if slot is not None and task.paused_at is not None and task.paused_at[0] != slot.tp:
+                # In flight on another partition than the one paused at (which it was already): read
+                # again from it on resume, so its attempt is void and its offset is not done.
+                slot.stale = True
             return Outcome.PAUSED
         self._task.dropped += 1
         return Outcome.SKIPPED

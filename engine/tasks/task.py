@@ -402,9 +402,15 @@ class StreamTask:
         """
         tp = TopicPartition(raw.topic, raw.partition)
         next_offsets = self.positions.next
-        if self.paused_at is not None and self.paused_at[0] == tp:
-            # Records in flight that failed together, a higher one asked first: pause lower.
-            if raw.offset < self.paused_at[1]:
+        if self.paused_at is not None:
+            if self.paused_at[0] != tp:
+                # A record in flight on another partition failed after the pause, answered PAUSE too:
+                # the task stays paused, and that partition is read again from it, as from a record
+                # the pause dropped (its handler is asked again if it fails again).
+                self._dropped[tp] = min(self._dropped.get(tp, raw.offset), raw.offset)
+                next_offsets[tp] = self._below_in_flight(tp, min(next_offsets.get(tp, raw.offset), raw.offset))
+            elif raw.offset < self.paused_at[1]:
+                # Records in flight that failed together, a higher one asked first: pause lower.
                 self.paused_at = (tp, raw.offset)
                 next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
             return

@@ -522,3 +522,53 @@ async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_
         release.set()
     assert calls == Counter([0, 1, 100, 101, 102])
     assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 100, 101, 102]
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key", "unordered"])
+async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is_read_again_on_resume(
+        cluster: Cluster, names, ordering: str) -> None:
+    """A task of two partitions pauses at record 1 of one while record 101 of the other is in flight;
+    101 then fails and its handler answers PAUSE too. The task stays paused (it does not fail), the
+    commit of the other partition stops at 101, and the resume reads it again from there."""
+    first, second, sink = names("in1"), names("in2"), names("out")
+    await cluster.create_topics({first: 1, second: 1, sink: 1})
+    await cluster.produce(second, [(i, {"i": i}) for i in (100, 101, 102)], INT, JSON, partitions=1, timestamp=1_000)
+    await cluster.produce(first, [(i, {"i": i}) for i in (0, 1)], INT, JSON, partitions=1, timestamp=2_000)
+    calls: Counter[int] = Counter()
+    paused = threading.Event()
+
+    async def work(value: dict) -> dict:
+        i = value["i"]
+        calls[i] += 1
+        if i == 101 and calls[i] == 1:
+            await eventually_async(paused.is_set, 30, "the test to see the pause")
+            raise ValueError("record 101 fails once, while the task is paused")
+        if i == 1 and calls[i] == 1:
+            raise ValueError("record 1 fails once")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream([first, second], key_serde=INT, value_serde=JSON).map_values(work)
+            .to(sink, key_serde=INT, value_serde=JSON))
+    PauseAndRecord.asked = []
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord)
+    try:
+        async with streams:
+            await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
+            paused.set()
+            await eventually_async(lambda: len(PauseAndRecord.asked) == 2, 30, "the handler asked about 101")
+            await eventually_async(lambda: _committed_is(cluster, names.app, TopicPartition(second, 0), 1), 30,
+                                   "the second partition committed up to 101")
+            assert streams.paused_local_tasks()  # still paused, not failed
+            assert await streams.resume_async("0_0", skip=False)
+            await eventually_async(lambda: _committed_is(cluster, names.app, TopicPartition(second, 0), 3), 30,
+                                   "the second partition committed")
+            await eventually_async(lambda: _committed_is(cluster, names.app, TopicPartition(first, 0), 2), 30,
+                                   "the first partition committed")
+    finally:
+        paused.set()
+    assert PauseAndRecord.asked == [1, 1]  # record 1, then record 101: offset 1 of each partition
+    assert (calls[101], calls[1]) == (2, 2)
+    assert Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == Counter(
+        [0, 1, 100, 101, 102])
