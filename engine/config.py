@@ -495,7 +495,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(SPARK_BATCH_SHARED_MAX_MS, int, 10_000,
               "A Spark job shared by several tasks that runs longer is given up and each task's part runs on "
               "its own, so one task's slow records hold the others back at most this long; any job running "
-              "longer stops counting against max.in.flight (0: never).", _at_least(0)),
+              "longer stops counting against max.in.flight (0: never). A to_spark job, which writes as it runs, "
+              "is never given up.", _at_least(0)),
     ConfigKey(SPARK_BATCH_EAGER, bool, True,
               "On the bulk path, a Spark job is sealed as soon as it holds records and the stage has no other "
               "job running (with max.in.flight above 2: fewer than max.in.flight - 1), so Spark is never idle "

@@ -157,6 +157,9 @@ class SparkBatchStage:
         self.read_setting = read
         self.read = read or cfg.SPARK_READ_DRIVER
         self._job = job
+        # ``to_spark``: the job writes as it runs, and a job given up may still write (the cancel
+        # comes after its write, or before a job its worker thread then starts).
+        self.writes = not isinstance(job, TransformJob)
         self._settings = settings
         self._key_column = key_column
         self._value_columns = value_columns

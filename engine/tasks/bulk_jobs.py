@@ -96,6 +96,8 @@ class StageJobs:
         self.max_records, self.max_wait_s, self.max_in_flight = stage.batching()
         self.max_bytes = stage.max_bytes
         self.max_shared_s = stage.max_shared_ms / 1000.0 if stage.max_shared_ms else None
+        # A job that writes is never given up for its parts to run alone: both writes would land.
+        self._split_after_s = None if stage.writes else self.max_shared_s
         # Jobs sealed and holding a slot below which the open job seals at once (None: never).
         self._eager_below = max(1, self.max_in_flight - 1) if stage.eager else None
         self._open: Job | None = None
@@ -164,7 +166,7 @@ class StageJobs:
             group.start_soon(self._free_slot_after, job)
             try:
                 # A job of several tasks is given up then, and each part runs on its own.
-                with anyio.move_on_after(self.max_shared_s if shared else None) as scope:
+                with anyio.move_on_after(self._split_after_s if shared else None) as scope:
                     job.results = await self._stage.run_parts(parts)
                 if scope.cancelled_caught:
                     log.info("A Spark job of stage '%s' shared by %d tasks ran past spark.batch.shared.max.ms; "

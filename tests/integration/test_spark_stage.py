@@ -316,13 +316,16 @@ async def test_close_gives_up_on_a_batch_stuck_past_the_close_timeout_and_commit
     assert sorted(v["i"] for v in values(await kafka.read_all(sink))) == list(range(5))
 
 
+@pytest.mark.parametrize("shared_max_ms", [10_000, 1])
 async def test_the_spark_sink_writes_parquet_before_offsets_are_committed(kafka: Cluster, names, spark,
-                                                                           tmp_path) -> None:
+                                                                           tmp_path, shared_max_ms: int) -> None:
+    """With ``spark.batch.shared.max.ms`` 1, every job the two tasks share runs past it: a Spark sink's
+    job, which writes as it runs, is not given up then (its write would land beside each part's own)."""
     source, _sink = await produce(kafka, names, 30)
     path = str(tmp_path / "lake")
     builder = StreamsBuilder()
     builder.stream(source, key_serde=INT, value_serde=JSON).to_spark(path, max_records=10)
-    async with make_client(builder, kafka, names.app):
+    async with make_client(builder, kafka, names.app, spark_batch_shared_max_ms=shared_max_ms):
         for p in (0, 1):
             await eventually_async(lambda p=p: _is(committed(kafka, names.app, source, p), 15), WAIT,
                                    f"partition {p} committed")
