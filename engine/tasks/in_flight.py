@@ -445,6 +445,12 @@ class InFlightWindow:
                 await wait_for_retry(task, slot.raw)
                 if task.closing:
                     return  # never completed: the commit stays below it, the next owner runs it
+                if slot.stale or task.paused_below(slot.raw):
+                    # A PAUSE below it or a resume came during the back-off: read again, not run now
+                    # (a synchronous graph's attempt would end done, its store updates kept).
+                    outcome = Outcome.PAUSED
+                    slot.outputs.clear()
+                    break
         finally:
             CURRENT.reset(token)
         retries = task.timer.records

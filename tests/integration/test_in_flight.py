@@ -482,14 +482,20 @@ async def test_a_pause_under_key_ordering_keeps_and_reads_again_the_records_it_d
     assert sorted(JSON.deserialize(r.value)["i"] for r in records) == [0, 1, 2]
 
 
+async def two_partitions(cluster: Cluster, names) -> tuple[str, str, str]:
+    """Topics ``first`` (records 0, 1) and ``second`` (100-102) read by one task, and a sink. The second
+    partition's records are older: they are taken first."""
+    first, second, sink = names("in1"), names("in2"), names("out")
+    await cluster.create_topics({first: 1, second: 1, sink: 1})
+    await cluster.produce(second, [(i, {"i": i}) for i in (100, 101, 102)], INT, JSON, partitions=1, timestamp=1_000)
+    await cluster.produce(first, [(i, {"i": i}) for i in (0, 1)], INT, JSON, partitions=1, timestamp=2_000)
+    return first, second, sink
+
+
 async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_once(cluster: Cluster, names) -> None:
     """A task of two partitions pauses on one while records of the other are in flight (101) and done
     above it (102): the resume does not read those again from the other partition's position (1)."""
-    first, second, sink = names("in1"), names("in2"), names("out")
-    await cluster.create_topics({first: 1, second: 1, sink: 1})
-    # The second partition's records are older: they are taken first.
-    await cluster.produce(second, [(i, {"i": i}) for i in (100, 101, 102)], INT, JSON, partitions=1, timestamp=1_000)
-    await cluster.produce(first, [(i, {"i": i}) for i in (0, 1)], INT, JSON, partitions=1, timestamp=2_000)
+    first, second, sink = await two_partitions(cluster, names)
     calls: Counter[int] = Counter()
     release = threading.Event()
 
@@ -530,10 +536,7 @@ async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is
     """A task of two partitions pauses at record 1 of one while record 101 of the other is in flight;
     101 then fails and its handler answers PAUSE too. The task stays paused (it does not fail), the
     commit of the other partition stops at 101, and the resume reads it again from there."""
-    first, second, sink = names("in1"), names("in2"), names("out")
-    await cluster.create_topics({first: 1, second: 1, sink: 1})
-    await cluster.produce(second, [(i, {"i": i}) for i in (100, 101, 102)], INT, JSON, partitions=1, timestamp=1_000)
-    await cluster.produce(first, [(i, {"i": i}) for i in (0, 1)], INT, JSON, partitions=1, timestamp=2_000)
+    first, second, sink = await two_partitions(cluster, names)
     calls: Counter[int] = Counter()
     paused = threading.Event()
 
@@ -572,3 +575,44 @@ async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is
     assert (calls[101], calls[1]) == (2, 2)
     assert Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == Counter(
         [0, 1, 100, 101, 102])
+
+
+async def test_a_record_whose_back_off_ends_after_a_pause_below_it_or_the_resume_is_read_again_not_run(
+        cluster: Cluster, names) -> None:
+    """Under ``key`` ordering record 2 times out and backs off (2 s: the task's second timeout in a row)
+    while record 1 waits behind record 0 (same key, backing off 1 s). Record 0 then passes, record 1
+    pauses the task, and the test resumes past it. Record 2's back-off ends after the resume, which
+    reads it again: the attempt due then does not run (run, its count stayed and it counted twice)."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    keys = [10, 10, 20, 30, 40, 50]
+    await cluster.produce(source, [(key, {"i": i}) for i, key in enumerate(keys)], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+
+    def work(value: dict) -> dict:
+        i = value["i"]
+        calls[i] += 1
+        if i in (0, 2) and calls[i] == 1:
+            raise TimeoutError(f"record {i} times out once")
+        if i == 1:
+            raise ValueError("record 1 fails")
+        return value
+
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work)
+            .group_by_key().count().to_stream().to(sink, key_serde=INT, value_serde=INT))
+    PauseAndRecord.asked = []
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                           processing_ordering="key", processing_exception_handler=PauseAndRecord,
+                           task_timeout_ms=60_000, retry_backoff_ms=1_000, retry_backoff_max_ms=10_000,
+                           default_dsl_store="in_memory")
+    tp = TopicPartition(source, 0)
+    async with streams:
+        await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
+        assert calls[2] == 1  # still backing off
+        assert await streams.resume_async("0_0", skip=True)
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 6), 30, "all committed")
+    assert PauseAndRecord.asked == [1]
+    records = await cluster.read_all(sink)
+    counts = {INT.deserialize(r.key): INT.deserialize(r.value) for r in records}
+    assert counts == {10: 1, 20: 1, 30: 1, 40: 1, 50: 1}

@@ -74,6 +74,15 @@ async def test_a_count_after_a_pattern_source_counts_over_every_matching_topic(c
                                what="counts over both matching topics")
 
 
+async def delete_topic(cluster: Cluster, topic: str) -> None:
+    admin = cluster.transport.admin("test-admin")
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
 @pytest.mark.parametrize("bootstrap", EVERY_BROKER, indirect=True)
 async def test_a_deleted_matching_topic_leaves_the_tasks_and_the_others_go_on(cluster: Cluster, names: Any) -> None:
     """Matches RegexSourceIntegrationTest.testRegexMatchesTopicsAWhenDeleted."""
@@ -85,12 +94,7 @@ async def test_a_deleted_matching_topic_leaves_the_tasks_and_the_others_go_on(cl
 
     async with make_streams(builder.build(), cluster.bootstrap, names.app, **FAST_METADATA) as streams:
         await eventually_async(lambda: assigned_topics(streams) == {gone, stays}, timeout=60, what="both topics' tasks")
-        admin = cluster.transport.admin("test-admin")
-        await admin.start()
-        try:
-            await admin.delete_topics([gone])
-        finally:
-            await admin.close()
+        await delete_topic(cluster, gone)
         await eventually_async(lambda: assigned_topics(streams) == {stays}, timeout=60,
                                what="tasks without the deleted topic")
         await cluster.produce(stays, [("b", "after-1"), ("c", "after-2")], STR, STR, partitions=2)
@@ -227,12 +231,7 @@ async def test_records_buffered_when_a_task_closes_for_its_topics_change_are_rea
                                    what="the tasks before the change, the first record held")
             closing.watch()  # from the change on
             if change == "deleted":
-                admin = cluster.transport.admin("test-admin")
-                await admin.start()
-                try:
-                    await admin.delete_topics([gone])
-                finally:
-                    await admin.close()
+                await delete_topic(cluster, gone)
             else:
                 await cluster.create_topics({gone: 1})
             after = {stays} if change == "deleted" else {gone, stays}
