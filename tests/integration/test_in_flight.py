@@ -530,12 +530,15 @@ async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_
     assert sorted(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == [0, 100, 101, 102]
 
 
-@pytest.mark.parametrize("ordering", ["partition", "key", "unordered"])
+@pytest.mark.parametrize(("guarantee", "ordering"), [("at_least_once", "partition"), ("at_least_once", "key"),
+                                                     ("at_least_once", "unordered"), ("exactly_once_v2", "partition")])
 async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is_read_again_on_resume(
-        cluster: Cluster, names, ordering: str) -> None:
+        cluster: Cluster, names, guarantee: str, ordering: str) -> None:
     """A task of two partitions pauses at record 1 of one while record 101 of the other is in flight;
     101 then fails and its handler answers PAUSE too. The task stays paused (it does not fail), the
     commit of the other partition stops at 101, and the resume reads it again from there."""
+    if guarantee == "exactly_once_v2" and cluster.bootstrap.startswith("memory://"):
+        pytest.skip("the memory broker has no transactions")
     first, second, sink = await two_partitions(cluster, names)
     calls: Counter[int] = Counter()
     paused = threading.Event()
@@ -555,7 +558,8 @@ async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is
             .to(sink, key_serde=INT, value_serde=JSON))
     PauseAndRecord.asked = []
     streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord)
+                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord,
+                           processing_guarantee=guarantee)
     try:
         async with streams:
             await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
@@ -573,7 +577,8 @@ async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is
         paused.set()
     assert PauseAndRecord.asked == [1, 1]  # record 1, then record 101: offset 1 of each partition
     assert (calls[101], calls[1]) == (2, 2)
-    assert Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink)) == Counter(
+    assert Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(
+        sink, read_committed=guarantee == "exactly_once_v2")) == Counter(
         [0, 1, 100, 101, 102])
 
 
