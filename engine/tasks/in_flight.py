@@ -426,7 +426,7 @@ class InFlightWindow:
         """One record's whole graph on its own coroutine, by the task's one per-record path."""
         task, path = self._task, self._path
         began = time.perf_counter_ns()
-        if slot.stale or task.paused_below(slot.raw):
+        if self._read_again(slot):
             # Handed over before a PAUSE below it (or a resume) and not begun: read again, not run now.
             slot.outputs.clear()
             await self._complete(slot)
@@ -445,7 +445,7 @@ class InFlightWindow:
                 await wait_for_retry(task, slot.raw)
                 if task.closing:
                     return  # never completed: the commit stays below it, the next owner runs it
-                if slot.stale or task.paused_below(slot.raw):
+                if self._read_again(slot):
                     # A PAUSE below it or a resume came during the back-off: read again, not run now
                     # (a synchronous graph's attempt would end done, its store updates kept).
                     outcome = Outcome.PAUSED
@@ -465,6 +465,11 @@ class InFlightWindow:
         # SKIPPED and PAUSED complete the slot too: its offset is passed in order (above a
         # pause, its output is dropped and the commit stops at the paused record).
         await self._complete(slot)
+
+    def _read_again(self, slot: RecordSlot) -> bool:
+        """Whether ``slot``'s record is read again on resume rather than run now: a PAUSE below it,
+        or a resume since it was taken."""
+        return slot.stale or self._task.paused_below(slot.raw)
 
     async def _complete(self, slot: RecordSlot) -> None:
         task, tp = self._task, slot.tp

@@ -559,9 +559,8 @@ class StreamTask:
         its last commit (after a clean close, everything it processed), else the first record it was
         given (it committed nothing there). Not its consumer's position: the records it fetched but
         did not process lie below that. A partition it got no record of is left where it is."""
-        committed = self.committed_offsets()
-        return {tp: committed.get(tp, self._first_given.get(tp, -1)) for tp in self.partitions
-                if tp in committed or tp in self._first_given}
+        starts = {**self._first_given, **self.committed_offsets()}  # a commit wins
+        return {tp: starts[tp] for tp in self.partitions if tp in starts}
 
     def commit_needed(self) -> bool:
         return self.context.commit_requested

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from streamloop import ClientState, StreamsBuilder
+from streamloop import ClientState, KafkaStreams, StreamsBuilder
 from streamloop.completed_offsets import decode_completed
 from streamloop.handlers import StreamThreadExceptionResponse
 from streamloop.records import TopicPartition
@@ -339,6 +339,21 @@ class PauseAndRecord:
         return ProcessingHandlerResponse.PAUSE
 
 
+def pausing(cluster: Cluster, names, source: str | list[str], sink: str, work, count: bool = False,
+            **overrides) -> KafkaStreams:
+    """``work`` over ``source`` into ``sink`` (counted per key with ``count``), four records in flight
+    per task, and every failure answered PAUSE by ``PauseAndRecord`` (which starts empty)."""
+    builder = StreamsBuilder()
+    mapped = builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work)
+    if count:
+        mapped.group_by_key().count().to_stream().to(sink, key_serde=INT, value_serde=INT)
+    else:
+        mapped.to(sink, key_serde=INT, value_serde=JSON)
+    PauseAndRecord.asked = []
+    return make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                        processing_exception_handler=PauseAndRecord, **overrides)
+
+
 async def test_records_in_flight_above_the_pause_when_the_resume_comes_are_read_again_not_released(
         cluster: Cluster, names) -> None:
     """Records 6-8 are still in flight when the task, paused at 5, is resumed past it: the partition
@@ -363,11 +378,7 @@ async def test_records_in_flight_above_the_pause_when_the_resume_comes_are_read_
                 raise ValueError("record 7 fails on its first attempt, after the resume")
         return value
 
-    builder = StreamsBuilder()
-    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_exception_handler=PauseAndRecord)
+    streams = pausing(cluster, names, source, sink, work)
     tp = TopicPartition(source, 0)
     try:
         async with streams:
@@ -411,13 +422,8 @@ async def test_records_in_flight_above_the_pause_update_their_stores_once_after_
             await eventually_async(paused.is_set, 30, "the test to see the pause")
         return value
 
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work)
-            .group_by_key().count().to_stream().to(sink, key_serde=INT, value_serde=INT))
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord,
-                           default_dsl_store="in_memory", processing_guarantee=guarantee)
+    streams = pausing(cluster, names, source, sink, work, count=True, processing_ordering=ordering,
+                      default_dsl_store="in_memory", processing_guarantee=guarantee)
     tp = TopicPartition(source, 0)
     try:
         async with streams:
@@ -458,12 +464,7 @@ async def test_a_pause_under_key_ordering_keeps_and_reads_again_the_records_it_d
             raise ValueError("record 3 fails")
         return value
 
-    builder = StreamsBuilder()
-    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering="key", processing_exception_handler=PauseAndRecord,
-                           processing_guarantee=guarantee)
+    streams = pausing(cluster, names, source, sink, work, processing_ordering="key", processing_guarantee=guarantee)
     tp = TopicPartition(source, 0)
     try:
         async with streams:
@@ -508,12 +509,7 @@ async def test_a_resume_leaves_the_other_partitions_records_in_flight_to_finish_
             raise ValueError("record 1 fails")
         return value
 
-    builder = StreamsBuilder()
-    (builder.stream([first, second], key_serde=INT, value_serde=JSON).map_values(work)
-            .to(sink, key_serde=INT, value_serde=JSON))
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_exception_handler=PauseAndRecord)
+    streams = pausing(cluster, names, [first, second], sink, work)
     try:
         async with streams:
             await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
@@ -553,13 +549,8 @@ async def test_a_record_of_another_partition_failing_while_the_task_is_paused_is
             raise ValueError("record 1 fails once")
         return value
 
-    builder = StreamsBuilder()
-    (builder.stream([first, second], key_serde=INT, value_serde=JSON).map_values(work)
-            .to(sink, key_serde=INT, value_serde=JSON))
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering=ordering, processing_exception_handler=PauseAndRecord,
-                           processing_guarantee=guarantee)
+    streams = pausing(cluster, names, [first, second], sink, work, processing_ordering=ordering,
+                      processing_guarantee=guarantee)
     try:
         async with streams:
             await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
@@ -603,14 +594,9 @@ async def test_a_record_whose_back_off_ends_after_a_pause_below_it_or_the_resume
             raise ValueError("record 1 fails")
         return value
 
-    builder = StreamsBuilder()
-    (builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work)
-            .group_by_key().count().to_stream().to(sink, key_serde=INT, value_serde=INT))
-    PauseAndRecord.asked = []
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                           processing_ordering="key", processing_exception_handler=PauseAndRecord,
-                           task_timeout_ms=60_000, retry_backoff_ms=1_000, retry_backoff_max_ms=10_000,
-                           default_dsl_store="in_memory")
+    streams = pausing(cluster, names, source, sink, work, count=True, processing_ordering="key",
+                      task_timeout_ms=60_000, retry_backoff_ms=1_000, retry_backoff_max_ms=10_000,
+                      default_dsl_store="in_memory")
     tp = TopicPartition(source, 0)
     async with streams:
         await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 1")
