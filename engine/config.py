@@ -410,7 +410,9 @@ KEYS: tuple[ConfigKey, ...] = (
               "coroutines); 1 processes them one by one.", _at_least(1)),
     ConfigKey(PROCESSING_ORDERING, str, "partition",
               "With num.threads.per.task > 1: 'partition' keeps output in offset order, 'key' keeps "
-              "each key's records in order, 'unordered' keeps none.", _one_of("partition", "key", "unordered")),
+              "each key's records in order, 'unordered' keeps none. In a task with state stores, two "
+              "records of one key are never in flight at once under any of them.",
+              _one_of("partition", "key", "unordered")),
     ConfigKey(ERROR_SHUTDOWN_TIMEOUT_MS, int, 30_000,
               "How long a shutdown caused by the uncaught-exception handler may take.", _at_least(0)),
     ConfigKey(DEFAULT_DESERIALIZATION_EXCEPTION_HANDLER, object, "streamloop.handlers.LogAndFailExceptionHandler",

@@ -118,7 +118,7 @@ class TaskStateManager:
         self.stores: dict[str, StateStore] = {}
         self.changelogs: dict[str, TopicPartition] = {}
         # What the record in progress changed, to undo if it is retried (records in flight: a
-        # journal that follows the record in flight, streamloop.tasks.in_flight.RecordJournals).
+        # journal that follows the record in flight, streamloop.tasks.record_slots.RecordJournals).
         self.journal = journal or Journal()
         self._source = source
         self.restored = 0

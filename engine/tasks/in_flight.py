@@ -2,8 +2,8 @@
 
 Each record runs on one of ``num.threads.per.task`` worker coroutines of the task's task group,
 by the task's one per-record path (``RecordPath``), with its own forwarding state, output and
-store journal (a ``ContextVar`` holds the record's ``RecordSlot``), so an ``async def``
-processor waiting on I/O for one record does not hold up the next. The workers live as long as
+store journal (a ``ContextVar`` holds the record's ``RecordSlot``: ``streamloop.tasks.record_slots``),
+so an ``async def`` processor waiting on I/O for one record does not hold up the next. The workers live as long as
 the window: a record costs a hand-over through a memory stream, not a new task and cancel scope.
 
 Ordering (``processing.ordering``):
@@ -13,6 +13,14 @@ Ordering (``processing.ordering``):
 - ``key``: at most one record per key in flight, so each key's output is in order; different
   keys go in parallel and their output leaves as it is done.
 - ``unordered``: records go in parallel and output leaves as it is done.
+
+Records sharing a key, in a task with state stores: under every ordering, a record waits while one
+of its key (the same key bytes, of any of the task's topics) is in flight, and under ``partition``
+ordering its partition waits behind it (records are taken in offset order). A record's store updates
+are undone by putting back what was there before it (a retry, a PAUSE below it), which is right only
+while no later record wrote those keys since. Held in offset order (``partition`` ordering,
+exactly-once), a done record may still be undone until it leaves the window, so its key stays busy
+until then.
 
 Passing records (the task's position, and stream time with it): commits never pass the lowest
 offset still in flight, so a partition's committed position is its contiguous watermark, and a
@@ -24,8 +32,9 @@ under every ordering. Offsets completed above the watermark are written into the
 Exactly-once: a transaction must hold exactly the output of the offsets it commits. So every
 record's output (sink records, changelog updates, dead letters) is held in its slot until the
 watermark passes the record, under every ordering, and released with its position in one step
-that a commit cannot split (the task's ``processing`` lock); nothing is completed above the
-watermark in a commit's eyes, so a restart runs those records again. While a transaction commits
+that a commit cannot split (the task's ``processing`` lock). A record released above one still to
+run (taken ahead of it behind a busy key) is listed in the commit metadata, in the transaction that
+holds its output, so a restart skips it. While a transaction commits
 (the commit holds the lock for its round trips to the broker), records that complete are passed at
 once and free their slots, and their output waits for the next transaction (``committing``): the
 workers go on instead of each stopping at its first done record.
@@ -33,9 +42,8 @@ workers go on instead of each stopping at its first done record.
 A record retried (after a timeout, or a processing handler's RETRY: then its slot waits out the
 back-off, and under ``processing.ordering=key`` its key stays busy while the others go on) undoes
 its own store updates first (its slot's journal), so they are applied once; its held output is
-dropped, so under exactly-once the transaction never holds a failed attempt's output. Records of
-different keys in flight at once must not write the same store keys (``processing.ordering=key``
-keeps one record per key in flight).
+dropped, so under exactly-once the transaction never holds a failed attempt's output. A record
+must write only store keys of its own key (records of different keys are in flight at once).
 
 The window is bounded: at most ``num.threads.per.task`` slots exist per task (in flight or
 waiting to be passed), so a stuck record stops new ones and, once the task's buffer fills,
@@ -47,200 +55,25 @@ from __future__ import annotations
 import bisect
 import contextlib
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from streamloop.completed_offsets import encode_completed
 from streamloop.processors.context import CURRENT
-from streamloop.processors.nodes import Forwarder, Node, SinkNode
-from streamloop.records import ConsumerRecord, Headers, Record, TopicPartition
-from streamloop.state.store import Journal
+from streamloop.records import ConsumerRecord, TopicPartition
 from streamloop.stray_cancel import fail_stray
 
 from .processing import Outcome, RecordPath
+from .record_slots import HeldCollector, RecordJournals, RecordSlot
 from .retries import wait_for_retry
 
 if TYPE_CHECKING:
-    from streamloop.collector import RecordCollector
-
     from .task import StreamTask
 
 ORDERINGS = ("partition", "key", "unordered")
-
-
-class RecordSlot:
-    """One record in flight: its forwarding state, its journal and the output it holds back."""
-
-    __slots__ = ("_journal", "done", "node", "outputs", "pending", "raw", "stale", "timestamp", "tp")
-
-    def __init__(self, raw: ConsumerRecord, tp: TopicPartition) -> None:
-        self.raw = raw
-        self.tp = tp
-        # The record's timestamp as its source's extractor gave it (RecordPath sets it; -1 when
-        # the record could not be read): the time it passes with.
-        self.timestamp = raw.timestamp
-        self.pending: deque[Any] = deque()
-        self.node: Node | None = None
-        self.outputs: list[tuple[Any, ...]] = []
-        self._journal: Journal | None = None
-        self.done = False
-        # Taken before a resume that reads its partition again from at or below it: this attempt is
-        # void (its output does not leave, its failure is not asked about, its offset not passed).
-        self.stale = False
-
-    @property
-    def journal(self) -> Journal:
-        """Made on first use: only a task with stores journals (a stateless record never asks)."""
-        journal = self._journal
-        if journal is None:
-            journal = self._journal = Journal()
-        return journal
-
-
-class ContextualForwarder(Forwarder):
-    """A ``Forwarder`` whose queue and current node belong to the record in flight."""
-
-    __slots__ = ("_own",)
-
-    def __init__(self) -> None:
-        self._own = RecordSlot.__new__(RecordSlot)  # used outside any record (punctuation)
-        self._own.pending = deque()
-        self._own.node = None
-
-    def _slot(self) -> RecordSlot:
-        slot = CURRENT.get()
-        return self._own if slot is None else slot
-
-    @property
-    def pending(self) -> deque[Any]:
-        return self._slot().pending
-
-    @pending.setter
-    def pending(self, value: deque[Any]) -> None:
-        self._slot().pending = value
-
-    @property
-    def node(self) -> Node | None:
-        return self._slot().node
-
-    @node.setter
-    def node(self, value: Node | None) -> None:
-        self._slot().node = value
-
-
-class RecordJournals(Journal):
-    """The task's stores' journal when records are in flight: the journal of the record in
-    flight (``RecordSlot.journal``), or none outside a record (a punctuation journals nothing)."""
-
-    __slots__ = ("keep_ended",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        # Records released in offset order keep their pre-images until released (``end_keeping``).
-        self.keep_ended = False
-
-    @staticmethod
-    def _current() -> Journal | None:
-        slot = CURRENT.get()
-        return None if slot is None else slot.journal
-
-    @property
-    def active(self) -> bool:
-        journal = self._current()
-        return journal is not None and journal.active
-
-    @active.setter
-    def active(self, value: bool) -> None:
-        pass  # each record's own journal keeps its state
-
-    def begin(self, source: Any) -> None:
-        journal = self._current()
-        if journal is not None:
-            journal.begin(source)
-
-    def end(self) -> None:
-        journal = self._current()
-        if journal is not None:
-            if self.keep_ended:
-                journal.end_keeping()
-            else:
-                journal.end()
-
-    def seen(self, store: Any, key: bytes, stored: bytes | None) -> None:
-        journal = self._current()
-        if journal is not None:
-            journal.seen(store, key, stored)
-
-    def remember(self, store: Any, key: bytes) -> None:
-        journal = self._current()
-        if journal is not None:
-            journal.remember(store, key)
-
-    def remember_read(self, store: Any, key: bytes, stored: bytes | None) -> None:
-        journal = self._current()
-        if journal is not None:
-            journal.remember_read(store, key, stored)
-
-    def undo(self) -> int:
-        journal = self._current()
-        return 0 if journal is None else journal.undo()
-
-
-class HeldCollector:
-    """Wraps the task's collector: inside a record in flight, sink output is held in its slot, and
-    under exactly-once its changelog updates and dead letters too (``hold_all``)."""
-
-    def __init__(self, collector: RecordCollector, hold_all: bool = False) -> None:
-        self._collector = collector
-        self._hold_all = hold_all
-
-    def send(self, topic: str, record: Record, sink: SinkNode) -> Awaitable[None] | None:
-        slot = CURRENT.get()
-        if slot is None:
-            return self._collector.send(topic, record, sink)
-        # Serialised now, while the record runs, so that a serde failure goes to the processing
-        # handler as the sink's failure on this record; the bytes wait for the record's turn.
-        return self._collector.send(topic, record, sink, slot.outputs)
-
-    async def partition_count(self, topic: str) -> int:
-        return await self._collector.partition_count(topic)
-
-    def append_raw(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int,
-                   headers: Headers) -> None:
-        slot = CURRENT.get() if self._hold_all else None
-        if slot is None:
-            self._collector.append_raw(topic, partition, key, value, timestamp, headers)
-            return
-        slot.outputs.append((topic, partition, key, value, timestamp, headers))
-
-    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int,
-                       headers: Headers) -> None:
-        slot = CURRENT.get() if self._hold_all else None
-        if slot is None:
-            await self._collector.send_raw(topic, key, value, timestamp, headers)
-            return
-        slot.outputs.append((topic, None, key, value, timestamp, headers))
-
-    async def emit(self, slot: RecordSlot) -> None:
-        collector = self._collector
-        for output in slot.outputs:
-            if len(output) == 5:
-                pending = collector.send_serialized(*output)
-                if pending is not None:
-                    await pending
-            elif output[1] is None:
-                topic, _none, key, value, timestamp, headers = output
-                await collector.send_raw(topic, key, value, timestamp, headers)
-            else:
-                collector.append_raw(*output)
-        slot.outputs.clear()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._collector, name)
 
 
 class InFlightWindow:
@@ -256,7 +89,14 @@ class InFlightWindow:
         self._in_order = ordering == "partition" or task.exactly_once
         self.slots: dict[TopicPartition, list[RecordSlot]] = {tp: [] for tp in task.partitions}
         self.count = 0  # slots alive: in flight or holding output
-        self._busy_keys: set[Any] = set()
+        # Keys with a record in flight: a record waits while one of its key is (``key`` ordering, and
+        # in a task with stores under every ordering, see ``_exclusive``).
+        self._busy_keys: set[bytes | None] = set()
+        stateful = task.state_manager is not None
+        self._exclusive = ordering == "key" or stateful
+        # Held in offset order, a record's updates may be undone until it leaves the window (a PAUSE
+        # below it): its key stays busy until then, not only until it is done.
+        self._busy_until_passed = stateful and self._in_order
         # Done above the watermark (not in order): their offsets, for the commit metadata, and their
         # times, passed once the watermark moves past them.
         self._completed: dict[TopicPartition, dict[int, int]] = {tp: {} for tp in task.partitions}
@@ -398,8 +238,8 @@ class InFlightWindow:
             # Kept in offset order: a key's later record may start before an earlier one of another key.
             bisect.insort(self.slots[tp], slot, key=_offset)
             self.count += 1
-            if self.ordering == "key":
-                self._busy_keys.add((tp.topic, raw.key))
+            if self._exclusive:
+                self._busy_keys.add(raw.key)
             return slot
         return None
 
@@ -409,13 +249,18 @@ class InFlightWindow:
         for tp, queue in group.queues().items():
             if not queue or (settling and tp in settling):
                 continue
-            if self.ordering != "key":
+            if not self._exclusive:
                 return group.take(tp), tp
-            blocked: set[Any] = set()
+            if self.ordering == "partition":
+                # Taken in offset order, so that output leaves in it: a busy key holds up its partition.
+                if queue[0].key in self._busy_keys:
+                    continue
+                return group.take(tp), tp
+            blocked: set[bytes | None] = set()
             for index, raw in enumerate(queue):
                 if index >= 2 * self.limit:
                     break
-                key = (tp.topic, raw.key)
+                key = raw.key
                 if key in self._busy_keys or key in blocked:
                     blocked.add(key)  # a later record of a busy key must wait behind it
                     continue
@@ -474,8 +319,8 @@ class InFlightWindow:
     async def _complete(self, slot: RecordSlot) -> None:
         task, tp = self._task, slot.tp
         slot.done = True
-        if self.ordering == "key":
-            self._busy_keys.discard((tp.topic, slot.raw.key))
+        if self._exclusive and not self._busy_until_passed:
+            self._busy_keys.discard(slot.raw.key)
         if self._in_order:
             if self._settling and tp in self._settling and self._settle(tp):
                 self._settling.discard(tp)  # the last void record of the resumed partition is done
@@ -528,15 +373,24 @@ class InFlightWindow:
             return None
         head = slots[0]
         cap = task.paused_offset(tp)
-        if self._void(head):
+        void = self._void(head)
+        if void:
             if not self._settle(tp):
                 return None
             head.outputs.clear()
-        elif cap is not None and head.raw.offset >= cap:
-            self._completed[tp][head.raw.offset] = head.timestamp
         slots.pop(0)
         self.count -= 1
-        task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp), cap)
+        if self._busy_until_passed:
+            self._busy_keys.discard(head.raw.key)
+        watermark = task.positions.advance_past(tp, -1 if head.stale else head.raw.offset, self._bounds(tp), cap)
+        completed = self._completed[tp]
+        if not void and head.raw.offset >= watermark:
+            # Released above a record still to run (taken ahead of it behind a busy key, or dropped by
+            # a pause): the commit metadata lists it, so that a restart or the resume skips it.
+            completed[head.raw.offset] = head.timestamp
+        elif completed:
+            for offset in [o for o in completed if o < watermark]:
+                del completed[offset]  # its time passed when it was released
         return head
 
     def _void(self, slot: RecordSlot) -> bool:

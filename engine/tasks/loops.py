@@ -23,7 +23,8 @@ from streamloop.records import TopicPartition
 
 from .bulk import bulk_window
 from .bulk_exec import ExecutorReads, executor_window
-from .in_flight import HeldCollector, InFlightWindow
+from .in_flight import InFlightWindow
+from .record_slots import HeldCollector
 from .sequential import SequentialLoop
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .expiry import schedule_expiry
-from .in_flight import ContextualForwarder, HeldCollector, RecordJournals
+from .record_slots import ContextualForwarder, HeldCollector, RecordJournals
 from .loops import InFlightPlan
 from .partition_group import IdleRule
 from .range_jobs import RangeJobs

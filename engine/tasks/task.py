@@ -304,9 +304,7 @@ class StreamTask:
     @property
     def _skips(self) -> dict[TopicPartition, frozenset[int]]:
         """Records in flight: the offsets a previous owner finished above its committed watermark
-        (exactly-once commits none: their output was never committed)."""
-        if self.exactly_once:
-            return {}
+        (under exactly-once, in the transaction that committed their output)."""
         return {tp: decode_metadata(om.offset, om.metadata).completed
                 for tp, om in self._committed.items() if om is not None and om.metadata}
 

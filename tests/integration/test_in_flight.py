@@ -270,60 +270,6 @@ async def _equals(value, expected: int) -> bool:
     return await value() == expected
 
 
-class CountsThenTimesOut:
-    """Counts records per key in a store, then times out once for every third record, after the
-    store update: its retry must not count it again."""
-
-    def __init__(self, timed_out: set[int]) -> None:
-        self.timed_out = timed_out
-
-    def init(self, context) -> None:
-        self.counts = context.get_state_store("counts")
-
-    async def process(self, record) -> None:
-        await asyncio.sleep(0.002)  # records overlap in flight
-        self.counts.put(record.key, (self.counts.get(record.key) or 0) + 1)
-        if record.value["i"] % 3 == 0 and record.value["i"] not in self.timed_out:
-            self.timed_out.add(record.value["i"])
-            raise TimeoutError("the service answered too late")
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("threads", [1, 8])
-async def test_a_retried_record_updates_its_stores_once_also_in_flight(cluster: Cluster, names, threads: int) -> None:
-    """A record retried after a timeout first has its failed attempt's store updates undone: one
-    at a time, and in flight (each record in flight journals its own updates)."""
-    from streamloop.state import Stores
-
-    source = names("in")
-    await cluster.create_topics({source: 1})
-    await cluster.produce(source, [(i % 4, {"i": i}) for i in range(48)], INT, JSON, partitions=1)
-    timed_out: set[int] = set()
-    builder = StreamsBuilder()
-    builder.add_state_store(Stores.key_value_store_builder(Stores.in_memory_key_value_store("counts"),
-                                                          key_serde=INT, value_serde=INT))
-    builder.stream(source, key_serde=INT, value_serde=JSON).process(lambda: CountsThenTimesOut(timed_out),
-                                                                     stores=["counts"])
-    streams = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=threads,
-                           processing_ordering="key", task_timeout_ms=60_000, retry_backoff_ms=1,
-                           default_dsl_store="in_memory")
-    async with streams:
-        await eventually_async(lambda: len(timed_out) == 16 and _counted(streams, 48), 30,
-                               "16 retried records and every record counted")
-        counts = streams.store("counts")
-        assert {k: counts.get(k) for k in range(4)} == dict.fromkeys(range(4), 12)
-
-
-def _counted(streams, total: int) -> bool:
-    try:
-        counts = streams.store("counts")
-    except Exception:  # not queryable before the task runs
-        return False
-    return sum(counts.get(k) or 0 for k in range(4)) >= total
-
-
 class PauseAndRecord:
     """A processing handler that PAUSEs and keeps the offsets it was asked about."""
 
@@ -394,49 +340,6 @@ async def test_records_in_flight_above_the_pause_when_the_resume_comes_are_read_
     assert [calls[i] for i in (6, 7, 8)] == [2, 2, 2]  # read again
     output = Counter(JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink))
     assert output == Counter(i for i in range(20) if i != 5)
-
-
-@pytest.mark.parametrize(("guarantee", "ordering"), [("at_least_once", "key"), ("at_least_once", "partition"),
-                                                     ("exactly_once_v2", "key")])
-async def test_records_in_flight_above_the_pause_update_their_stores_once_after_the_resume(
-        cluster: Cluster, names, guarantee: str, ordering: str) -> None:
-    """Record 6 is in flight (waiting on I/O) when record 5 pauses the task, and 7-9 are done before
-    it. Each count is applied once: record 6 is read again and its first attempt undone; 7-9, their
-    output gone already (``key`` ordering), are finished and the resume skips them, or, holding their
-    output (``partition`` ordering, exactly-once), are undone, last first, and read again."""
-    if guarantee == "exactly_once_v2" and cluster.bootstrap.startswith("memory://"):
-        pytest.skip("the memory broker has no transactions")
-    source, sink = names("in"), names("out")
-    await cluster.create_topics({source: 1, sink: 1})
-    await cluster.produce(source, [(i, {"i": i}) for i in range(10)], INT, JSON, partitions=1)
-    calls: Counter[int] = Counter()
-    paused = threading.Event()
-
-    async def work(value: dict) -> dict:
-        i = value["i"]
-        calls[i] += 1
-        if i == 5 and calls[i] == 1:
-            await eventually_async(lambda: calls[6], 30, "record 6 in flight")
-            raise ValueError("record 5 fails once")
-        if i == 6 and calls[i] == 1:
-            await eventually_async(paused.is_set, 30, "the test to see the pause")
-        return value
-
-    streams = pausing(cluster, names, source, sink, work, count=True, processing_ordering=ordering,
-                      default_dsl_store="in_memory", processing_guarantee=guarantee)
-    tp = TopicPartition(source, 0)
-    try:
-        async with streams:
-            await eventually_async(lambda: streams.paused_local_tasks(), 30, "the task paused at 5")
-            paused.set()
-            assert await streams.resume_async("0_0", skip=True)
-            await eventually_async(lambda: _committed_is(cluster, names.app, tp, 10), 30, "all committed")
-    finally:
-        paused.set()
-    assert PauseAndRecord.asked == [5]
-    records = await cluster.read_all(sink, read_committed=guarantee == "exactly_once_v2")
-    counts = {INT.deserialize(r.key): INT.deserialize(r.value) for r in records}
-    assert counts == {i: 1 for i in range(10) if i != 5}
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once_v2"])
