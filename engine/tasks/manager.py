@@ -42,10 +42,10 @@ from .bulk_exec import ExecutorReads
 from .bulk_jobs import StageJobs
 from .error_handling import ErrorHandling
 from .expiry import schedule_expiry
-from .record_slots import ContextualForwarder, HeldCollector, RecordJournals
 from .loops import InFlightPlan
 from .partition_group import IdleRule
 from .range_jobs import RangeJobs
+from .record_slots import ContextualForwarder, HeldCollector, RecordJournals
 from .revival import TaskRevival
 from .setup import Committed, ExactlyOnceTask, TaskSetup
 from .task import StreamTask
@@ -334,12 +334,17 @@ class TaskManager:
         task = self.tasks.get(task_id)
         if task is None or not task.is_paused:
             return False
-        # From the paused record and from the records the pause dropped, not from the positions:
-        # those are lower while records are in flight, which finish on their own (read again, they
-        # would run and leave twice).
-        for tp, position in sorted(task.resume_offsets(skip).items()):
-            self._consumer.seek(tp, position)
-        task.resume(skip)
+        # Between two records and never inside a commit (which holds the lock for its round trips):
+        # the resume moves positions, and undoes the store updates of records read again.
+        async with task.processing:
+            if self.tasks.get(task_id) is not task or not task.is_paused:
+                return False  # closed, or resumed, while the commit held it
+            # From the paused record and from the records the pause dropped, not from the positions:
+            # those are lower while records are in flight, which finish on their own (read again,
+            # they would run and leave twice).
+            for tp, position in sorted(task.resume_offsets(skip).items()):
+                self._consumer.seek(tp, position)
+            task.resume(skip)
         self._consumer.resume(*task.partitions)
         self._log.info("Resumed task %s%s", task_id, " past the failed record" if skip else "")
         self._on_tasks_changed()
