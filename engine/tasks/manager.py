@@ -10,7 +10,6 @@ failure is ``streamloop.tasks.revival``, built on these open and close steps.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,12 +25,12 @@ from streamloop.errors import ProduceError, TaskCorruptedError, TaskMigratedErro
 from streamloop.ids import TaskId
 from streamloop.logcontext import LogContext
 from streamloop.metrics import ProcessMeter
-from streamloop.processors.context import CURRENT, TaskContext
+from streamloop.processors.context import TaskContext
 from streamloop.records import ConsumerRecord, TopicPartition
 from streamloop.recovery import ProducerLost, TaskCorrupted, TaskMigrated
 from streamloop.serdes import Serde
 from streamloop.spark.kafka_source import executor_options
-from streamloop.state.task_state import StateSettings, TaskStateManager
+from streamloop.state.task_state import StateSettings
 from streamloop.stray_cancel import bounded
 from streamloop.timestamps import TimestampExtractor
 from streamloop.topology.topology import Topology
@@ -45,16 +44,16 @@ from .expiry import schedule_expiry
 from .loops import InFlightPlan
 from .partition_group import IdleRule
 from .range_jobs import RangeJobs
-from .record_slots import ContextualForwarder, HeldCollector, RecordJournals
+from .record_slots import ContextualForwarder, HeldCollector
 from .revival import TaskRevival
-from .setup import Committed, ExactlyOnceTask, TaskSetup
+from .setup import Committed, ExactlyOnceTask, TaskSetup, task_state
 from .task import StreamTask
 from .timeouts import TaskTimer, is_timeout
 
 if TYPE_CHECKING:
     from streamloop.spark.session import SparkSessions
 
-    from .tracing import TaskTracing, Tracing
+    from .tracing import Tracing
 
 
 @dataclass(frozen=True)
@@ -205,8 +204,14 @@ class TaskManager:
             collector = HeldCollector(own, hold_all=self._eos is not None)
             in_flight = InFlightPlan(limit, ordering or self._ordering, collector)
         tracing = self._tracing.task(task_id) if self._tracing is not None else None
-        state = self._state_manager(task_id, context, in_flight=in_flight is not None, append=collector.append_raw,
-                                    tracing=tracing)
+        builders = self._topology.stores_of(task_id.subtopology)
+        state = None
+        if builders:
+            if self._state is None:
+                raise RuntimeError("the topology has state stores but the task manager has no state settings")
+            state = task_state(self._state, self._application_id, task_id, builders, context, (
+                self._key_serde, self._value_serde), collector.append_raw, in_flight is not None,
+                self._log.child(f"task [{task_id}] "), tracing)
         # The sinks' collector: with tracing, each record leaves with its span's traceparent.
         sinks = collector if tracing is None else tracing.collector(collector)
         try:
@@ -282,42 +287,6 @@ class TaskManager:
         """The collector of a task's own producer under exactly-once (for its dead letters)."""
         task = self.tasks.get(task_id)
         return None if task is None else task.collector
-
-    def _state_manager(self, task_id: TaskId, context: TaskContext, in_flight: bool,
-                       append: Callable[..., None], tracing: TaskTracing | None = None) -> TaskStateManager | None:
-        builders = self._topology.stores_of(task_id.subtopology)
-        if not builders:
-            return None
-        if self._state is None:
-            raise RuntimeError("the topology has state stores but the task manager has no state settings")
-        settings = self._state
-
-        def timestamp() -> int:
-            slot = CURRENT.get()
-            return context.timestamp if slot is None else slot.timestamp
-
-        def source() -> tuple[str, int] | None:
-            slot = CURRENT.get()
-            if slot is not None:
-                return slot.raw.topic, slot.raw.offset
-            if context.topic is None or context.offset is None:
-                return None
-            return context.topic, context.offset
-
-        if tracing is not None:
-            # Each update remembers its record's span, to go down in it when a cache holds it.
-            source = tracing.source(source)
-        manager = TaskStateManager(
-            str(task_id), self._application_id, settings.state_dir, task_id.partition, builders,
-            settings.default_persistent, self._key_serde, self._value_serde, append,
-            # Records in flight finish out of order: their updates go down at once, uncached, and
-            # each record journals its own (a retried one undoes its updates first).
-            None if in_flight else settings.cache, timestamp, source, self._log.child(f"task [{task_id}] "),
-            journal=RecordJournals() if in_flight else None, budget=settings.uncommitted,
-            request_commit=functools.partial(setattr, context, "commit_requested", True))
-        if tracing is not None:
-            tracing.trace_flushes(manager)
-        return manager
 
     # -- PAUSE / resume ------------------------------------------------------------
     def _on_pause(self, task: StreamTask) -> None:

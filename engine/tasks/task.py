@@ -60,6 +60,7 @@ from streamloop.transport.base import OffsetAndMetadata
 
 from .loops import RunLoop, run_loop
 from .partition_group import PartitionGroup
+from .pause import PausePoint
 from .positions import Positions
 from .processing import failure
 from .punctuation import Punctuations
@@ -149,9 +150,8 @@ class StreamTask:
         self.finished = anyio.Event()
         # Set by the thread that runs ``run``; cancelling it abandons a record that hangs.
         self.cancel_scope: CancelScope | None = None
-        self.paused_at: tuple[TopicPartition, int] | None = None
-        # The lowest buffered offset per partition that the pause dropped: read again from there.
-        self._dropped: dict[TopicPartition, int] = {}
+        # Where a handler's PAUSE stopped the task (None: not paused).
+        self.pause_point: PausePoint | None = None
         # The offset of the first record given per partition: where a task created again on it reads
         # from when this one committed nothing there (``restart_offsets``).
         self._first_given: dict[TopicPartition, int] = {}
@@ -400,28 +400,16 @@ class StreamTask:
         """
         tp = TopicPartition(raw.topic, raw.partition)
         next_offsets = self.positions.next
-        if self.paused_at is not None:
-            if self.paused_at[0] != tp:
-                # A record in flight on another partition failed after the pause, answered PAUSE too:
-                # the task stays paused, and that partition is read again from it, as from a record
-                # the pause dropped (its handler is asked again if it fails again).
-                self._dropped[tp] = min(self._dropped.get(tp, raw.offset), raw.offset)
-                next_offsets[tp] = self._below_in_flight(tp, min(next_offsets.get(tp, raw.offset), raw.offset))
-            elif raw.offset < self.paused_at[1]:
-                # Records in flight that failed together, a higher one asked first: pause lower.
-                self.paused_at = (tp, raw.offset)
-                next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
+        point = self.pause_point
+        if point is not None:
+            position = point.again(tp, raw.offset, next_offsets.get(tp))
+            if position is not None:
+                next_offsets[tp] = self._below_in_flight(tp, position)
             return
         self.state.transition_to(TaskState.PAUSED)
-        self.paused_at = (tp, raw.offset)
-        # Under processing.ordering=key a record may be taken ahead of buffered ones (behind a busy
-        # key): the lowest dropped may be below the paused record, or below records taken.
-        # (The paused record itself may head its queue, not taken yet: that is no record dropped below it.)
-        self._dropped = {TopicPartition(*other): queue[0].offset
-                         for other, queue in self.input.queues().items()
-                         if queue and (other != tp or queue[0].offset < raw.offset)}
-        next_offsets[tp] = self._below_in_flight(tp, self.read_again_from(tp, raw.offset))
-        for other, first in self._dropped.items():
+        self.pause_point = point = PausePoint(tp, raw.offset, self.input.queues())
+        next_offsets[tp] = self._below_in_flight(tp, point.read_again_from(tp, raw.offset))
+        for other, first in point.dropped.items():
             if other not in next_offsets:
                 # Nothing processed here yet: the dropped records start where fetching began.
                 next_offsets[other] = first
@@ -433,20 +421,21 @@ class StreamTask:
         if self._setup.on_pause is not None:
             self._setup.on_pause(self)
 
+    @property
+    def paused_at(self) -> tuple[TopicPartition, int] | None:
+        """The record a handler PAUSEd the task at (None: not paused)."""
+        point = self.pause_point
+        return None if point is None else point.at
+
     def paused_below(self, raw: ConsumerRecord) -> bool:
         """Whether the task is PAUSED at a lower offset of ``raw``'s partition."""
-        paused = self.paused_at
-        return paused is not None and paused[0] == (raw.topic, raw.partition) and raw.offset > paused[1]
+        point = self.pause_point
+        return point is not None and point.below(raw)
 
     def paused_offset(self, tp: TopicPartition) -> int | None:
-        """The offset the task is paused at on ``tp``, or a lower one whose record the pause dropped
-        (on another partition of the task: the lowest it dropped there): positions never pass it."""
-        paused = self.paused_at
-        if paused is None:
-            return None
-        if paused[0] == tp:
-            return self.read_again_from(tp, paused[1])
-        return self._dropped.get(tp)
+        """What the position of ``tp`` must not pass while paused (``PausePoint.cap``); None: not paused."""
+        point = self.pause_point
+        return None if point is None else point.cap(tp)
 
     def _below_in_flight(self, tp: TopicPartition, offset: int) -> int:
         """``offset``, or lower while records below it are still in flight (a batch that has not
@@ -454,35 +443,23 @@ class StreamTask:
         lowest = self.loop.lowest_in_flight(tp) if self.loop is not None else None
         return offset if lowest is None else min(offset, lowest)
 
-    def read_again_from(self, tp: TopicPartition, start: int) -> int:
-        """Where a resume reads the paused partition ``tp`` again for a record at ``start`` (the
-        paused one, or the one after it): lower when buffered records below it were dropped."""
-        dropped = self._dropped.get(tp)
-        return start if dropped is None else min(start, dropped)
-
     def resume_offsets(self, skip: bool) -> dict[TopicPartition, int]:
-        """Where the resume reads each partition again: the paused one from the paused record (or
-        past it), the others from the first record the pause dropped; one that dropped none reads
-        on where its consumer is (its records in flight finish as they are)."""
-        if self.paused_at is None:
-            return {}
-        tp, offset = self.paused_at
-        starts = dict(self._dropped)
-        starts[tp] = self.read_again_from(tp, offset + 1 if skip else offset)
-        return starts
+        """Where the resume reads each partition again (``PausePoint.resume_offsets``)."""
+        point = self.pause_point
+        return {} if point is None else point.resume_offsets(skip)
 
     def resume(self, skip: bool) -> None:
         """Caller: ``TaskManager.resume`` after it seeked the partitions to ``resume_offsets``."""
-        if self.paused_at is not None:
-            paused, offset = self.paused_at
-            for tp, start in self.resume_offsets(skip).items():
+        point = self.pause_point
+        if point is not None:
+            paused, offset = point.at
+            for tp, start in point.resume_offsets(skip).items():
                 if self.loop is not None:
                     self.loop.resumed(tp, start, offset if skip and tp == paused else None)
                 self.positions.rewind(tp, start, self._below_in_flight(tp, start))
             if skip:
                 self.context.commit_requested = True
-        self.paused_at = None
-        self._dropped = {}
+        self.pause_point = None
         self.state.transition_to(TaskState.RUNNING)
         self._wakeup.set()
 
