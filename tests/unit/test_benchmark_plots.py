@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.plots import SECTION, TableError, parse_in_flight, parse_latency
+from benchmarks.doc_tables import SECTION, TableError, parse_in_flight, parse_latency
 
 PAGE = f"""# Benchmarks
 
