@@ -303,17 +303,15 @@ class TaskManager:
         task = self.tasks.get(task_id)
         if task is None or not task.is_paused:
             return False
-        # Between two records and never inside a commit (which holds the lock for its round trips):
-        # the resume moves positions, and undoes the store updates of records read again.
-        async with task.processing:
-            if self.tasks.get(task_id) is not task or not task.is_paused:
-                return False  # closed, or resumed, while the commit held it
-            # From the paused record and from the records the pause dropped, not from the positions:
-            # those are lower while records are in flight, which finish on their own (read again,
-            # they would run and leave twice).
-            for tp, position in sorted(task.resume_offsets(skip).items()):
-                self._consumer.seek(tp, position)
-            task.resume(skip)
+        # Not under the task's ``processing`` lock: a wall-clock punctuation of the paused task holds
+        # it, and may be the caller (awaiting ``resume_async``). Nothing here awaits, so no record or
+        # commit step of the task runs in between.
+        # From the paused record and from the records the pause dropped, not from the positions:
+        # those are lower while records are in flight, which finish on their own (read again, they
+        # would run and leave twice).
+        for tp, position in sorted(task.resume_offsets(skip).items()):
+            self._consumer.seek(tp, position)
+        task.resume(skip)
         self._consumer.resume(*task.partitions)
         self._log.info("Resumed task %s%s", task_id, " past the failed record" if skip else "")
         self._on_tasks_changed()

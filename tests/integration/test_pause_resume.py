@@ -3,9 +3,11 @@ on the memory broker and on real Kafka."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from streamloop import ClientState, StreamsBuilder
+from streamloop import BaseProcessor, ClientState, PunctuationType, Record, StreamsBuilder
 from streamloop.handlers import (
     LogAndContinueExceptionHandler,
     LogAndContinueProcessingExceptionHandler,
@@ -242,6 +244,47 @@ async def test_resume_called_from_inside_a_stream_thread_does_not_deadlock(clust
         await eventually_async(lambda: streams.paused_local_tasks(), 30, "task 0_0 paused")
         await produce(cluster, control, [(0, 0, good(99))])
         await eventually_async(lambda: answers, 30, "the processor's resume call returned")
+        assert answers == [True]
+        out = await cluster.read(sink, 2)
+    assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 2]
+
+
+class ResumesItsOwnTask(BaseProcessor):
+    """Passes records on; its wall-clock punctuation resumes its own task, paused, past the bad record."""
+
+    def __init__(self, holder: dict[str, object], answers: list[object]) -> None:
+        self.holder, self.answers = holder, answers
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        context.schedule(20, PunctuationType.WALL_CLOCK_TIME, self.tick)
+
+    async def tick(self, _now: int) -> None:
+        streams = self.holder["streams"]
+        if streams.paused_local_tasks() and not self.answers:  # type: ignore[attr-defined]
+            self.answers.append(await streams.resume_async(self.context.task_id, skip=True))  # type: ignore[attr-defined]
+
+    def process(self, record: Record) -> None:
+        self.context.forward(record)
+
+
+async def test_a_wall_clock_punctuation_of_the_paused_task_can_resume_it(cluster: Cluster, names) -> None:
+    """A paused task's wall-clock punctuations still run, and one may await resume_async of its own
+    task: the resume must not wait for the punctuation to end."""
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    await produce(cluster, source, [(0, 0, good(0)), (0, 0, BAD), (0, 0, good(2))])
+    holder: dict[str, object] = {}
+    answers: list[object] = []
+    builder = StreamsBuilder()
+    (builder.stream(source, key_serde=INT, value_serde=JSON)
+            .process(lambda: ResumesItsOwnTask(holder, answers))
+            .to(sink, key_serde=INT, value_serde=JSON))
+    streams = make_streams(builder.build(), cluster.bootstrap, names.app,
+                           default_deserialization_exception_handler=LogAndPauseExceptionHandler)
+    holder["streams"] = streams
+    async with streams:
+        await eventually_async(lambda: answers, 30, "the punctuation's resume returned")
         assert answers == [True]
         out = await cluster.read(sink, 2)
     assert sorted(JSON.deserialize(r.value)["i"] for r in out) == [0, 2]

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-import anyio
 import pytest
 import pytest_asyncio
 
@@ -710,21 +709,3 @@ async def test_exactly_once_refetches_a_partition_whose_full_buffer_was_dropped_
     finally:
         await spawner.stop()
         await consumer.close()
-
-
-@pytest.mark.asyncio
-async def test_a_resume_waits_for_a_commit_that_holds_the_task(running: Rig) -> None:
-    """A commit holds the task's lock across its round trips to the broker; a resume that comes
-    meanwhile moves the task's positions (and undoes updates of records read again) only after it."""
-    running.manager.handle_assignment([A0, B0])
-    task = running.manager.tasks[TaskId(0, 0)]
-    running.manager.add_records({A0: records(A0, 0, 3)})
-    await processed(task, 3)
-    task.pause(records(A0, 2, 1)[0])
-    assert task.is_paused
-    async with task.processing:  # the commit
-        resuming = asyncio.get_running_loop().create_task(running.manager.resume(TaskId(0, 0), skip=True))
-        await anyio.wait_all_tasks_blocked()
-        assert task.is_paused and running.consumer.seeks == []
-    assert await resuming
-    assert not task.is_paused and running.consumer.seeks == [(A0, 3)]
