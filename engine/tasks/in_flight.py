@@ -232,7 +232,10 @@ class InFlightWindow:
             raw, tp = picked
             if raw.offset in self._skip[tp]:
                 self._skip[tp].discard(raw.offset)
-                task.positions.advance_past(tp, raw.offset, self._bounds(tp), task.paused_offset(tp))
+                if task.positions.advance_past(tp, raw.offset, self._bounds(tp), task.paused_offset(tp)) <= raw.offset:
+                    # Still above the watermark: this owner's commits list it done too, or the next
+                    # owner would run it again (without its time: a record skipped moves no stream time).
+                    self._completed[tp][raw.offset] = -1
                 continue
             slot = RecordSlot(raw, tp)
             # Kept in offset order: a key's later record may start before an earlier one of another key.

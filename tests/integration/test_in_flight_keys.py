@@ -12,13 +12,14 @@ from collections import Counter
 import pytest
 
 from streamloop import ClientState, StreamsBuilder
+from streamloop.completed_offsets import decode_completed
 from streamloop.handlers import StreamThreadExceptionResponse
 from streamloop.records import TopicPartition
 from streamloop.state import Stores
 from streamloop.testing import eventually_async
 from tests.integration.test_in_flight import INT, JSON, PauseAndRecord, _committed_is, pausing
 from tests.support.apps import make_streams
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, committed_offset, committed_position
 
 pytestmark = pytest.mark.asyncio
 
@@ -268,49 +269,72 @@ async def test_a_record_released_ahead_of_one_waiting_behind_its_key_is_not_run_
         cluster: Cluster, names) -> None:
     """Exactly-once, ``key`` ordering: record 1 waits behind record 0 (key 1), and record 2, taken
     ahead of it, is released with 0 into a transaction whose commit stays at 1. That commit must list
-    2 as done, or the next owner runs it again and its output is in two committed transactions."""
+    2 as done, or the next owner runs it again and its output is in two committed transactions. The
+    next owner, which skips 2 and crashes too (record 1 in flight again), must keep listing it in its
+    own commits (the first always goes out: a record of a second topic of the task makes it seen)."""
     if cluster.bootstrap.startswith("memory://"):
         pytest.skip("the memory broker has no transactions")
-    source, sink = names("in"), names("out")
-    await cluster.create_topics({source: 1, sink: 1})
+    source, other, sink = names("in"), names("other"), names("out")
+    await cluster.create_topics({source: 1, other: 1, sink: 1})
     await cluster.produce(source, [(1, {"i": 0}), (1, {"i": 1}), (2, {"i": 2})], INT, JSON, partitions=1)
     calls: Counter[int] = Counter()
-    crash = asyncio.Event()
+    owner = [1]
+    crash = {1: asyncio.Event(), 2: asyncio.Event()}
 
     async def work(value: dict) -> dict:
         i = value["i"]
         calls[i] += 1
-        if i == 0:
+        if i == 0 and owner[0] == 1:
             await eventually_async(lambda: calls[2], 30, "record 2 taken ahead of 1")
-        if i == 1 and crash_first[0]:
-            await crash.wait()
+        if i == 1 and owner[0] in crash:
+            await crash[owner[0]].wait()
             raise RuntimeError("the client dies with record 1 in flight")
         return value
 
-    crash_first = [True]
     builder = StreamsBuilder()
-    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
+    (builder.stream([source, other], key_serde=INT, value_serde=JSON).map_values(work)
+            .to(sink, key_serde=INT, value_serde=JSON))
     tp = TopicPartition(source, 0)
-    first = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                         processing_ordering="key", processing_guarantee="exactly_once_v2")
-    first.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
-    await first.start_async()
-    try:
-        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 1), 30, "a commit at offset 1")
-        assert calls[1] == 1
-        committed = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
-        assert sorted(committed) == [0, 2]
-        crash.set()
-        assert await first.wait_for_state_async(ClientState.ERROR, timeout=30)
-    finally:
-        crash.set()
-        await first.close_async()
-    crash_first[0] = False
-    calls.clear()
-    second = make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
-                          processing_ordering="key", processing_guarantee="exactly_once_v2")
-    async with second:
+
+    def streams():
+        return make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+                            processing_ordering="key", processing_guarantee="exactly_once_v2")
+
+    async def listed() -> set[int]:
+        position = await committed_position(cluster, names.app, tp)
+        return set() if position is None else decode_completed(position[0], position[1])
+
+    async def crashes(app, committed, then=None) -> None:
+        app.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+        await app.start_async()
+        try:
+            await eventually_async(lambda: calls[1], 30, "record 1 in flight")
+            if then is not None:
+                await then()
+            await eventually_async(committed, 30, "the commit awaited")
+            crash[owner[0]].set()
+            assert await app.wait_for_state_async(ClientState.ERROR, timeout=30)
+        finally:
+            crash[owner[0]].set()
+            await app.close_async()
+
+    async def listing() -> bool:
+        return await committed_offset(cluster, names.app, tp) == 1 and await listed() == {2}
+
+    await crashes(streams(), listing)
+    committed = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
+    assert sorted(committed) == [0, 2]
+    # The second owner skips 2 as it takes 1 (they come in one fetch), then commits with record 1 in
+    # flight, once it processed record 5 of the other topic.
+    owner[0], calls = 2, Counter()
+    await crashes(streams(), lambda: _committed_is(cluster, names.app, TopicPartition(other, 0), 1),
+                  lambda: cluster.produce(other, [(5, {"i": 5})], INT, JSON, partitions=1))
+    assert calls[2] == 0
+    assert await committed_offset(cluster, names.app, tp) == 1
+    assert await listed() == {2}  # the second owner's commit lists what it skipped
+    owner[0], calls = 3, Counter()
+    async with streams():
         await eventually_async(lambda: _committed_is(cluster, names.app, tp, 3), 30, "everything committed")
-    assert set(calls) == {1}  # record 2, released above the commit, was skipped
+    assert set(calls) == {1}  # record 2, released above the commit, was skipped by both
     output = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
-    assert sorted(output) == [0, 1, 2]
+    assert sorted(output) == [0, 1, 2, 5]
