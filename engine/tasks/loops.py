@@ -71,7 +71,9 @@ def run_loop(task: StreamTask, in_flight: InFlightPlan | None,
     if executors is not None:
         return executors
     if in_flight is None:
-        return SequentialLoop(task)
+        # After an owner with records in flight (num.threads.per.task lowered), what it finished
+        # above its commit is skipped here too: under exactly-once its output is committed.
+        return SequentialLoop(task, skips)
     # A Spark stage right after the source takes its records in bulk: one entry per batch.
     bulk = bulk_window(task, spark_jobs)
     if bulk is not None:

@@ -9,6 +9,7 @@ between records, and its output goes to the network together, one batch per part
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import anyio.lowlevel
@@ -32,9 +33,13 @@ _DONE, _SKIPPED, _ABANDONED, _RETRY = Outcome.DONE, Outcome.SKIPPED, Outcome.ABA
 class SequentialLoop:
     """A task's records one at a time, in chunks of up to ``CHUNK``. Caller: ``StreamTask``."""
 
-    def __init__(self, task: StreamTask) -> None:
+    def __init__(self, task: StreamTask, skips: Mapping[TopicPartition, frozenset[int]] | None = None) -> None:
         self._task = task
         self._path = RecordPath(task, journal=True)
+        # Offsets a previous owner with records in flight finished above its commit (its metadata
+        # lists them): not run again. Empty but after such an owner, and emptied as they pass.
+        self._skip: dict[tuple[str, int], set[int]] = {tuple(tp): set(offsets)  # type: ignore[misc]
+                                                       for tp, offsets in (skips or {}).items() if offsets}
         if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
             # The partition to take from is the one whose head has the lowest extracted timestamp.
             task.input.head_time = self._path.head_timestamp
@@ -82,6 +87,18 @@ class SequentialLoop:
             if waiting is not None:
                 await wait_for_retry(task, waiting, punctuate=True)
 
+    def _skipped(self, raw: ConsumerRecord) -> bool:
+        """Whether ``raw`` is one a previous owner finished (then it is forgotten: it passes once)."""
+        key = (raw.topic, raw.partition)
+        offsets = self._skip.get(key)
+        if offsets is None:
+            return False
+        listed = raw.offset in offsets
+        offsets.difference_update([o for o in offsets if o <= raw.offset])
+        if not offsets:
+            del self._skip[key]
+        return listed
+
     def lowest_in_flight(self, _tp: object) -> int | None:
         return None  # a record is never in flight here: it is done before the next one starts
 
@@ -106,10 +123,15 @@ class SequentialLoop:
         # Records answered RETRY (empty but for a task that retries): the hot path tests it for truth.
         retries = task.timer.records
         waiting = retries.waiting
+        skip = self._skip
         held: ConsumerRecord | None = None
         began = time.perf_counter_ns()
         while queue and done < CHUNK and not stop:
             raw = queue[0]
+            if skip and self._skipped(raw):
+                queue.popleft()
+                next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
+                continue
             if waiting and retries.wait_ms(raw, task.monotonic_ms()) > 0:
                 held = raw  # its back-off is not over (a task revived under exactly-once meets it here)
                 break

@@ -265,13 +265,15 @@ async def test_a_retried_records_undo_keeps_the_update_of_another_record_of_its_
         assert {k: counts.get(k) for k in (0, 1, 3)} == {0: 2, 1: 1, 3: 1}
 
 
+@pytest.mark.parametrize("last_threads", [4, 1])
 async def test_a_record_released_ahead_of_one_waiting_behind_its_key_is_not_run_again_after_a_crash(
-        cluster: Cluster, names) -> None:
+        cluster: Cluster, names, last_threads: int) -> None:
     """Exactly-once, ``key`` ordering: record 1 waits behind record 0 (key 1), and record 2, taken
     ahead of it, is released with 0 into a transaction whose commit stays at 1. That commit must list
     2 as done, or the next owner runs it again and its output is in two committed transactions. The
     next owner, which skips 2 and crashes too (record 1 in flight again), must keep listing it in its
-    own commits (the first always goes out: a record of a second topic of the task makes it seen)."""
+    own commits (the first always goes out: a record of a second topic of the task makes it seen).
+    The last owner skips it too, also one that processes one record at a time (``last_threads`` 1)."""
     if cluster.bootstrap.startswith("memory://"):
         pytest.skip("the memory broker has no transactions")
     source, other, sink = names("in"), names("other"), names("out")
@@ -296,8 +298,8 @@ async def test_a_record_released_ahead_of_one_waiting_behind_its_key_is_not_run_
             .to(sink, key_serde=INT, value_serde=JSON))
     tp = TopicPartition(source, 0)
 
-    def streams():
-        return make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=4,
+    def streams(threads: int = 4):
+        return make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=threads,
                             processing_ordering="key", processing_guarantee="exactly_once_v2")
 
     async def listed() -> set[int]:
@@ -333,7 +335,7 @@ async def test_a_record_released_ahead_of_one_waiting_behind_its_key_is_not_run_
     assert await committed_offset(cluster, names.app, tp) == 1
     assert await listed() == {2}  # the second owner's commit lists what it skipped
     owner[0], calls = 3, Counter()
-    async with streams():
+    async with streams(last_threads):
         await eventually_async(lambda: _committed_is(cluster, names.app, tp, 3), 30, "everything committed")
     assert set(calls) == {1}  # record 2, released above the commit, was skipped by both
     output = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
