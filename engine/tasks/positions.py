@@ -7,7 +7,7 @@ Kafka Streams does, so that a task initialised from the commit restores its stre
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from streamloop.completed_offsets import UNKNOWN_TIME, decode_metadata, encode_metadata
 from streamloop.records import TopicPartition
@@ -70,11 +70,13 @@ class Positions:
         self.next[tp] = position
         self._done_high[tp] = done_below - 1
 
-    def moved(self, flushed_only: bool) -> dict[TopicPartition, OffsetAndMetadata]:
+    def moved(self, flushed_only: bool, listed: Mapping[tuple[str, int], Iterable[int]] | None = None,
+              ) -> dict[TopicPartition, OffsetAndMetadata]:
         """Positions that moved since the last commit (``flushed_only``: as of the last cache flush),
         each with its partition's time. A time that moved while the offset did not is not a reason
         to commit (Kafka Streams commits a partition when its offset moved): it cannot, in fact,
-        without a record taken, and the next moved offset carries it."""
+        without a record taken, and the next moved offset carries it. ``listed``: offsets done above
+        the positions, that a previous owner finished (``SequentialLoop.listed``)."""
         positions = self._flushed if flushed_only else self.next
         times = self._flushed_times if flushed_only else None
         moved = {}
@@ -82,7 +84,8 @@ class Positions:
             if self._committed.get(tp) == offset:
                 continue
             time = times.get(tp, UNKNOWN_TIME) if times is not None else self._time_of(tp)
-            moved[TopicPartition(*tp)] = OffsetAndMetadata(offset, encode_metadata(offset, time, frozenset()))
+            done = frozenset(o for o in listed.get(tp, ()) if o >= offset) if listed else frozenset()
+            moved[TopicPartition(*tp)] = OffsetAndMetadata(offset, encode_metadata(offset, time, done))
         return moved
 
     def moved_with_metadata(self, metadata: Callable[[TopicPartition, int], str]) -> dict[TopicPartition,

@@ -37,9 +37,10 @@ class SequentialLoop:
         self._task = task
         self._path = RecordPath(task, journal=True)
         # Offsets a previous owner with records in flight finished above its commit (its metadata
-        # lists them): not run again. Empty but after such an owner, and emptied as they pass.
-        self._skip: dict[tuple[str, int], set[int]] = {tuple(tp): set(offsets)  # type: ignore[misc]
-                                                       for tp, offsets in (skips or {}).items() if offsets}
+        # lists them): not run again, and listed in this task's commits until passed. Empty but
+        # after such an owner, and emptied as they pass.
+        self.listed: dict[tuple[str, int], set[int]] = {tuple(tp): set(offsets)  # type: ignore[misc]
+                                                        for tp, offsets in (skips or {}).items() if offsets}
         if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
             # The partition to take from is the one whose head has the lowest extracted timestamp.
             task.input.head_time = self._path.head_timestamp
@@ -90,13 +91,13 @@ class SequentialLoop:
     def _skipped(self, raw: ConsumerRecord) -> bool:
         """Whether ``raw`` is one a previous owner finished (then it is forgotten: it passes once)."""
         key = (raw.topic, raw.partition)
-        offsets = self._skip.get(key)
+        offsets = self.listed.get(key)
         if offsets is None:
             return False
         listed = raw.offset in offsets
         offsets.difference_update([o for o in offsets if o <= raw.offset])
         if not offsets:
-            del self._skip[key]
+            del self.listed[key]
         return listed
 
     def lowest_in_flight(self, _tp: object) -> int | None:
@@ -123,7 +124,7 @@ class SequentialLoop:
         # Records answered RETRY (empty but for a task that retries): the hot path tests it for truth.
         retries = task.timer.records
         waiting = retries.waiting
-        skip = self._skip
+        skip = self.listed
         held: ConsumerRecord | None = None
         began = time.perf_counter_ns()
         while queue and done < CHUNK and not stop:
@@ -131,6 +132,10 @@ class SequentialLoop:
             if skip and self._skipped(raw):
                 queue.popleft()
                 next_offsets[(raw.topic, raw.partition)] = raw.offset + 1
+                if not single:  # as after a record run: the next is the head with the lowest time
+                    if not queue and group.ready(task.monotonic_ms()) > 0:
+                        break
+                    queue = group.next_queue()
                 continue
             if waiting and retries.wait_ms(raw, task.monotonic_ms()) > 0:
                 held = raw  # its back-off is not over (a task revived under exactly-once meets it here)

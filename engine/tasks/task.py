@@ -504,7 +504,9 @@ class StreamTask:
         metadata = getattr(self.loop, "metadata", None)
         if metadata is None:
             caching = self.state_manager is not None and self.state_manager.caching
-            return self.positions.moved(flushed_only=caching)
+            # One record at a time after an owner with records in flight: what that owner finished
+            # above its commit and this loop has not reached yet stays listed.
+            return self.positions.moved(flushed_only=caching, listed=getattr(self.loop, "listed", None))
         return self.positions.moved_with_metadata(metadata)
 
     def offsets_to_commit(self) -> dict[TopicPartition, OffsetAndMetadata]:

@@ -340,3 +340,68 @@ async def test_a_record_released_ahead_of_one_waiting_behind_its_key_is_not_run_
     assert set(calls) == {1}  # record 2, released above the commit, was skipped by both
     output = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
     assert sorted(output) == [0, 1, 2, 5]
+
+
+async def test_one_record_at_a_time_after_records_in_flight_keeps_listing_what_it_has_not_reached(
+        cluster: Cluster, names) -> None:
+    """Exactly-once: owner 1 (records in flight, ``key`` ordering) commits at 1 with records 2 and 4
+    done above it (1 and 3 waited behind record 0's key), and dies. Owner 2 processes one record at
+    a time: it runs 1, skips 2 and pauses at 3, which commits at 3. That commit must still list 4,
+    or owner 3 runs 4 again and its output is in two committed transactions."""
+    if cluster.bootstrap.startswith("memory://"):
+        pytest.skip("the memory broker has no transactions")
+    source, sink = names("in"), names("out")
+    await cluster.create_topics({source: 1, sink: 1})
+    keys = {0: 1, 1: 1, 2: 2, 3: 1, 4: 4}
+    await cluster.produce(source, [(keys[i], {"i": i}) for i in range(5)], INT, JSON, partitions=1)
+    calls: Counter[int] = Counter()
+    owner = [1]
+    crash = asyncio.Event()
+
+    async def work(value: dict) -> dict:
+        i = value["i"]
+        calls[i] += 1
+        if i == 0 and owner[0] == 1:
+            await eventually_async(lambda: calls[2] and calls[4], 30, "records 2 and 4 taken ahead of 1")
+        if i == 1 and owner[0] == 1:
+            await crash.wait()
+            raise RuntimeError("the client dies with record 1 in flight")
+        if i == 3 and owner[0] == 2:
+            raise ValueError("record 3 fails: the handler pauses the task")
+        return value
+
+    builder = StreamsBuilder()
+    builder.stream(source, key_serde=INT, value_serde=JSON).map_values(work).to(sink, key_serde=INT, value_serde=JSON)
+    tp = TopicPartition(source, 0)
+
+    def streams(threads: int, **overrides):
+        return make_streams(builder.build(), cluster.bootstrap, names.app, num_threads_per_task=threads,
+                            processing_ordering="key", processing_guarantee="exactly_once_v2", **overrides)
+
+    async def committed(offset: int, done: set[int]) -> bool:
+        position = await committed_position(cluster, names.app, tp)
+        return position is not None and position[0] == offset and decode_completed(*position) == done
+
+    first = streams(4)
+    first.set_uncaught_exception_handler(lambda exc: StreamThreadExceptionResponse.SHUTDOWN_CLIENT)
+    await first.start_async()
+    try:
+        await eventually_async(lambda: committed(1, {2, 4}), 30, "a commit at 1 listing 2 and 4")
+        crash.set()
+        assert await first.wait_for_state_async(ClientState.ERROR, timeout=30)
+    finally:
+        crash.set()
+        await first.close_async()
+    owner[0] = 2
+    async with streams(1, processing_exception_handler=PauseAndRecord) as second:
+        await eventually_async(lambda: second.paused_local_tasks(), 30, "owner 2 paused at 3")
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 3), 30, "owner 2's commit at 3")
+    position = await committed_position(cluster, names.app, tp)
+    assert position is not None and decode_completed(*position) == {4}  # what owner 2 has not reached
+    owner[0] = 3
+    calls.clear()
+    async with streams(4):
+        await eventually_async(lambda: _committed_is(cluster, names.app, tp, 5), 30, "everything committed")
+    assert set(calls) == {3}
+    output = [JSON.deserialize(r.value)["i"] for r in await cluster.read_all(sink, read_committed=True)]
+    assert sorted(output) == [0, 1, 2, 3, 4]
