@@ -158,7 +158,7 @@ class BatchWindow:
                 self._admit(group)
                 await task.flush_output()
                 if until_idle:
-                    if not self._batches and (not task.buffered() or task.paused_at is not None):
+                    if not self._batches and (not task.buffered() or task.pause_point is not None):
                         break
                     if self._open is not None:
                         self._jobs.seal(self._open.part.job)  # nothing more comes: run what was taken in
@@ -174,7 +174,7 @@ class BatchWindow:
         while the task has fewer than ``max.in.flight`` batches and the stage may open a job."""
         task, tp, jobs = self._task, self._tp, self._jobs
         max_bytes = jobs.max_bytes
-        while task.buffered() and not task.closing and task.paused_at is None:
+        while task.buffered() and not task.closing and task.pause_point is None:
             batch = self._open
             if batch is not None and batch.part.job.sealed.is_set():
                 batch = self._open = None

@@ -233,7 +233,7 @@ class ExecutorWindow:
                     task.clear_wakeup()
                     self._hold()
                     await task.flush_output()
-                    if task.paused_at is not None:
+                    if task.pause_point is not None:
                         if ahead is not None:  # paused by a handler since (a failed produce's)
                             await self._discard(ahead)
                             ahead = None
@@ -276,7 +276,7 @@ class ExecutorWindow:
                             self._idle()
                     running, current = current, None
                     await self._run_range(running)
-                    if ahead is not None and (task.paused_at is not None
+                    if ahead is not None and (task.pause_point is not None
                                               or task.position(tp) != ahead.kafka_range.start):
                         # Paused inside this range (or closed): the next owner, or the resume, reads on from
                         # the position, so what was read ahead of it goes.

@@ -191,7 +191,7 @@ class InFlightWindow:
                     # Output released since the last turn goes on as one batch per partition, and
                     # partitions paused for back-pressure resume once the buffer drained.
                     await task.flush_output()
-                    if until_idle and self.count == 0 and (not task.buffered() or task.paused_at is not None):
+                    if until_idle and self.count == 0 and (not task.buffered() or task.pause_point is not None):
                         break
                     if not started:
                         await task.wait_for_wakeup()
@@ -225,7 +225,7 @@ class InFlightWindow:
         """The next buffered record the window and the ordering allow, as a slot of the window
         (None: none may start now)."""
         task = self._task
-        while self.count < self.limit and task.buffered() and not task.closing and task.paused_at is None:
+        while self.count < self.limit and task.buffered() and not task.closing and task.pause_point is None:
             picked = self._pick()
             if picked is None:
                 return None
@@ -399,8 +399,8 @@ class InFlightWindow:
     def _void(self, slot: RecordSlot) -> bool:
         """Whether ``slot``'s output must not leave: it is read again on resume (at or after the
         record that paused the task), or was read again by a resume since it was taken."""
-        paused = self._task.paused_at
-        return slot.stale or (paused is not None and paused[0] == slot.tp and slot.raw.offset >= paused[1])
+        point = self._task.pause_point
+        return slot.stale or (point is not None and point.at[0] == slot.tp and slot.raw.offset >= point.at[1])
 
     async def _passed(self, timestamp: int) -> None:
         punctuating = self._path.passed(timestamp)

@@ -39,8 +39,8 @@ class SequentialLoop:
         # Offsets a previous owner with records in flight finished above its commit (its metadata
         # lists them): not run again, and listed in this task's commits until passed. Empty but
         # after such an owner, and emptied as they pass.
-        self.listed: dict[tuple[str, int], set[int]] = {tuple(tp): set(offsets)  # type: ignore[misc]
-                                                        for tp, offsets in (skips or {}).items() if offsets}
+        self.listed: dict[tuple[str, int], set[int]] = {tp: set(offsets) for tp, offsets in (skips or {}).items()
+                                                        if offsets}
         if any(source.timestamp_extractor is not None for source in task.graph.sources.values()):
             # The partition to take from is the one whose head has the lowest extracted timestamp.
             task.input.head_time = self._path.head_timestamp
@@ -95,7 +95,7 @@ class SequentialLoop:
         if offsets is None:
             return False
         listed = raw.offset in offsets
-        offsets.difference_update([o for o in offsets if o <= raw.offset])
+        offsets -= {o for o in offsets if o <= raw.offset}
         if not offsets:
             del self.listed[key]
         return listed
